@@ -1,0 +1,44 @@
+#include "core/ggml_type.h"
+
+#include "core/error.h"
+
+namespace kvtrim {
+
+namespace {
+constexpr GgmlTypeTraits kTraits[] = {
+    {GgmlType::F32, "f32", 1, 4, true},      {GgmlType::F16, "f16", 1, 2, true},
+    {GgmlType::Q4_0, "q4_0", 32, 18, true},  {GgmlType::Q4_1, "q4_1", 32, 20, true},
+    {GgmlType::Q5_0, "q5_0", 32, 22, true},  {GgmlType::Q5_1, "q5_1", 32, 24, true},
+    {GgmlType::Q8_0, "q8_0", 32, 34, true},  {GgmlType::Q8_1, "q8_1", 32, 36, false},
+    {GgmlType::Q2_K, "q2_K", 256, 84, false}, {GgmlType::Q3_K, "q3_K", 256, 110, false},
+    {GgmlType::Q4_K, "q4_K", 256, 144, true}, {GgmlType::Q5_K, "q5_K", 256, 176, true},
+    {GgmlType::Q6_K, "q6_K", 256, 210, true}, {GgmlType::Q8_K, "q8_K", 256, 292, false},
+    {GgmlType::I8, "i8", 1, 1, false},       {GgmlType::I16, "i16", 1, 2, false},
+    {GgmlType::I32, "i32", 1, 4, false},     {GgmlType::I64, "i64", 1, 8, false},
+    {GgmlType::F64, "f64", 1, 8, false},     {GgmlType::BF16, "bf16", 1, 2, true},
+};
+}  // namespace
+
+std::optional<GgmlTypeTraits> ggml_type_traits(uint32_t id) {
+  for (const auto& t : kTraits)
+    if (static_cast<uint32_t>(t.type) == id) return t;
+  return std::nullopt;
+}
+
+const GgmlTypeTraits& ggml_traits(GgmlType t) {
+  for (const auto& tr : kTraits)
+    if (tr.type == t) return tr;
+  fail("unknown ggml type id %u", static_cast<unsigned>(t));
+}
+
+std::string_view ggml_type_name(GgmlType t) { return ggml_traits(t).name; }
+
+size_t ggml_row_size(GgmlType t, int64_t n_elements) {
+  const auto& tr = ggml_traits(t);
+  KVTRIM_CHECK(n_elements % tr.block_size == 0, "row of %lld elements is not a multiple of the %s block size %lld",
+               static_cast<long long>(n_elements), std::string(tr.name).c_str(),
+               static_cast<long long>(tr.block_size));
+  return static_cast<size_t>(n_elements / tr.block_size) * tr.type_size;
+}
+
+}  // namespace kvtrim

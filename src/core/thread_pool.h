@@ -1,0 +1,46 @@
+// A fixed pool of worker threads for data-parallel kernels. The calling thread takes part
+// in the work; workers spin briefly before sleeping so back-to-back small jobs (one per
+// matrix-vector product during decode) do not pay a futex wake each time.
+#pragma once
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace kvtrim {
+
+class ThreadPool {
+ public:
+  // n_threads total threads including the caller; 0 = hardware concurrency.
+  explicit ThreadPool(int n_threads = 0);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int n_threads() const { return n_threads_; }
+
+  // Calls fn(ith, nth) once on each of nth = n_threads() threads (ith = 0 is the caller)
+  // and returns when all calls have returned. Not reentrant.
+  void run(const std::function<void(int ith, int nth)>& fn);
+
+  // Splits [0, n) into contiguous ranges (multiples of `grain` where possible) and calls
+  // fn(begin, end) on each thread's range.
+  void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t grain = 1);
+
+ private:
+  void worker(int ith);
+
+  int n_threads_;
+  std::vector<std::thread> threads_;
+  const std::function<void(int, int)>* job_ = nullptr;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> pending_{0};
+  std::atomic<bool> stop_{false};
+  std::mutex mu_;
+  std::condition_variable cv_;
+};
+
+}  // namespace kvtrim

@@ -1,0 +1,98 @@
+// A loaded model: hyper-parameters and weights read from a GGUF file (weights stay in the
+// memory mapping, in their quantized types), its tokenizer, and the forward pass.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/gguf.h"
+#include "model/tokenizer.h"
+#include "ops/matmul.h"
+
+namespace kvtrim {
+
+class KvCache;
+class ThreadPool;
+struct KvCacheConfig;
+
+enum class Arch { kLlama, kQwen2, kGemma3 };
+const char* arch_name(Arch a);
+
+struct HParams {
+  Arch arch;
+  std::string name;         // general.name
+  int n_vocab = 0;
+  int n_ctx_train = 0;      // <arch>.context_length: the context limit
+  int n_embd = 0;
+  int n_layer = 0;
+  int n_head = 0;
+  int n_head_kv = 0;
+  int head_dim_k = 0;       // <arch>.attention.key_length (default n_embd / n_head)
+  int head_dim_v = 0;
+  int n_ff = 0;
+  int n_rot = 0;            // rotary dims
+  float norm_eps = 1e-5f;
+  float rope_base = 10000.f;       // global layers
+  float rope_base_swa = 10000.f;   // sliding-window layers (gemma3)
+  float rope_freq_scale = 1.f;
+  bool rope_neox = false;
+  float attn_scale = 0;            // multiplies q·k (1/sqrt(head_dim) or gemma's query_pre_attn_scalar)
+  std::vector<int> sliding_window; // per layer, 0 = global
+  float embd_scale = 1.f;          // gemma: sqrt(n_embd)
+};
+
+// Weights of one decoder layer (views into the mapping; data == nullptr when absent).
+// Shapes are [n_rows, n_cols] as WeightView (y = W x), vectors are f32 [n].
+struct LayerWeights {
+  WeightView attn_norm;    // [n_embd]
+  WeightView wq, wk, wv;   // [n_head*head_dim_k, n_embd], [n_head_kv*head_dim_k, n_embd], [n_head_kv*head_dim_v, n_embd]
+  WeightView bq, bk, bv;   // qwen2 biases [n_head*hd], [n_head_kv*hd], [n_head_kv*hd]
+  WeightView q_norm, k_norm;     // gemma3 per-head RMSNorm [head_dim_k]
+  WeightView wo;           // [n_embd, n_head*head_dim_v]
+  WeightView post_attn_norm;     // gemma3 [n_embd]
+  WeightView ffn_norm;     // [n_embd]
+  WeightView ffn_gate, ffn_up;   // [n_ff, n_embd]
+  WeightView ffn_down;     // [n_embd, n_ff]
+  WeightView post_ffn_norm;      // gemma3 [n_embd]
+};
+
+class Model {
+ public:
+  // Loads a GGUF file; throws Error for unsupported architectures, missing or mis-shaped
+  // tensors, or inconsistent hyper-parameters.
+  static std::unique_ptr<Model> load(const std::string& path);
+
+  const HParams& hparams() const { return hp_; }
+  const GgufFile& gguf() const { return *file_; }
+  const Tokenizer& tokenizer() const { return *tok_; }
+  const std::vector<LayerWeights>& layers() const { return layers_; }
+  const WeightView& tok_embd() const { return tok_embd_; }   // [n_vocab, n_embd]
+  const WeightView& output_norm() const { return out_norm_; }  // [n_embd]
+  const WeightView& output() const { return output_; }       // [n_vocab, n_embd] (tied: tok_embd)
+
+  // A cache config matching this model (layers, kv heads, head dims, sliding windows).
+  KvCacheConfig cache_config(int64_t n_ctx) const;
+
+  // Runs n tokens (positions pos0 .. pos0+n-1) through the model, appending their K/V to
+  // `cache`. logits: [n, n_vocab] if all_logits, else [n_vocab] for the last token.
+  // Throws Error if a position would reach the cache's n_ctx.
+  void forward(const int32_t* tokens, int64_t n, int32_t pos0, KvCache& cache, float* logits,
+               bool all_logits, ThreadPool* pool) const;
+
+ private:
+  Model() = default;
+  std::unique_ptr<GgufFile> file_;
+  std::unique_ptr<Tokenizer> tok_;
+  HParams hp_;
+  std::vector<LayerWeights> layers_;
+  WeightView tok_embd_{}, out_norm_{}, output_{};
+  friend class ModelLoader;
+};
+
+// The scalar reference forward pass (llama2.c-style: one token at a time, ref kernels,
+// its own dense f32 attention). Every optimized path is tested against it.
+// logits: [n, n_vocab] for all tokens.
+void forward_reference(const Model& m, const int32_t* tokens, int64_t n, float* logits);
+
+}  // namespace kvtrim

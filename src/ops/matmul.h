@@ -1,0 +1,38 @@
+// Products with (possibly quantized) weight matrices. A weight W has n_rows rows of n_cols
+// elements, each row stored contiguously in its GGUF type (GGUF ne = [n_cols, n_rows]).
+// The optimized paths read quantized blocks directly (no dequantized copy of W), use SIMD
+// chosen at run time (Highway), and split rows over the thread pool.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "core/ggml_type.h"
+
+namespace kvtrim {
+
+class ThreadPool;
+
+struct WeightView {
+  GgmlType type;
+  const void* data;  // n_rows * row_bytes bytes
+  int64_t n_rows;
+  int64_t n_cols;
+  size_t row_bytes;  // ggml_row_size(type, n_cols)
+};
+
+// y[n_rows] = W · x[n_cols]. pool may be nullptr (single thread).
+void matvec(const WeightView& w, const float* x, float* y, ThreadPool* pool);
+
+// y[n_tok, n_rows] = x[n_tok, n_cols] · Wᵀ (prefill). pool may be nullptr.
+void matmul(const WeightView& w, const float* x, int64_t n_tok, float* y, ThreadPool* pool);
+
+// Copies row `row` of W dequantized into out[n_cols] (embedding lookup).
+void get_row(const WeightView& w, int64_t row, float* out);
+
+namespace ref {
+// Scalar reference: dequantize each row with dequantize_row and accumulate in double.
+void matvec(const WeightView& w, const float* x, float* y);
+void matmul(const WeightView& w, const float* x, int64_t n_tok, float* y);
+}  // namespace ref
+
+}  // namespace kvtrim

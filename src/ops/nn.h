@@ -1,0 +1,42 @@
+// Elementwise / row kernels of the transformer forward pass. Each has a scalar reference in
+// namespace ref that the optimized version is tested against.
+#pragma once
+#include <cstdint>
+
+namespace kvtrim {
+
+// y = x / sqrt(mean(x²) + eps) * w   (w may be nullptr: no weight). x, y, w: [n]. y may alias x.
+void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps);
+// y = (x - mean) / sqrt(var + eps) * w + b (w, b may be nullptr).
+void layer_norm(const float* x, const float* w, const float* b, float* y, int64_t n, float eps);
+// In-place numerically stable softmax over x[n]; returns nothing.
+void softmax(float* x, int64_t n);
+// y[i] = silu(g[i]) * u[i]  (SwiGLU), y may alias g or u.
+void swiglu(const float* g, const float* u, float* y, int64_t n);
+// y[i] = gelu_tanh(g[i]) * u[i]  (GeGLU with the tanh approximation).
+void geglu_tanh(const float* g, const float* u, float* y, int64_t n);
+// y += x
+void add(float* y, const float* x, int64_t n);
+// y *= s
+void scale(float* y, float s, int64_t n);
+// dot product
+float dot(const float* a, const float* b, int64_t n);
+// y += a * x
+void axpy(float* y, float a, const float* x, int64_t n);
+
+// Rotary embedding on one head vector x[head_dim], rotating the first n_rot dims.
+// neox = true: pairs (i, i + n_rot/2) (qwen2, gemma3, GPT-NeoX style);
+// neox = false: pairs (2i, 2i+1) (llama GGUF layout, whose Q/K weights are permuted for it).
+// theta_i = pos * base^(-2i/n_rot) * freq_scale.
+void rope(float* x, int64_t head_dim, int64_t n_rot, int32_t pos, float base, float freq_scale, bool neox);
+
+namespace ref {
+void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps);
+void softmax(float* x, int64_t n);
+void swiglu(const float* g, const float* u, float* y, int64_t n);
+void geglu_tanh(const float* g, const float* u, float* y, int64_t n);
+float dot(const float* a, const float* b, int64_t n);
+void rope(float* x, int64_t head_dim, int64_t n_rot, int32_t pos, float base, float freq_scale, bool neox);
+}  // namespace ref
+
+}  // namespace kvtrim
