@@ -1,2 +1,42 @@
 #!/usr/bin/env bash
-exit 0
+# Bad input at the command line gets a clear message and a non-zero exit, never a crash.
+# Each case: expected exit code, a regex the stderr must match, then the arguments.
+set -u
+bin="${KVTRIM_BIN:?KVTRIM_BIN not set}"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+pass=0; failed=0
+
+expect() {  # expect RC REGEX ARGS...
+  local rc="$1" re="$2"; shift 2
+  local out; out=$("$bin" "$@" 2>&1 >/dev/null); local got=$?
+  if [ "$got" -eq "$rc" ] && [[ "$out" =~ $re ]]; then
+    pass=$((pass + 1))
+  else
+    failed=$((failed + 1))
+    echo "FAIL: kvtrim $* -> exit $got (want $rc), stderr: $out" | head -c 600; echo
+  fi
+}
+
+printf 'NOPE\x03\x00\x00\x00' > "$tmp/wrong_magic.gguf"
+printf 'GGUF\x03\x00\x00\x00\x01' > "$tmp/truncated.gguf"
+printf 'GGUF\x09\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00' > "$tmp/bad_version.gguf"
+: > "$tmp/empty.gguf"
+# v3 header claiming 1 kv pair whose key length is 2^62
+printf 'GGUF\x03\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x40' > "$tmp/huge_key.gguf"
+
+expect 2 "" nosuchverb
+expect 2 "" run --no-such-flag
+expect 2 "threads" run -t -3 -p hi
+expect 1 "unknown model 'no-such-model'" run -m no-such-model -p hi
+expect 1 "does not exist" run -m "$tmp/missing.gguf" -p hi
+expect 1 "magic" inspect "$tmp/wrong_magic.gguf"
+expect 1 "truncated|too small|end of file" inspect "$tmp/truncated.gguf"
+expect 1 "truncated|too small|end of file" inspect "$tmp/empty.gguf"
+expect 1 "version" inspect "$tmp/bad_version.gguf"
+expect 1 "length|truncated|exceeds" inspect "$tmp/huge_key.gguf"
+expect 1 "magic" run -m "$tmp/wrong_magic.gguf" -p hi
+expect 1 "cannot read file" ppl -m "$tmp/wrong_magic.gguf" -f "$tmp/no_such_text.txt"
+
+echo "$pass passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -21,6 +21,9 @@ class GgufWriter {
   void set_array_string(const std::string& key, const std::vector<std::string>& v);
   void set_array_f32(const std::string& key, const std::vector<float>& v);
   void set_array_i32(const std::string& key, const std::vector<int32_t>& v);
+  // Any value, including the types without a setter above and nested arrays. Integers are
+  // held as uint64_t (U8..U64) / int64_t (I8..I64), floats as double; write() checks ranges.
+  void set_value(const std::string& key, const GgufValue& v);
   // Tensor with dims ne (ne[0] contiguous); data must hold exactly the tensor's bytes.
   void add_tensor(const std::string& name, GgmlType type, const std::vector<int64_t>& ne,
                   const void* data, size_t n_bytes);

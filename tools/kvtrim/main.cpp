@@ -1,1 +1,37 @@
-int main() { return 0; }
+// kvtrim: run, chat, ppl, inspect, bench. Library errors (kvtrim::Error) are printed as
+// "kvtrim: error: ..." with exit code 1; command-line mistakes exit with code 2.
+#include <cstdio>
+#include <exception>
+
+#include "cli.h"
+#include "core/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"kvtrim: long-context LLM inference with a compressible KV cache"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "kvtrim 0.1.0");
+  kvtrim::cli::register_run(app);
+  kvtrim::cli::register_chat(app);
+  kvtrim::cli::register_ppl(app);
+  kvtrim::cli::register_inspect(app);
+  kvtrim::cli::register_bench(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  } catch (const kvtrim::Error& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "kvtrim: error: %s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "kvtrim: error: out of memory\n");
+    return 1;
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "kvtrim: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,127 @@
+#include "engine/session.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "core/timer.h"
+
+namespace kvtrim {
+
+const char* stop_reason_name(StopReason r) {
+  switch (r) {
+    case StopReason::kMaxTokens: return "max_tokens";
+    case StopReason::kEog: return "end_of_generation";
+    case StopReason::kStopString: return "stop_string";
+    case StopReason::kContextFull: return "context_full";
+    case StopReason::kCallback: return "stopped";
+  }
+  return "?";
+}
+
+double GenerateResult::decode_tps() const {
+  // The first generated token comes from the prefill's logits; every further one is a decode step.
+  const double n = static_cast<double>(tokens.size());
+  return decode_s > 0 && n > 1 ? (n - 1) / decode_s : 0;
+}
+
+Session::Session(const Model& model, SessionParams p)
+    : model_(model), p_(p), n_ctx_(p.n_ctx > 0 ? p.n_ctx : model.hparams().n_ctx_train),
+      pool_(p.n_threads) {
+  const int64_t train = model.hparams().n_ctx_train;
+  KVTRIM_CHECK(n_ctx_ > 0, "context size must be positive (got %lld)", static_cast<long long>(n_ctx_));
+  KVTRIM_CHECK(n_ctx_ <= train,
+               "context size %lld exceeds the model's limit of %lld tokens (%s.context_length)",
+               static_cast<long long>(n_ctx_), static_cast<long long>(train), arch_name(model.hparams().arch));
+  KVTRIM_CHECK(p_.n_batch > 0, "batch size must be positive (got %d)", p_.n_batch);
+  KvCacheConfig cfg = model.cache_config(n_ctx_);
+  cfg.dtype = p_.kv_dtype;
+  cache_ = make_dense_cache(cfg);
+  logits_.resize(static_cast<size_t>(model.hparams().n_vocab));
+}
+
+void Session::check_room(int64_t n_new) const {
+  const int64_t need = static_cast<int64_t>(n_past()) + n_new;
+  KVTRIM_CHECK(need <= n_ctx_,
+               "context full: %lld tokens in context + %lld new = %lld exceeds the context limit of %lld "
+               "tokens (model limit %d; set --ctx up to it)",
+               static_cast<long long>(n_past()), static_cast<long long>(n_new),
+               static_cast<long long>(need), static_cast<long long>(n_ctx_), model_.hparams().n_ctx_train);
+}
+
+const std::vector<float>& Session::prefill(const std::vector<int32_t>& tokens) {
+  KVTRIM_CHECK(!tokens.empty(), "prefill needs at least one token");
+  check_room(static_cast<int64_t>(tokens.size()));
+  const int32_t n_vocab = model_.hparams().n_vocab;
+  for (int32_t t : tokens) KVTRIM_CHECK(t >= 0 && t < n_vocab, "token id %d out of range [0, %d)", t, n_vocab);
+  for (size_t i = 0; i < tokens.size(); i += static_cast<size_t>(p_.n_batch)) {
+    const int64_t n = std::min<int64_t>(p_.n_batch, static_cast<int64_t>(tokens.size() - i));
+    model_.forward(tokens.data() + i, n, n_past(), *cache_, logits_.data(), false, &pool_);
+  }
+  return logits_;
+}
+
+const std::vector<float>& Session::decode(int32_t token) {
+  check_room(1);
+  KVTRIM_CHECK(token >= 0 && token < model_.hparams().n_vocab, "token id %d out of range", token);
+  model_.forward(&token, 1, n_past(), *cache_, logits_.data(), false, &pool_);
+  return logits_;
+}
+
+void Session::eval_all(const int32_t* tokens, int64_t n, float* logits) {
+  check_room(n);
+  const size_t n_vocab = static_cast<size_t>(model_.hparams().n_vocab);
+  for (int64_t i = 0; i < n; i += p_.n_batch) {
+    const int64_t m = std::min<int64_t>(p_.n_batch, n - i);
+    model_.forward(tokens + i, m, n_past(), *cache_, logits + static_cast<size_t>(i) * n_vocab, true, &pool_);
+  }
+}
+
+void Session::reset() { cache_->clear(); }
+
+GenerateResult Session::generate(const std::vector<int32_t>& prompt, const GenerateParams& gp,
+                                 const std::function<bool(int32_t, const std::string&)>& on_token) {
+  GenerateResult r;
+  r.n_prompt = static_cast<int64_t>(prompt.size());
+  const Tokenizer& tok = model_.tokenizer();
+  const int32_t n_vocab = model_.hparams().n_vocab;
+  double t0 = now_seconds();
+  if (!prompt.empty()) {
+    prefill(prompt);
+  } else {
+    KVTRIM_CHECK(n_past() > 0, "generate: empty prompt and empty context");
+  }
+  r.prefill_s = now_seconds() - t0;
+  Sampler sampler(gp.sampling);
+  t0 = now_seconds();
+  for (int i = 0; i < gp.max_new_tokens; ++i) {
+    const int32_t id = sampler.sample(logits_.data(), n_vocab);
+    if (gp.stop_at_eog && tok.is_eog(id)) {
+      r.stop = StopReason::kEog;
+      break;
+    }
+    r.tokens.push_back(id);
+    const std::string piece = tok.token_to_piece(id);
+    r.text += piece;
+    if (on_token && !on_token(id, piece)) {
+      r.stop = StopReason::kCallback;
+      break;
+    }
+    bool hit = false;
+    for (const auto& s : gp.stop_strings)
+      if (!s.empty() && r.text.size() >= s.size() && r.text.compare(r.text.size() - s.size(), s.size(), s) == 0) hit = true;
+    if (hit) {
+      r.stop = StopReason::kStopString;
+      break;
+    }
+    if (i + 1 == gp.max_new_tokens) break;  // no need to run the last token
+    if (n_past() >= n_ctx_) {
+      r.stop = StopReason::kContextFull;
+      break;
+    }
+    decode(id);
+  }
+  r.decode_s = now_seconds() - t0;
+  return r;
+}
+
+}  // namespace kvtrim

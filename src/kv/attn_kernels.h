@@ -1,0 +1,26 @@
+// SIMD building blocks of the cache's attention (private to src/kv): block scores q·kᵀ and
+// block weighted sums Σ p·v over K/V rows stored in f32 or f16, plus a vectorised
+// exp-and-sum for the softmax. Highway, dispatched at run time (the widest ISA the CPU has).
+// Every kernel is checked against plain loops in tests/kv/attn_kernels_test.cpp.
+#pragma once
+#include <cstdint>
+
+namespace kvtrim::kv {
+
+// s[g * ld_s + t] = q[g * d .. +d] · k[t * d .. +d]   for g < n_g, t < n_t.
+// q: [n_g, d] f32; k: [n_t, d] (f32 or f16 bits); s: [n_g, ld_s].
+void attn_scores_f32(const float* q, int n_g, int64_t d, const float* k, int64_t n_t, float* s, int64_t ld_s);
+void attn_scores_f16(const float* q, int n_g, int64_t d, const uint16_t* k, int64_t n_t, float* s, int64_t ld_s);
+
+// acc[g * dv .. +dv] += Σ_t p[g * ld_p + t] · v[t * dv .. +dv]   for g < n_g.
+// p: [n_g, ld_p]; v: [n_t, dv] (f32 or f16 bits); acc: [n_g, dv].
+void attn_accum_f32(const float* p, int n_g, int64_t ld_p, const float* v, int64_t n_t, int64_t dv, float* acc);
+void attn_accum_f16(const float* p, int n_g, int64_t ld_p, const uint16_t* v, int64_t n_t, int64_t dv, float* acc);
+
+// x[i] = exp(x[i] - m) for i < n; returns Σ x[i] (after the update).
+float exp_sub_sum(float* x, int64_t n, float m);
+
+// y[i] = f16(x[i]) (round to nearest even), i < n.
+void f32_to_f16_row(const float* x, uint16_t* y, int64_t n);
+
+}  // namespace kvtrim::kv

@@ -1,0 +1,61 @@
+// kvtrim inspect: a GGUF file's metadata, tensor types and the hyper-parameters kvtrim reads.
+#include <cstdio>
+#include <map>
+
+#include "cli.h"
+#include "core/error.h"
+#include "model/gguf.h"
+
+namespace kvtrim::cli {
+
+namespace {
+struct InspectOptions {
+  std::string model = "smollm2";
+  bool tensors = false;
+  int max_elems = 8;
+};
+
+void inspect(const InspectOptions& o) {
+  const std::string path = resolve_model_path(o.model);
+  auto f = GgufFile::open(path);
+  std::printf("file: %s\n  GGUF v%u, %zu bytes, alignment %llu, %zu metadata keys, %zu tensors\n", path.c_str(),
+              f->version(), f->file_size(), static_cast<unsigned long long>(f->alignment()), f->metadata().size(),
+              f->tensors().size());
+  std::printf("\nmetadata:\n");
+  for (const auto& [k, v] : f->metadata())
+    std::printf("  %-44s %s\n", k.c_str(), v.to_string(static_cast<size_t>(o.max_elems)).c_str());
+  std::map<std::string, std::pair<int, size_t>> by_type;
+  size_t total = 0;
+  for (const auto& t : f->tensors()) {
+    auto& e = by_type[std::string(ggml_type_name(t.type))];
+    e.first++;
+    e.second += t.n_bytes;
+    total += t.n_bytes;
+  }
+  std::printf("\ntensor types:\n");
+  for (const auto& [name, e] : by_type)
+    std::printf("  %-6s %4d tensors  %s\n", name.c_str(), e.first, human_bytes(e.second).c_str());
+  std::printf("  total  %4zu tensors  %s\n", f->tensors().size(), human_bytes(total).c_str());
+  if (o.tensors) {
+    std::printf("\ntensors:\n");
+    for (const auto& t : f->tensors()) {
+      std::string shape;
+      for (size_t i = 0; i < t.ne.size(); ++i) shape += (i ? " x " : "") + std::to_string(t.ne[i]);
+      std::printf("  %-36s %-5s [%s] %zu bytes @ %llu\n", t.name.c_str(), std::string(ggml_type_name(t.type)).c_str(),
+                  shape.c_str(), t.n_bytes, static_cast<unsigned long long>(t.offset));
+    }
+  }
+}
+}  // namespace
+
+void register_inspect(CLI::App& app) {
+  auto o = std::make_shared<InspectOptions>();
+  CLI::App* c = app.add_subcommand("inspect", "show a GGUF file's metadata and tensors");
+  c->add_option("-m,--model", o->model, "installed model name or .gguf path")->capture_default_str();
+  c->add_option("file", o->model, "GGUF file (same as -m)");
+  c->add_flag("--tensors", o->tensors, "list every tensor");
+  c->add_option("--max-elems", o->max_elems, "array elements shown per metadata value")->capture_default_str();
+  c->callback([o] { inspect(*o); });
+}
+
+}  // namespace kvtrim::cli

@@ -1,0 +1,69 @@
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "cli.h"
+#include "core/error.h"
+#include "core/timer.h"
+
+namespace kvtrim::cli {
+
+void add_common_options(CLI::App* app, CommonOptions& o) {
+  app->add_option("-m,--model", o.model, "model: installed name (smollm2, qwen2.5-coder-1.5b, gemma3-270m) or a .gguf path")
+      ->capture_default_str();
+  app->add_option("-t,--threads", o.threads, "threads (0 = all cores)")->capture_default_str()->check(CLI::NonNegativeNumber);
+  app->add_option("-c,--ctx", o.ctx, "context limit in tokens (0 = the model's training context)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  app->add_option("-b,--batch", o.batch, "prefill chunk size in tokens")->capture_default_str()->check(CLI::PositiveNumber);
+  app->add_option("--kv-type", o.kv_type, "precision of stored keys/values")
+      ->capture_default_str()->check(CLI::IsMember({"f16", "f32"}));
+}
+
+std::unique_ptr<Model> load_model(const CommonOptions& o) {
+  const std::string path = resolve_model_path(o.model);
+  const double t0 = now_seconds();
+  auto m = Model::load(path);
+  const auto& hp = m->hparams();
+  std::fprintf(stderr, "model: %s (%s, %d layers, %d heads / %d kv heads, head_dim %d, ctx %d) from %s in %.2f s\n",
+               hp.name.c_str(), arch_name(hp.arch), hp.n_layer, hp.n_head, hp.n_head_kv, hp.head_dim_k,
+               hp.n_ctx_train, path.c_str(), now_seconds() - t0);
+  return m;
+}
+
+SessionParams session_params(const CommonOptions& o) {
+  SessionParams p;
+  p.n_ctx = o.ctx;
+  p.n_threads = o.threads;
+  p.n_batch = o.batch;
+  p.kv_dtype = o.kv_type == "f32" ? KvDtype::kF32 : KvDtype::kF16;
+  return p;
+}
+
+std::string human_bytes(size_t n) {
+  const double v = static_cast<double>(n);
+  if (v >= 1024.0 * 1024 * 1024) return strprintf("%.2f GiB", v / (1024.0 * 1024 * 1024));
+  if (v >= 1024.0 * 1024) return strprintf("%.2f MiB", v / (1024.0 * 1024));
+  if (v >= 1024.0) return strprintf("%.1f KiB", v / 1024.0);
+  return strprintf("%zu B", n);
+}
+
+std::string kv_bytes_line(const KvCache& c) {
+  const KvBytes b = c.bytes();
+  const size_t dense = c.dense_bytes_f16();
+  return strprintf("KV cache: %s held (%zu bytes: keys %zu, values %zu, positions %zu) for %d positions; "
+                   "uncompressed f16: %s (ratio %.3f) [%s]",
+                   human_bytes(b.total()).c_str(), b.total(), b.keys, b.values, b.positions, c.n_past(),
+                   human_bytes(dense).c_str(), dense ? static_cast<double>(b.total()) / static_cast<double>(dense) : 0.0,
+                   c.describe().c_str());
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  KVTRIM_CHECK(f.good(), "cannot read file '%s'", path.c_str());
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  KVTRIM_CHECK(!f.bad(), "error reading file '%s'", path.c_str());
+  return ss.str();
+}
+
+}  // namespace kvtrim::cli
