@@ -7,15 +7,28 @@
 
 namespace kvtrim::kv {
 
-// s[g * ld_s + t] = q[g * d .. +d] · k[t * d .. +d]   for g < n_g, t < n_t.
-// q: [n_g, d] f32; k: [n_t, d] (f32 or f16 bits); s: [n_g, ld_s].
-void attn_scores_f32(const float* q, int n_g, int64_t d, const float* k, int64_t n_t, float* s, int64_t ld_s);
-void attn_scores_f16(const float* q, int n_g, int64_t d, const uint16_t* k, int64_t n_t, float* s, int64_t ld_s);
+// Keys are stored in tiles of kKeyTile tokens, transposed inside the tile: element (t, i)
+// of a head's K [n_tok, d] lives at k[(t / kKeyTile) * d * kKeyTile + i * kKeyTile + t % kKeyTile].
+// The score kernel then runs with SIMD lanes over tokens (broadcast q_i, FMA a tile row),
+// so no horizontal reduction per (token, head) is needed.
+constexpr int64_t kKeyTile = 16;
+inline int64_t key_tile_index(int64_t t, int64_t i, int64_t d) {
+  return (t / kKeyTile) * d * kKeyTile + i * kKeyTile + t % kKeyTile;
+}
+
+// s[g * ld_s + (t - t0)] = q[g * d .. +d] · k_t   for g < n_g, t0 <= t < t0 + n_t.
+// q: [n_g, d] f32; k: tiled keys of one head (f32 or f16 bits); s: [n_g, ld_s].
+void attn_scores_f32(const float* q, int n_g, int64_t d, const float* k, int64_t t0, int64_t n_t,
+                     float* s, int64_t ld_s);
+void attn_scores_f16(const float* q, int n_g, int64_t d, const uint16_t* k, int64_t t0, int64_t n_t,
+                     float* s, int64_t ld_s);
 
 // acc[g * dv .. +dv] += Σ_t p[g * ld_p + t] · v[t * dv .. +dv]   for g < n_g.
 // p: [n_g, ld_p]; v: [n_t, dv] (f32 or f16 bits); acc: [n_g, dv].
-void attn_accum_f32(const float* p, int n_g, int64_t ld_p, const float* v, int64_t n_t, int64_t dv, float* acc);
-void attn_accum_f16(const float* p, int n_g, int64_t ld_p, const uint16_t* v, int64_t n_t, int64_t dv, float* acc);
+void attn_accum_f32(const float* p, int n_g, int64_t ld_p, const float* v, int64_t n_t, int64_t dv,
+                    float* acc);
+void attn_accum_f16(const float* p, int n_g, int64_t ld_p, const uint16_t* v, int64_t n_t,
+                    int64_t dv, float* acc);
 
 // x[i] = exp(x[i] - m) for i < n; returns Σ x[i] (after the update).
 float exp_sub_sum(float* x, int64_t n, float m);

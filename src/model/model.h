@@ -43,7 +43,8 @@ struct HParams {
 };
 
 // Weights of one decoder layer (views into the mapping; data == nullptr when absent).
-// Shapes are [n_rows, n_cols] as WeightView (y = W x), vectors are f32 [n].
+// Shapes are [n_rows, n_cols] as WeightView (y = W x), vectors are f32 [n] (type F32,
+// n_rows = 1, n_cols = n).
 struct LayerWeights {
   WeightView attn_norm;    // [n_embd]
   WeightView wq, wk, wv;   // [n_head*head_dim_k, n_embd], [n_head_kv*head_dim_k, n_embd], [n_head_kv*head_dim_v, n_embd]
@@ -87,6 +88,9 @@ class Model {
   HParams hp_;
   std::vector<LayerWeights> layers_;
   WeightView tok_embd_{}, out_norm_{}, output_{};
+  // f32 copies of norm / bias vectors stored as f16 or bf16 in the file (views point into
+  // these; moving the outer vector keeps each inner buffer in place).
+  std::vector<std::vector<float>> owned_f32_;
   friend class ModelLoader;
 };
 

@@ -6,7 +6,6 @@
 //    llama.cpp's perplexity does, so the numbers are comparable;
 //  - stride < ctx: each window scores its last `stride` tokens, each seeing at least
 //    ctx - stride tokens of context.
-#include <cmath>
 #include <cstdio>
 #include <vector>
 
@@ -14,6 +13,7 @@
 #include "core/error.h"
 #include "core/progress.h"
 #include "core/timer.h"
+#include "engine/perplexity.h"
 
 namespace kvtrim::cli {
 
@@ -30,59 +30,26 @@ void ppl(const PplOptions& o) {
   const std::string text = read_file(o.file);
   auto model = load_model(o.common);
   const Tokenizer& tok = model->tokenizer();
-  const int64_t C = o.window;
-  const int64_t S = o.stride > 0 ? o.stride : C;
-  KVTRIM_CHECK(C >= 16, "--ctx for ppl must be at least 16 (got %lld)", static_cast<long long>(C));
-  KVTRIM_CHECK(S <= C, "--stride (%lld) must not exceed --ctx (%lld)", static_cast<long long>(S), static_cast<long long>(C));
-  KVTRIM_CHECK(C <= model->hparams().n_ctx_train, "--ctx %lld exceeds the model's context limit of %d tokens",
-               static_cast<long long>(C), model->hparams().n_ctx_train);
   const double t_tok = now_seconds();
   std::vector<int32_t> tokens = tok.encode(text, tok.add_bos(), false);
   std::fprintf(stderr, "tokenized %s: %zu tokens in %.2f s\n", o.file.c_str(), tokens.size(), now_seconds() - t_tok);
   if (o.max_tokens > 0 && static_cast<int64_t>(tokens.size()) > o.max_tokens) tokens.resize(static_cast<size_t>(o.max_tokens));
-  const int64_t n_tok = static_cast<int64_t>(tokens.size());
-  KVTRIM_CHECK(n_tok >= C, "the text has %lld tokens, fewer than one window of %lld (lower --ctx)",
-               static_cast<long long>(n_tok), static_cast<long long>(C));
-  const int64_t n_windows = (n_tok - C) / S + 1;
-  const int64_t first = S >= C ? C / 2 : C - S - 1;  // first logit row that is scored
-
+  KVTRIM_CHECK(o.window <= model->hparams().n_ctx_train, "--ctx %lld exceeds the model's context limit of %d tokens",
+               static_cast<long long>(o.window), model->hparams().n_ctx_train);
   SessionParams sp = session_params(o.common);
-  sp.n_ctx = C;
+  sp.n_ctx = o.window;
   Session s(*model, sp);
-  const size_t n_vocab = static_cast<size_t>(model->hparams().n_vocab);
-  std::vector<float> logits(static_cast<size_t>(C) * n_vocab);
-  double sum_nll = 0, sum_nll2 = 0;
-  int64_t n_scored = 0;
-  ProgressBar bar("ppl", n_windows, "win");
-  const double t0 = now_seconds();
-  for (int64_t w = 0; w < n_windows; ++w) {
-    std::vector<int32_t> win(tokens.begin() + w * S, tokens.begin() + w * S + C);
-    if (tok.add_bos() && tok.bos() >= 0) win[0] = tok.bos();
-    s.reset();
-    s.eval_all(win.data(), C, logits.data());
-    for (int64_t j = first; j < C - 1; ++j) {
-      const float* lg = logits.data() + static_cast<size_t>(j) * n_vocab;
-      float mx = lg[0];
-      for (size_t v = 1; v < n_vocab; ++v) mx = std::max(mx, lg[v]);
-      double z = 0;
-      for (size_t v = 0; v < n_vocab; ++v) z += std::exp(static_cast<double>(lg[v] - mx));
-      const double nll = std::log(z) + mx - lg[win[static_cast<size_t>(j + 1)]];
-      sum_nll += nll;
-      sum_nll2 += nll * nll;
-      ++n_scored;
-    }
-    const double cur = std::exp(sum_nll / static_cast<double>(n_scored));
-    bar.update(w + 1, strprintf("ppl %.4f", cur));
-    if (w + 1 == n_windows) bar.finish(strprintf("ppl %.4f", cur));
-  }
-  const double mean = sum_nll / static_cast<double>(n_scored);
-  const double var = std::max(0.0, sum_nll2 / static_cast<double>(n_scored) - mean * mean);
-  const double p = std::exp(mean);
-  const double se = p * std::sqrt(var / static_cast<double>(std::max<int64_t>(1, n_scored - 1)));
-  const double dt = now_seconds() - t0;
+  std::unique_ptr<ProgressBar> bar;
+  const PplResult r = perplexity(s, tokens, o.window, o.stride, tok.add_bos() ? tok.bos() : -1,
+                                 [&](int64_t done, int64_t total, double cur) {
+                                   if (!bar) bar = std::make_unique<ProgressBar>("ppl", total, "win");
+                                   bar->update(done, strprintf("ppl %.4f", cur));
+                                   if (done == total) bar->finish();
+                                 });
   std::printf("ppl = %.4f +/- %.4f  (%lld tokens scored in %lld windows of %lld, stride %lld; %.1f tokens/s evaluated)\n",
-              p, se, static_cast<long long>(n_scored), static_cast<long long>(n_windows), static_cast<long long>(C),
-              static_cast<long long>(S), static_cast<double>(n_windows * C) / dt);
+              r.ppl, r.ppl_stderr, static_cast<long long>(r.n_scored), static_cast<long long>(r.n_windows),
+              static_cast<long long>(o.window), static_cast<long long>(o.stride > 0 ? o.stride : o.window),
+              static_cast<double>(r.n_windows * o.window) / r.seconds);
   std::fprintf(stderr, "%s\n", kv_bytes_line(s.cache()).c_str());
 }
 }  // namespace

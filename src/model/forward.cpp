@@ -1,0 +1,179 @@
+// The optimized forward pass: the n tokens of a call go through each layer together
+// (prefill chunks use matmul; a single decode token uses matvec), keys and values are
+// appended to the cache after RoPE (at their original positions), and the cache computes
+// attention over whatever layout it holds. Scratch buffers live in a per-thread workspace
+// that is resized per call (no allocation per layer, none at all for repeated sizes).
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "kv/kv_cache.h"
+#include "model/arch/arch.h"
+#include "model/model.h"
+#include "ops/nn.h"
+
+namespace kvtrim {
+namespace {
+
+struct Workspace {
+  std::vector<float> x;      // [n, n_embd] residual stream
+  std::vector<float> xb;     // [n, n_embd] normed input / sublayer output
+  std::vector<float> q;      // [n, n_head, head_dim_k]
+  std::vector<float> k;      // [n, n_head_kv, head_dim_k]
+  std::vector<float> v;      // [n, n_head_kv, head_dim_v]
+  std::vector<float> att;    // [n, n_head, head_dim_v] attention output
+  std::vector<float> gate;   // [n, n_ff]
+  std::vector<float> up;     // [n, n_ff]
+  std::vector<int32_t> pos;  // [n] positions
+};
+
+// y[n, n_rows] = x[n, n_cols] · Wᵀ: matvec for one token, matmul for a chunk.
+void project(const WeightView& w, const float* x, int64_t n, float* y, ThreadPool* pool) {
+  if (n == 1) {
+    matvec(w, x, y, pool);
+  } else {
+    matmul(w, x, n, y, pool);
+  }
+}
+
+// y[i, :] += b for each of the n rows of width d (b == nullptr: nothing).
+void add_bias(const WeightView& b, float* y, int64_t n, int64_t d) {
+  if (!b.data) return;
+  const float* bd = static_cast<const float*>(b.data);
+  for (int64_t i = 0; i < n; ++i) add(y + i * d, bd, d);
+}
+
+// Row-wise RMSNorm of n rows of width d with weight w[d].
+void rms_norm_rows(const float* x, const WeightView& w, float* y, int64_t n, int64_t d, float eps) {
+  const float* wd = static_cast<const float*>(w.data);
+  for (int64_t i = 0; i < n; ++i) rms_norm(x + i * d, wd, y + i * d, d, eps);
+}
+
+}  // namespace
+
+void Model::forward(const int32_t* tokens, int64_t n, int32_t pos0, KvCache& cache, float* logits,
+                    bool all_logits, ThreadPool* pool) const {
+  const HParams& hp = hp_;
+  const ArchInfo& ai = arch_info(hp.arch);
+  const KvCacheConfig& cc = cache.config();
+  KVTRIM_CHECK(n > 0, "forward: no tokens");
+  KVTRIM_CHECK(pos0 >= 0, "forward: negative position %d", pos0);
+  KVTRIM_CHECK(
+      cc.n_layer == hp.n_layer && cc.n_head_kv == hp.n_head_kv && cc.head_dim_k == hp.head_dim_k &&
+          cc.head_dim_v == hp.head_dim_v,
+      "forward: the KV cache (%d layers, %d kv heads, head dims %d/%d) does not match the model "
+      "(%d layers, %d kv heads, head dims %d/%d)",
+      cc.n_layer, cc.n_head_kv, cc.head_dim_k, cc.head_dim_v, hp.n_layer, hp.n_head_kv,
+      hp.head_dim_k, hp.head_dim_v);
+  const int64_t pos_end = int64_t{pos0} + n;  // one past the last position of this call
+  KVTRIM_CHECK(pos_end <= cc.n_ctx,
+               "context full: positions %d..%lld do not fit the KV cache's context of %lld tokens",
+               pos0, static_cast<long long>(pos_end - 1), static_cast<long long>(cc.n_ctx));
+  KVTRIM_CHECK(pos_end <= hp.n_ctx_train,
+               "context full: positions %d..%lld exceed the model's context limit of %d tokens "
+               "(%s.context_length)",
+               pos0, static_cast<long long>(pos_end - 1), hp.n_ctx_train, ai.gguf_name);
+  KVTRIM_CHECK(pos0 >= cache.n_past(),
+               "forward: position %d is before the cache's end (n_past %d); truncate first", pos0,
+               cache.n_past());
+  for (int64_t i = 0; i < n; ++i) {
+    KVTRIM_CHECK(tokens[i] >= 0 && tokens[i] < hp.n_vocab,
+                 "forward: token id %d out of range [0, %d)", tokens[i], hp.n_vocab);
+  }
+
+  const int64_t n_embd = hp.n_embd, n_ff = hp.n_ff;
+  const int64_t hdk = hp.head_dim_k, hdv = hp.head_dim_v;
+  const int64_t n_q = hp.n_head * hdk, n_k = hp.n_head_kv * hdk, n_v = hp.n_head_kv * hdv,
+                n_o = hp.n_head * hdv;
+
+  thread_local Workspace ws;
+  ws.x.resize(static_cast<size_t>(n * n_embd));
+  ws.xb.resize(static_cast<size_t>(n * n_embd));
+  ws.q.resize(static_cast<size_t>(n * n_q));
+  ws.k.resize(static_cast<size_t>(n * n_k));
+  ws.v.resize(static_cast<size_t>(n * n_v));
+  ws.att.resize(static_cast<size_t>(n * n_o));
+  ws.gate.resize(static_cast<size_t>(n * n_ff));
+  ws.up.resize(static_cast<size_t>(n * n_ff));
+  ws.pos.resize(static_cast<size_t>(n));
+  float* x = ws.x.data();
+  float* xb = ws.xb.data();
+  for (int64_t i = 0; i < n; ++i) ws.pos[i] = static_cast<int32_t>(pos0 + i);
+
+  // token embeddings (gemma: times sqrt(n_embd))
+  for (int64_t i = 0; i < n; ++i) {
+    get_row(tok_embd_, tokens[i], x + i * n_embd);
+    if (hp.embd_scale != 1.f) scale(x + i * n_embd, hp.embd_scale, n_embd);
+  }
+
+  for (int il = 0; il < hp.n_layer; ++il) {
+    const LayerWeights& w = layers_[il];
+    const int window = hp.sliding_window[il];
+    // sliding-window layers use their own RoPE base and no frequency scaling (gemma3)
+    const float rope_base = window > 0 ? hp.rope_base_swa : hp.rope_base;
+    const float rope_scale = window > 0 ? 1.f : hp.rope_freq_scale;
+
+    // --- attention: xb = rmsnorm(x); q, k, v = xb·Wqᵀ (+b), ...
+    rms_norm_rows(x, w.attn_norm, xb, n, n_embd, hp.norm_eps);
+    project(w.wq, xb, n, ws.q.data(), pool);
+    project(w.wk, xb, n, ws.k.data(), pool);
+    project(w.wv, xb, n, ws.v.data(), pool);
+    add_bias(w.bq, ws.q.data(), n, n_q);
+    add_bias(w.bk, ws.k.data(), n, n_k);
+    add_bias(w.bv, ws.v.data(), n, n_v);
+    // gemma3: per-head RMSNorm of q and k
+    if (w.q_norm.data)
+      rms_norm_rows(ws.q.data(), w.q_norm, ws.q.data(), n * hp.n_head, hdk, hp.norm_eps);
+    if (w.k_norm.data)
+      rms_norm_rows(ws.k.data(), w.k_norm, ws.k.data(), n * hp.n_head_kv, hdk, hp.norm_eps);
+    // RoPE at the original positions
+    for (int64_t i = 0; i < n; ++i) {
+      for (int ih = 0; ih < hp.n_head; ++ih) {
+        rope(ws.q.data() + i * n_q + ih * hdk, hdk, hp.n_rot, ws.pos[i], rope_base, rope_scale,
+             hp.rope_neox);
+      }
+      for (int ih = 0; ih < hp.n_head_kv; ++ih) {
+        rope(ws.k.data() + i * n_k + ih * hdk, hdk, hp.n_rot, ws.pos[i], rope_base, rope_scale,
+             hp.rope_neox);
+      }
+    }
+    // the cache stores k, v, then attends over everything it holds for this layer
+    cache.append(il, n, ws.k.data(), ws.v.data(), ws.pos.data());
+    AttnParams ap;
+    ap.n_head = hp.n_head;
+    ap.scale = hp.attn_scale;
+    ap.sliding_window = window;
+    cache.attend(il, n, ws.q.data(), ws.pos.data(), ap, ws.att.data(), pool);
+    // x += [post_norm](att·Woᵀ)
+    project(w.wo, ws.att.data(), n, xb, pool);
+    if (w.post_attn_norm.data) rms_norm_rows(xb, w.post_attn_norm, xb, n, n_embd, hp.norm_eps);
+    add(x, xb, n * n_embd);
+
+    // --- feed-forward: x += [post_norm](W_down · (act(W_gate·xb) ⊙ (W_up·xb))), xb = rmsnorm(x)
+    rms_norm_rows(x, w.ffn_norm, xb, n, n_embd, hp.norm_eps);
+    project(w.ffn_gate, xb, n, ws.gate.data(), pool);
+    project(w.ffn_up, xb, n, ws.up.data(), pool);
+    if (ai.ffn_act == FfnAct::kSilu) {
+      swiglu(ws.gate.data(), ws.up.data(), ws.gate.data(), n * n_ff);
+    } else {
+      geglu_tanh(ws.gate.data(), ws.up.data(), ws.gate.data(), n * n_ff);
+    }
+    project(w.ffn_down, ws.gate.data(), n, xb, pool);
+    if (w.post_ffn_norm.data) rms_norm_rows(xb, w.post_ffn_norm, xb, n, n_embd, hp.norm_eps);
+    add(x, xb, n * n_embd);
+  }
+
+  // final norm and logits (all tokens, or only the last)
+  if (all_logits) {
+    rms_norm_rows(x, out_norm_, xb, n, n_embd, hp.norm_eps);
+    project(output_, xb, n, logits, pool);
+  } else {
+    rms_norm_rows(x + (n - 1) * n_embd, out_norm_, xb, 1, n_embd, hp.norm_eps);
+    matvec(output_, xb, logits, pool);
+  }
+  cache.advance(static_cast<int32_t>(pos_end));
+}
+
+}  // namespace kvtrim

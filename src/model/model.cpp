@@ -1,0 +1,234 @@
+// Model loading: architecture from general.architecture, hyper-parameters from <arch>.*
+// keys (validated), weights as views into the GGUF mapping (no copies; only f16/bf16 norm
+// and bias vectors are widened to f32), every tensor's shape checked against the
+// hyper-parameters, and the tokenizer.
+#include "model/model.h"
+
+#include <cmath>
+#include <limits>
+
+#include "core/error.h"
+#include "core/fp16.h"
+#include "kv/kv_cache.h"
+#include "model/arch/arch.h"
+
+namespace kvtrim {
+
+class ModelLoader {
+ public:
+  ModelLoader(Model& m, const ArchInfo& ai) : m_(m), f_(*m.file_), ai_(ai), prefix_(ai.gguf_name) {}
+
+  void load_hparams();
+  void load_tensors();
+
+ private:
+  std::string key(const char* suffix) const { return prefix_ + "." + suffix; }
+  // A required positive integer hyper-parameter.
+  int get_dim(const char* suffix) const;
+  int get_dim(const char* suffix, int def) const;
+  static std::string shape_str(const std::vector<int64_t>& ne);
+  const GgufTensor* find(const std::string& name, bool required) const;
+  // A weight matrix [n_rows, n_cols] (GGUF ne = [n_cols, n_rows]); `what` names the dims.
+  WeightView matrix(const std::string& name, int64_t n_rows, int64_t n_cols, const char* what,
+                    bool required);
+  // An f32 vector [n] (converted from f16 / bf16 if needed).
+  WeightView vector(const std::string& name, int64_t n, const char* what, bool required);
+
+  Model& m_;
+  const GgufFile& f_;
+  const ArchInfo& ai_;
+  std::string prefix_;
+};
+
+int ModelLoader::get_dim(const char* suffix) const {
+  const std::string k = key(suffix);
+  const int64_t v = f_.get_int(k);
+  KVTRIM_CHECK(v > 0 && v <= (int64_t{1} << 30), "%s: metadata key '%s' = %lld is not a valid size",
+               f_.path().c_str(), k.c_str(), static_cast<long long>(v));
+  return static_cast<int>(v);
+}
+
+int ModelLoader::get_dim(const char* suffix, int def) const {
+  if (!f_.find(key(suffix))) return def;
+  return get_dim(suffix);
+}
+
+void ModelLoader::load_hparams() {
+  HParams& hp = m_.hp_;
+  const char* path = f_.path().c_str();
+  hp.arch = ai_.arch;
+  hp.name = f_.get_string("general.name", "");
+  hp.n_ctx_train = get_dim("context_length");
+  hp.n_embd = get_dim("embedding_length");
+  hp.n_layer = get_dim("block_count");
+  hp.n_ff = get_dim("feed_forward_length");
+  hp.n_head = get_dim("attention.head_count");
+  hp.n_head_kv = get_dim("attention.head_count_kv", hp.n_head);
+  KVTRIM_CHECK(
+      hp.n_head % hp.n_head_kv == 0,
+      "%s: %s = %d is not a multiple of %s = %d (grouped-query attention needs whole groups)", path,
+      key("attention.head_count").c_str(), hp.n_head, key("attention.head_count_kv").c_str(),
+      hp.n_head_kv);
+  KVTRIM_CHECK(f_.find(key("attention.key_length")) || hp.n_embd % hp.n_head == 0,
+               "%s: %s is absent and n_embd %d is not a multiple of n_head %d", path,
+               key("attention.key_length").c_str(), hp.n_embd, hp.n_head);
+  hp.head_dim_k = get_dim("attention.key_length", hp.n_embd / hp.n_head);
+  hp.head_dim_v = get_dim("attention.value_length", hp.head_dim_k);
+  hp.n_rot = get_dim("rope.dimension_count", hp.head_dim_k);
+  KVTRIM_CHECK(hp.n_rot % 2 == 0 && hp.n_rot <= hp.head_dim_k,
+               "%s: %s = %d must be even and <= head_dim %d", path,
+               key("rope.dimension_count").c_str(), hp.n_rot, hp.head_dim_k);
+  const std::string eps_key = key("attention.layer_norm_rms_epsilon");
+  hp.norm_eps = static_cast<float>(f_.get_float(eps_key));
+  KVTRIM_CHECK(hp.norm_eps > 0 && hp.norm_eps < 1, "%s: %s = %g is not a valid epsilon", path,
+               eps_key.c_str(), static_cast<double>(hp.norm_eps));
+  hp.rope_base = static_cast<float>(f_.get_float(key("rope.freq_base"), 10000.0));
+  KVTRIM_CHECK(hp.rope_base > 1, "%s: %s = %g is not a valid RoPE base", path,
+               key("rope.freq_base").c_str(), static_cast<double>(hp.rope_base));
+  // RoPE scaling: none or linear (positions divided by the factor); others are unsupported.
+  const std::string scaling = f_.get_string(key("rope.scaling.type"), "none");
+  const double factor = f_.get_float(key("rope.scaling.factor"), 1.0);
+  if (factor != 1.0 && factor > 0) {
+    KVTRIM_CHECK(scaling == "linear" || scaling == "none",
+                 "%s: RoPE scaling type '%s' is not supported (supported: none, linear)", path,
+                 scaling.c_str());
+    hp.rope_freq_scale = static_cast<float>(1.0 / factor);
+  }
+  hp.rope_neox = ai_.rope_neox;
+  hp.attn_scale = 1.f / std::sqrt(static_cast<float>(hp.head_dim_k));
+  hp.embd_scale = 1.f;
+  // n_vocab: <arch>.vocab_size when present, else the rows of token_embd.
+  const GgufTensor* te = find("token_embd.weight", true);
+  hp.n_vocab = f_.find(key("vocab_size")) ? get_dim("vocab_size")
+                                          : static_cast<int>(te->ne.size() >= 2 ? te->ne[1] : 0);
+  KVTRIM_CHECK(hp.n_vocab > 0, "%s: cannot determine the vocabulary size", path);
+  ai_.load_hparams(f_, hp);
+  KVTRIM_CHECK(static_cast<int>(hp.sliding_window.size()) == hp.n_layer,
+               "internal error: sliding windows");
+}
+
+std::string ModelLoader::shape_str(const std::vector<int64_t>& ne) {
+  std::string s = "[";
+  for (size_t i = 0; i < ne.size(); ++i) s += (i ? ", " : "") + std::to_string(ne[i]);
+  return s + "]";
+}
+
+const GgufTensor* ModelLoader::find(const std::string& name, bool required) const {
+  const GgufTensor* t = f_.find_tensor(name);
+  KVTRIM_CHECK(t || !required, "%s: missing tensor '%s' (required by the %s architecture)",
+               f_.path().c_str(), name.c_str(), ai_.gguf_name);
+  return t;
+}
+
+WeightView ModelLoader::matrix(const std::string& name, int64_t n_rows, int64_t n_cols,
+                               const char* what, bool required) {
+  const GgufTensor* t = find(name, required);
+  if (!t) return WeightView{GgmlType::F32, nullptr, 0, 0, 0};
+  const std::vector<int64_t> want = {n_cols, n_rows};
+  KVTRIM_CHECK(t->ne == want, "%s: tensor '%s' has shape %s, expected %s (%s)", f_.path().c_str(),
+               name.c_str(), shape_str(t->ne).c_str(), shape_str(want).c_str(), what);
+  const GgmlTypeTraits& tr = ggml_traits(t->type);
+  KVTRIM_CHECK(tr.supported, "%s: tensor '%s' has type %s, which kvtrim cannot multiply",
+               f_.path().c_str(), name.c_str(), std::string(tr.name).c_str());
+  KVTRIM_CHECK(n_cols % tr.block_size == 0,
+               "%s: tensor '%s': row length %lld is not a multiple of the %s block size %lld",
+               f_.path().c_str(), name.c_str(), static_cast<long long>(n_cols),
+               std::string(tr.name).c_str(), static_cast<long long>(tr.block_size));
+  const size_t row_bytes = ggml_row_size(t->type, n_cols);
+  KVTRIM_CHECK(t->n_bytes >= row_bytes * static_cast<size_t>(n_rows),
+               "%s: tensor '%s' holds %zu bytes, expected %zu", f_.path().c_str(), name.c_str(),
+               t->n_bytes, row_bytes * static_cast<size_t>(n_rows));
+  return WeightView{t->type, t->data, n_rows, n_cols, row_bytes};
+}
+
+WeightView ModelLoader::vector(const std::string& name, int64_t n, const char* what,
+                               bool required) {
+  const GgufTensor* t = find(name, required);
+  if (!t) return WeightView{GgmlType::F32, nullptr, 0, 0, 0};
+  KVTRIM_CHECK(t->ne == std::vector<int64_t>{n},
+               "%s: tensor '%s' has shape %s, expected [%lld] (%s)", f_.path().c_str(),
+               name.c_str(), shape_str(t->ne).c_str(), static_cast<long long>(n), what);
+  const float* data = nullptr;
+  if (t->type == GgmlType::F32) {
+    data = reinterpret_cast<const float*>(t->data);
+  } else if (t->type == GgmlType::F16 || t->type == GgmlType::BF16) {
+    std::vector<float> v(static_cast<size_t>(n));
+    const uint16_t* h = reinterpret_cast<const uint16_t*>(t->data);
+    for (int64_t i = 0; i < n; ++i)
+      v[i] = t->type == GgmlType::F16 ? fp16_to_fp32(h[i]) : bf16_to_fp32(h[i]);
+    m_.owned_f32_.push_back(std::move(v));
+    data = m_.owned_f32_.back().data();
+  } else {
+    fail("%s: tensor '%s' has type %s; a norm or bias vector must be f32, f16 or bf16",
+         f_.path().c_str(), name.c_str(), std::string(ggml_type_name(t->type)).c_str());
+  }
+  return WeightView{GgmlType::F32, data, 1, n, static_cast<size_t>(n) * sizeof(float)};
+}
+
+void ModelLoader::load_tensors() {
+  const HParams& hp = m_.hp_;
+  const int64_t n_embd = hp.n_embd, n_ff = hp.n_ff, n_vocab = hp.n_vocab;
+  const int64_t n_q = int64_t{hp.n_head} * hp.head_dim_k;     // query projection rows
+  const int64_t n_k = int64_t{hp.n_head_kv} * hp.head_dim_k;  // key projection rows
+  const int64_t n_v = int64_t{hp.n_head_kv} * hp.head_dim_v;  // value projection rows
+  const int64_t n_o = int64_t{hp.n_head} * hp.head_dim_v;     // attention output width
+
+  m_.tok_embd_ = matrix("token_embd.weight", n_vocab, n_embd, "n_embd, n_vocab", true);
+  m_.out_norm_ = vector("output_norm.weight", n_embd, "n_embd", true);
+  m_.output_ = matrix("output.weight", n_vocab, n_embd, "n_embd, n_vocab", false);
+  if (!m_.output_.data) m_.output_ = m_.tok_embd_;  // tied embeddings
+
+  m_.layers_.resize(static_cast<size_t>(hp.n_layer));
+  for (int il = 0; il < hp.n_layer; ++il) {
+    LayerWeights& w = m_.layers_[il];
+    const std::string b = "blk." + std::to_string(il) + ".";
+    w.attn_norm = vector(b + "attn_norm.weight", n_embd, "n_embd", true);
+    w.wq = matrix(b + "attn_q.weight", n_q, n_embd, "n_embd, n_head*head_dim_k", true);
+    w.wk = matrix(b + "attn_k.weight", n_k, n_embd, "n_embd, n_head_kv*head_dim_k", true);
+    w.wv = matrix(b + "attn_v.weight", n_v, n_embd, "n_embd, n_head_kv*head_dim_v", true);
+    w.wo = matrix(b + "attn_output.weight", n_embd, n_o, "n_head*head_dim_v, n_embd", true);
+    w.bq = vector(b + "attn_q.bias", n_q, "n_head*head_dim_k", ai_.qkv_bias);
+    w.bk = vector(b + "attn_k.bias", n_k, "n_head_kv*head_dim_k", ai_.qkv_bias);
+    w.bv = vector(b + "attn_v.bias", n_v, "n_head_kv*head_dim_v", ai_.qkv_bias);
+    if (ai_.qk_norm) {
+      w.q_norm = vector(b + "attn_q_norm.weight", hp.head_dim_k, "head_dim_k", true);
+      w.k_norm = vector(b + "attn_k_norm.weight", hp.head_dim_k, "head_dim_k", true);
+    }
+    if (ai_.post_norms) {
+      w.post_attn_norm = vector(b + "post_attention_norm.weight", n_embd, "n_embd", true);
+      w.post_ffn_norm = vector(b + "post_ffw_norm.weight", n_embd, "n_embd", true);
+    }
+    w.ffn_norm = vector(b + "ffn_norm.weight", n_embd, "n_embd", true);
+    w.ffn_gate = matrix(b + "ffn_gate.weight", n_ff, n_embd, "n_embd, n_ff", true);
+    w.ffn_up = matrix(b + "ffn_up.weight", n_ff, n_embd, "n_embd, n_ff", true);
+    w.ffn_down = matrix(b + "ffn_down.weight", n_embd, n_ff, "n_ff, n_embd", true);
+  }
+}
+
+std::unique_ptr<Model> Model::load(const std::string& path) {
+  std::unique_ptr<Model> m(new Model());
+  m->file_ = GgufFile::open(path);
+  const std::string& arch = m->file_->get_string("general.architecture");
+  const ArchInfo* ai = find_arch(arch);
+  KVTRIM_CHECK(ai, "%s: unsupported architecture '%s' (supported: %s)", path.c_str(), arch.c_str(),
+               supported_archs().c_str());
+  ModelLoader loader(*m, *ai);
+  loader.load_hparams();
+  loader.load_tensors();
+  m->tok_ = Tokenizer::from_gguf(*m->file_);
+  return m;
+}
+
+KvCacheConfig Model::cache_config(int64_t n_ctx) const {
+  KvCacheConfig c;
+  c.n_layer = hp_.n_layer;
+  c.n_head_kv = hp_.n_head_kv;
+  c.head_dim_k = hp_.head_dim_k;
+  c.head_dim_v = hp_.head_dim_v;
+  c.n_ctx = n_ctx;
+  c.dtype = KvDtype::kF16;
+  c.sliding_window = hp_.sliding_window;
+  return c;
+}
+
+}  // namespace kvtrim

@@ -1,0 +1,49 @@
+// Tiny random GGUF models for fast tests: the real tensor names, metadata keys and quant
+// types of each supported architecture, a few layers of a few heads, random weights
+// (deterministic by seed) and a minimal valid byte-level BPE ("gpt2") tokenizer: the 256
+// byte tokens, a few merges and the specials <|endoftext|>, <|im_start|>, <|im_end|>.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "core/ggml_type.h"
+#include "model/model.h"
+
+namespace kvtrim::test {
+
+struct TinyModelSpec {
+  Arch arch = Arch::kLlama;
+  uint32_t seed = 1;
+  int n_layer = 2;  // gemma3 defaults to 6 (5 local + 1 global) in tiny_spec()
+  int n_embd = 64;
+  int n_head = 4;
+  int n_head_kv = 2;
+  int head_dim = 16;  // written as attention.key_length / value_length for gemma3
+  int n_ff = 256;     // a multiple of 256 so ffn_down can be a k-quant
+  int n_ctx_train = 256;
+  int sliding_window = 4;   // gemma3 local layers
+  bool tied_output = true;  // no output.weight: logits use token_embd
+  // weight types (matrices); norms are f32 except gemma3's post_ffw_norm (f16, widened at load)
+  GgmlType t_embd = GgmlType::Q8_0;
+  GgmlType t_attn = GgmlType::Q4_1;    // wq, wk, wo
+  GgmlType t_v = GgmlType::Q8_0;       // wv
+  GgmlType t_ffn = GgmlType::Q4_1;     // gate, up
+  GgmlType t_down = GgmlType::Q4_K;    // ffn_down (rows of n_ff)
+  GgmlType t_output = GgmlType::Q8_0;  // output.weight when untied
+  // Fault injection for loader tests.
+  std::string omit_key;       // metadata key not written
+  std::string omit_tensor;    // tensor not written
+  std::string arch_override;  // general.architecture written instead of the arch's name
+  int n_ff_meta = 0;          // feed_forward_length written (0 = n_ff): tensors then mismatch
+};
+
+// Default spec of each architecture (different quant types per arch, qwen2 untied).
+TinyModelSpec tiny_spec(Arch arch, uint32_t seed = 1);
+
+// Writes the model to <dir>/tiny_<arch>_<seed>.gguf and returns the path.
+std::string write_tiny_model(const TinyModelSpec& spec, const std::string& dir);
+
+// The tiny tokenizer's vocabulary size (256 bytes + merges + 3 specials).
+int tiny_vocab_size();
+
+}  // namespace kvtrim::test

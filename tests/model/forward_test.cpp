@@ -1,0 +1,287 @@
+// Tiny random models of every architecture: the loader (hyper-parameters, errors that name
+// the problem), the optimized forward against forward_reference, chunked prefill against
+// one batch, decode after prefill, and the context limits.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "../common/test_util.h"
+#include "../common/tiny_model.h"
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "kv/kv_cache.h"
+#include "model/model.h"
+
+namespace kvtrim {
+namespace {
+
+// Logits agree when max |a - b| <= tol · max(1, max |b|) (b = reference).
+// With quantized weights the optimized matvec (and matmul below 16 tokens) quantizes the
+// activations to 8 bits for its integer dot products, while the reference and the sgemm
+// prefill path stay in f32; on these random models (peaky attention, logits up to ~30)
+// that moves logits by up to ~4% of the largest one. f16 K/V adds ~0.1%.
+constexpr double kTolQuantized = 6e-2;
+// With f32 weights and an f32 cache every path computes the same sums in another order.
+constexpr double kTolFloat = 1e-4;
+
+double rel_err(const float* a, const float* b, int64_t n) {
+  double max_diff = 0, max_ref = 1;
+  for (int64_t i = 0; i < n; ++i) {
+    max_diff = std::max(max_diff, std::fabs(double(a[i]) - b[i]));
+    max_ref = std::max(max_ref, std::fabs(double(b[i])));
+  }
+  return max_diff / max_ref;
+}
+
+int argmax(const float* x, int64_t n) {
+  return static_cast<int>(std::max_element(x, x + n) - x);
+}
+
+std::vector<int32_t> test_tokens(int n, int n_vocab, uint32_t seed = 5) {
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  uint32_t s = seed;
+  for (int32_t& x : t) {
+    s = s * 1664525u + 1013904223u;
+    x = static_cast<int32_t>((s >> 8) % static_cast<uint32_t>(n_vocab));
+  }
+  return t;
+}
+
+class TinyForward : public ::testing::TestWithParam<Arch> {
+ protected:
+  static std::string path_for(Arch a) {
+    static const std::string dir = test::temp_dir("tiny_forward");
+    return test::write_tiny_model(test::tiny_spec(a, 11), dir);
+  }
+};
+
+TEST_P(TinyForward, LoadsHyperParameters) {
+  const Arch a = GetParam();
+  const test::TinyModelSpec spec = test::tiny_spec(a, 11);
+  auto m = Model::load(path_for(a));
+  const HParams& hp = m->hparams();
+  EXPECT_EQ(hp.arch, a);
+  EXPECT_EQ(hp.n_layer, spec.n_layer);
+  EXPECT_EQ(hp.n_embd, spec.n_embd);
+  EXPECT_EQ(hp.n_head, spec.n_head);
+  EXPECT_EQ(hp.n_head_kv, spec.n_head_kv);
+  EXPECT_EQ(hp.head_dim_k, spec.head_dim);
+  EXPECT_EQ(hp.head_dim_v, spec.head_dim);
+  EXPECT_EQ(hp.n_rot, spec.head_dim);
+  EXPECT_EQ(hp.n_ff, spec.n_ff);
+  EXPECT_EQ(hp.n_vocab, test::tiny_vocab_size());
+  EXPECT_EQ(hp.n_ctx_train, spec.n_ctx_train);
+  EXPECT_FLOAT_EQ(hp.attn_scale, 1.f / std::sqrt(static_cast<float>(spec.head_dim)));
+  EXPECT_EQ(hp.rope_neox, a != Arch::kLlama);
+  ASSERT_EQ(static_cast<int>(hp.sliding_window.size()), spec.n_layer);
+  for (int il = 0; il < spec.n_layer; ++il) {
+    const bool local = a == Arch::kGemma3 && (il + 1) % 6 != 0;
+    EXPECT_EQ(hp.sliding_window[il], local ? spec.sliding_window : 0) << "layer " << il;
+  }
+  EXPECT_FLOAT_EQ(hp.embd_scale, a == Arch::kGemma3 ? 8.f : 1.f);
+  EXPECT_EQ(m->output().data == m->tok_embd().data, spec.tied_output);
+  EXPECT_EQ(m->layers()[0].bq.data != nullptr, a == Arch::kQwen2);
+  EXPECT_EQ(m->layers()[0].q_norm.data != nullptr, a == Arch::kGemma3);
+  EXPECT_EQ(m->tokenizer().n_vocab(), test::tiny_vocab_size());
+  const KvCacheConfig cc = m->cache_config(64);
+  EXPECT_EQ(cc.n_layer, spec.n_layer);
+  EXPECT_EQ(cc.sliding_window, hp.sliding_window);
+}
+
+TEST_P(TinyForward, OptimizedMatchesReference) {
+  auto m = Model::load(path_for(GetParam()));
+  const int n_vocab = m->hparams().n_vocab;
+  const int n = 20;
+  const std::vector<int32_t> toks = test_tokens(n, n_vocab);
+  std::vector<float> ref(static_cast<size_t>(n) * n_vocab);
+  forward_reference(*m, toks.data(), n, ref.data());
+  ThreadPool pool(2);
+  for (KvDtype dt : {KvDtype::kF32, KvDtype::kF16}) {
+    for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+      KvCacheConfig cc = m->cache_config(64);
+      cc.dtype = dt;
+      auto cache = make_dense_cache(cc);
+      std::vector<float> got(ref.size());
+      m->forward(toks.data(), n, 0, *cache, got.data(), /*all_logits=*/true, p);
+      EXPECT_EQ(cache->n_past(), n);
+      for (int i = 0; i < n; ++i) {
+        const float* g = got.data() + static_cast<size_t>(i) * n_vocab;
+        const float* r = ref.data() + static_cast<size_t>(i) * n_vocab;
+        EXPECT_LT(rel_err(g, r, n_vocab), kTolQuantized)
+            << "token " << i << " kv " << kv_dtype_name(dt);
+        EXPECT_EQ(argmax(g, n_vocab), argmax(r, n_vocab)) << "token " << i;
+      }
+    }
+  }
+}
+
+TEST_P(TinyForward, ChunkedPrefillMatchesOneBatch) {
+  auto m = Model::load(path_for(GetParam()));
+  const int n_vocab = m->hparams().n_vocab;
+  const int n = 17;
+  const std::vector<int32_t> toks = test_tokens(n, n_vocab, 9);
+  ThreadPool pool(2);
+  auto run = [&](int chunk, bool all) {
+    auto cache = make_dense_cache(m->cache_config(64));
+    std::vector<float> logits(static_cast<size_t>(all ? n : 1) * n_vocab);
+    for (int i = 0; i < n; i += chunk) {
+      const int c = std::min(chunk, n - i);
+      float* out = all ? logits.data() + static_cast<size_t>(i) * n_vocab : logits.data();
+      m->forward(toks.data() + i, c, cache->n_past(), *cache, out, all, &pool);
+    }
+    return logits;
+  };
+  for (bool all : {false, true}) {
+    const std::vector<float> one = run(n, all);
+    for (int chunk : {1, 3, 8}) {
+      const std::vector<float> got = run(chunk, all);
+      const int rows = all ? n : 1;
+      for (int r = 0; r < rows; ++r) {
+        EXPECT_LT(rel_err(got.data() + static_cast<size_t>(r) * n_vocab,
+                          one.data() + static_cast<size_t>(r) * n_vocab, n_vocab),
+                  kTolQuantized)
+            << "chunk " << chunk << " row " << r;
+      }
+    }
+  }
+}
+
+TEST_P(TinyForward, DecodeAfterPrefillMatchesReference) {
+  auto m = Model::load(path_for(GetParam()));
+  const int n_vocab = m->hparams().n_vocab;
+  const int n_prompt = 9, n = 16;
+  const std::vector<int32_t> toks = test_tokens(n, n_vocab, 3);
+  std::vector<float> ref(static_cast<size_t>(n) * n_vocab);
+  forward_reference(*m, toks.data(), n, ref.data());
+  auto cache = make_dense_cache(m->cache_config(32));
+  std::vector<float> logits(n_vocab);
+  m->forward(toks.data(), n_prompt, 0, *cache, logits.data(), false, nullptr);
+  EXPECT_LT(
+      rel_err(logits.data(), ref.data() + static_cast<size_t>(n_prompt - 1) * n_vocab, n_vocab),
+      kTolQuantized);
+  for (int i = n_prompt; i < n; ++i) {
+    m->forward(&toks[i], 1, i, *cache, logits.data(), false, nullptr);
+    EXPECT_LT(rel_err(logits.data(), ref.data() + static_cast<size_t>(i) * n_vocab, n_vocab),
+              kTolQuantized)
+        << "decode step at position " << i;
+  }
+  // truncating and re-running the tail reproduces the same logits
+  cache->truncate(n - 1);
+  std::vector<float> again(n_vocab);
+  m->forward(&toks[n - 1], 1, n - 1, *cache, again.data(), false, nullptr);
+  EXPECT_LT(rel_err(again.data(), logits.data(), n_vocab), 1e-6);
+}
+
+TEST_P(TinyForward, EnforcesContextLimits) {
+  auto m = Model::load(path_for(GetParam()));
+  const int n_vocab = m->hparams().n_vocab;
+  std::vector<int32_t> toks = test_tokens(8, n_vocab);
+  std::vector<float> logits(n_vocab);
+  auto cache = make_dense_cache(m->cache_config(8));
+  m->forward(toks.data(), 8, 0, *cache, logits.data(), false, nullptr);
+  try {
+    m->forward(toks.data(), 1, 8, *cache, logits.data(), false, nullptr);
+    FAIL() << "no error past the cache's n_ctx";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("context"), std::string::npos) << e.what();
+  }
+  // past the model's trained context (cache larger than the model allows)
+  const int train = m->hparams().n_ctx_train;
+  auto big = make_dense_cache(m->cache_config(train + 10));
+  EXPECT_THROW(m->forward(toks.data(), 1, train, *big, logits.data(), false, nullptr), Error);
+  toks[0] = n_vocab;  // out-of-range token id
+  auto c2 = make_dense_cache(m->cache_config(8));
+  EXPECT_THROW(m->forward(toks.data(), 1, 0, *c2, logits.data(), false, nullptr), Error);
+}
+
+// All-f32 weights and an f32 cache: the optimized forward (batch, chunks, decode) must
+// agree with the reference to float rounding — this pins the forward's logic exactly.
+TEST_P(TinyForward, FloatWeightsMatchReferenceTightly) {
+  test::TinyModelSpec spec = test::tiny_spec(GetParam(), 23);
+  spec.t_embd = spec.t_attn = spec.t_v = spec.t_ffn = spec.t_down = spec.t_output = GgmlType::F32;
+  auto m = Model::load(test::write_tiny_model(spec, test::temp_dir("tiny_f32")));
+  const int n_vocab = m->hparams().n_vocab;
+  const int n = 20;
+  const std::vector<int32_t> toks = test_tokens(n, n_vocab, 17);
+  std::vector<float> ref(static_cast<size_t>(n) * n_vocab);
+  forward_reference(*m, toks.data(), n, ref.data());
+  ThreadPool pool(2);
+  for (int chunk : {n, 7, 1}) {
+    KvCacheConfig cc = m->cache_config(64);
+    cc.dtype = KvDtype::kF32;
+    auto cache = make_dense_cache(cc);
+    std::vector<float> got(ref.size());
+    for (int i = 0; i < n; i += chunk) {
+      const int c = std::min(chunk, n - i);
+      m->forward(toks.data() + i, c, i, *cache, got.data() + static_cast<size_t>(i) * n_vocab, true,
+                 &pool);
+    }
+    for (int i = 0; i < n; ++i) {
+      EXPECT_LT(rel_err(got.data() + static_cast<size_t>(i) * n_vocab,
+                        ref.data() + static_cast<size_t>(i) * n_vocab, n_vocab),
+                kTolFloat)
+          << "chunk " << chunk << " token " << i;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllArchs, TinyForward,
+                         ::testing::Values(Arch::kLlama, Arch::kQwen2, Arch::kGemma3),
+                         [](const ::testing::TestParamInfo<Arch>& i) {
+                           return std::string(arch_name(i.param));
+                         });
+
+// Loader errors name the problem: the key and file, the tensor and shapes, the archs.
+std::string load_error(const test::TinyModelSpec& spec, const std::string& tag) {
+  const std::string path = test::write_tiny_model(spec, test::temp_dir("tiny_err_" + tag));
+  try {
+    Model::load(path);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ModelLoad, MissingKeyNamesKeyAndFile) {
+  test::TinyModelSpec s = test::tiny_spec(Arch::kLlama);
+  s.omit_key = "llama.block_count";
+  const std::string e = load_error(s, "key");
+  EXPECT_NE(e.find("llama.block_count"), std::string::npos) << e;
+  EXPECT_NE(e.find("tiny_llama"), std::string::npos) << e;
+}
+
+TEST(ModelLoad, MissingTensorIsNamed) {
+  test::TinyModelSpec s = test::tiny_spec(Arch::kGemma3);
+  s.omit_tensor = "blk.1.attn_k_norm.weight";
+  const std::string e = load_error(s, "tensor");
+  EXPECT_NE(e.find("blk.1.attn_k_norm.weight"), std::string::npos) << e;
+}
+
+TEST(ModelLoad, WrongShapeNamesTensorAndShapes) {
+  test::TinyModelSpec s = test::tiny_spec(Arch::kQwen2);
+  s.n_ff_meta = 512;
+  const std::string e = load_error(s, "shape");
+  EXPECT_NE(e.find("blk.0.ffn_gate.weight"), std::string::npos) << e;
+  EXPECT_NE(e.find("[64, 256]"), std::string::npos) << e;
+  EXPECT_NE(e.find("[64, 512]"), std::string::npos) << e;
+}
+
+TEST(ModelLoad, UnsupportedArchListsSupported) {
+  test::TinyModelSpec s = test::tiny_spec(Arch::kLlama);
+  s.arch_override = "mamba";
+  const std::string e = load_error(s, "arch");
+  EXPECT_NE(e.find("mamba"), std::string::npos) << e;
+  EXPECT_NE(e.find("llama, qwen2, gemma3"), std::string::npos) << e;
+}
+
+TEST(ModelLoad, HeadsNotMultipleOfKvHeads) {
+  test::TinyModelSpec s = test::tiny_spec(Arch::kLlama);
+  s.n_head_kv = 3;
+  const std::string e = load_error(s, "gqa");
+  EXPECT_NE(e.find("head_count_kv"), std::string::npos) << e;
+}
+
+}  // namespace
+}  // namespace kvtrim
