@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The CLI on the real default model: normal runs succeed and print what they promise,
+# and context limits give clear errors with a non-zero exit.
+set -u
+bin="${KVTRIM_BIN:?KVTRIM_BIN not set}"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+pass=0; failed=0
+check() {  # check NAME RC REGEX(stdout+stderr) ARGS...
+  local name="$1" rc="$2" re="$3"; shift 3
+  local out; out=$("$bin" "$@" 2>&1); local got=$?
+  if [ "$got" -eq "$rc" ] && [[ "$out" =~ $re ]]; then pass=$((pass + 1)); else
+    failed=$((failed + 1)); echo "FAIL [$name]: kvtrim $* -> exit $got (want $rc)"; echo "$out" | tail -5; fi
+}
+long=$(for i in $(seq 1 40); do printf 'The quick brown fox jumps over the lazy dog. '; done)
+check run_greedy 0 "Paris.*KV cache: .* held" run -m smollm2 -p "The capital of France is" -n 8 -t 2
+check run_prompt_past_ctx 1 "exceeds the context limit of 64" run -m smollm2 -c 64 -p "$long" -n 4
+check ctx_past_model 1 "exceeds the model's limit of 8192" run -m smollm2 -c 100000 -p hi -n 4
+check gen_stops_at_ctx 0 "stop: context_full" run -m smollm2 -c 24 -p "Once upon a time" -n 100 -t 2
+check inspect 0 "llama.block_count +30.*q4_1" inspect smollm2
+head -c 20000 "${KVTRIM_SHARED_DATA:-$(dirname "$0")/../../shared/data}/wikitext-2/test.txt" > "$tmp/wiki.txt"
+check ppl 0 "ppl = [0-9]+\.[0-9]+ \+/- " ppl -m smollm2 -f "$tmp/wiki.txt" -c 256 -t 2
+check ppl_ctx_past_model 1 "exceeds the model's context limit" ppl -m smollm2 -f "$tmp/wiki.txt" -c 9000
+check bench 0 "tg4@d64" bench -m smollm2 -p 32 -d 64 -n 4 -r 1 -t 2
+echo "$pass passed, $failed failed"
+[ "$failed" -eq 0 ]
