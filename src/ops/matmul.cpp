@@ -1,0 +1,245 @@
+// matvec / matmul / get_row: threading, activation quantization and the prefill GEMM path
+// around the per-ISA kernels of matmul_kernels.cpp.
+//
+// matvec (decode): x is quantized once to 8 bits (see matmul_internal.h), then the rows of
+//   W are split over the pool in contiguous ranges of kRowGrain-row chunks; each thread runs
+//   the integer dot kernel on the quantized blocks directly (no dequantized copy of W).
+// matmul (prefill):
+//   n_tok < kGemmMinTok: the same integer kernel, each weight row reused (from L1) for all
+//     tokens;
+//   otherwise: each thread dequantizes tiles of W rows (~1 MiB of f32, gemm_tile_rows) into a
+//   private f32
+//     buffer and calls single-threaded OpenBLAS cblas_sgemm (x · tileᵀ), writing its columns
+//     of y in place. The tile is dequantized once per call and reused for all n_tok tokens,
+//     so the dequantization cost is amortized and the product runs at sgemm speed.
+// ref::: scalar dequantize_row + double accumulation (the ground truth of the tests).
+
+#include "ops/matmul.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <mutex>
+#include <vector>
+
+#include "core/error.h"
+#include "core/quant_blocks.h"
+#include "core/thread_pool.h"
+#include "ops/dequant.h"
+#include "ops/matmul_internal.h"
+
+namespace kvtrim {
+
+namespace detail {
+
+bool matmul_supported(GgmlType t) {
+  switch (t) {
+    case GgmlType::F32:
+    case GgmlType::F16:
+    case GgmlType::BF16:
+    case GgmlType::Q4_0:
+    case GgmlType::Q4_1:
+    case GgmlType::Q5_0:
+    case GgmlType::Q5_1:
+    case GgmlType::Q8_0:
+    case GgmlType::Q4_K:
+    case GgmlType::Q5_K:
+    case GgmlType::Q6_K:
+      return true;
+    default:
+      return false;
+  }
+}
+
+ActFormat act_format(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q4_0:
+    case GgmlType::Q4_1:
+    case GgmlType::Q5_0:
+    case GgmlType::Q5_1:
+    case GgmlType::Q8_0:
+      return ActFormat::kQ8A;
+    case GgmlType::Q4_K:
+    case GgmlType::Q5_K:
+    case GgmlType::Q6_K:
+      return ActFormat::kQ8K;
+    default:
+      return ActFormat::kF32;
+  }
+}
+
+size_t act_row_bytes(ActFormat f, int64_t n_cols) {
+  switch (f) {
+    case ActFormat::kQ8A:
+      return static_cast<size_t>(n_cols / kQK) * sizeof(BlockQ8A);
+    case ActFormat::kQ8K:
+      return static_cast<size_t>(n_cols / kQK_K) * sizeof(BlockQ8_K);
+    case ActFormat::kF32:
+      break;
+  }
+  return static_cast<size_t>(n_cols) * sizeof(float);
+}
+
+}  // namespace detail
+
+namespace {
+
+using detail::ActFormat;
+
+constexpr int64_t kRowGrain = 16;           // matvec rows per chunk (a few cache lines of y)
+constexpr int64_t kGemmMinTok = 16;         // from this many tokens on, matmul uses sgemm
+constexpr size_t kGemmTileBytes = 1 << 20;  // f32 tile of W per sgemm call (~half an L2)
+
+// Rows per dequantized tile: kGemmTileBytes of f32, a multiple of 16, in [16, 256].
+int64_t gemm_tile_rows(int64_t n_cols) {
+  const int64_t r =
+      static_cast<int64_t>(kGemmTileBytes / (sizeof(float) * static_cast<size_t>(n_cols)));
+  return std::clamp<int64_t>(r / 16 * 16, 16, 256);
+}
+
+void check_weight(const WeightView& w) {
+  KVTRIM_CHECK(detail::matmul_supported(w.type), "matmul: unsupported weight type %s",
+               std::string(ggml_type_name(w.type)).c_str());
+  const int64_t bs = ggml_traits(w.type).block_size;
+  KVTRIM_CHECK(w.n_cols > 0 && w.n_cols % bs == 0,
+               "matmul: n_cols %lld is not a multiple of the %s block size %lld",
+               static_cast<long long>(w.n_cols), std::string(ggml_type_name(w.type)).c_str(),
+               static_cast<long long>(bs));
+  KVTRIM_CHECK(w.row_bytes == ggml_row_size(w.type, w.n_cols),
+               "matmul: row_bytes %zu != %zu for %s x %lld", w.row_bytes,
+               ggml_row_size(w.type, w.n_cols), std::string(ggml_type_name(w.type)).c_str(),
+               static_cast<long long>(w.n_cols));
+}
+
+// Per-thread scratch (the caller's is used for the quantized activation, workers' for tiles).
+std::vector<uint8_t>& act_scratch() {
+  thread_local std::vector<uint8_t> buf;
+  return buf;
+}
+std::vector<float>& tile_scratch() {
+  thread_local std::vector<float> buf;
+  return buf;
+}
+
+// Runs fn(r0, r1) over [0, n_rows) split in contiguous grain-multiple ranges per thread.
+// The closure given to the pool captures one pointer, so std::function does not allocate.
+template <typename Fn>
+void for_rows(ThreadPool* pool, int64_t n_rows, int64_t grain, const Fn& fn) {
+  if (pool == nullptr || pool->n_threads() <= 1 || n_rows <= grain) {
+    fn(int64_t{0}, n_rows);
+    return;
+  }
+  const Fn* f = &fn;
+  pool->parallel_for(
+      n_rows, [f](int64_t b, int64_t e) { (*f)(b, e); }, grain);
+}
+
+void ensure_blas_single_thread() {
+  static std::once_flag once;
+  std::call_once(once, [] { openblas_set_num_threads(1); });
+}
+
+}  // namespace
+
+void matvec(const WeightView& w, const float* x, float* y, ThreadPool* pool) {
+  check_weight(w);
+  const ActFormat f = detail::act_format(w.type);
+  const void* act = x;
+  if (f != ActFormat::kF32) {
+    auto& buf = act_scratch();
+    buf.resize(detail::act_row_bytes(f, w.n_cols));
+    detail::quantize_act(f, x, buf.data(), w.n_cols);
+    act = buf.data();
+  }
+  for_rows(pool, w.n_rows, kRowGrain,
+           [&](int64_t r0, int64_t r1) { detail::dot_rows(w, r0, r1, act, 0, 1, y, 0); });
+}
+
+void matmul(const WeightView& w, const float* x, int64_t n_tok, float* y, ThreadPool* pool) {
+  check_weight(w);
+  if (n_tok <= 0) return;
+  if (n_tok == 1) {
+    matvec(w, x, y, pool);
+    return;
+  }
+  const int64_t n_rows = w.n_rows, n_cols = w.n_cols;
+  if (n_tok < kGemmMinTok) {
+    const ActFormat f = detail::act_format(w.type);
+    const size_t stride = detail::act_row_bytes(f, n_cols);
+    const void* act = x;
+    if (f != ActFormat::kF32) {
+      auto& buf = act_scratch();
+      buf.resize(stride * static_cast<size_t>(n_tok));
+      for (int64_t t = 0; t < n_tok; ++t) {
+        detail::quantize_act(f, x + t * n_cols, buf.data() + static_cast<size_t>(t) * stride,
+                             n_cols);
+      }
+      act = buf.data();
+    }
+    for_rows(pool, n_rows, kRowGrain, [&](int64_t r0, int64_t r1) {
+      detail::dot_rows(w, r0, r1, act, stride, n_tok, y, n_rows);
+    });
+    return;
+  }
+  ensure_blas_single_thread();
+  const auto* base = static_cast<const uint8_t*>(w.data);
+  const int64_t tile_rows = gemm_tile_rows(n_cols);
+  // Split rows evenly over the threads (in multiples of 16), tiles within each range.
+  const int64_t n_thr = pool ? pool->n_threads() : 1;
+  const int64_t grain = std::max<int64_t>(16, (n_rows + n_thr - 1) / n_thr / 16 * 16);
+  for_rows(pool, n_rows, grain, [&](int64_t r0, int64_t r1) {
+    for (int64_t t0 = r0; t0 < r1; t0 += tile_rows) {
+      const int64_t nr = std::min(tile_rows, r1 - t0);
+      const float* tile;
+      if (w.type == GgmlType::F32) {
+        tile = reinterpret_cast<const float*>(base + static_cast<size_t>(t0) * w.row_bytes);
+      } else {
+        auto& buf = tile_scratch();
+        buf.resize(static_cast<size_t>(nr * n_cols));
+        for (int64_t r = 0; r < nr; ++r) {
+          dequantize_row(w.type, base + static_cast<size_t>(t0 + r) * w.row_bytes,
+                         buf.data() + r * n_cols, n_cols);
+        }
+        tile = buf.data();
+      }
+      // y[:, t0:t0+nr] = x[n_tok, n_cols] · tile[nr, n_cols]ᵀ
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n_tok),
+                  static_cast<int>(nr), static_cast<int>(n_cols), 1.0f, x, static_cast<int>(n_cols),
+                  tile, static_cast<int>(n_cols), 0.0f, y + t0, static_cast<int>(n_rows));
+    }
+  });
+}
+
+void get_row(const WeightView& w, int64_t row, float* out) {
+  KVTRIM_CHECK(row >= 0 && row < w.n_rows, "get_row: row %lld out of range [0, %lld)",
+               static_cast<long long>(row), static_cast<long long>(w.n_rows));
+  dequantize_row(w.type,
+                 static_cast<const uint8_t*>(w.data) + static_cast<size_t>(row) * w.row_bytes, out,
+                 w.n_cols);
+}
+
+namespace ref {
+
+void matvec(const WeightView& w, const float* x, float* y) {
+  matmul(w, x, 1, y);
+}
+
+void matmul(const WeightView& w, const float* x, int64_t n_tok, float* y) {
+  std::vector<float> row(static_cast<size_t>(w.n_cols));
+  for (int64_t r = 0; r < w.n_rows; ++r) {
+    dequantize_row(w.type,
+                   static_cast<const uint8_t*>(w.data) + static_cast<size_t>(r) * w.row_bytes,
+                   row.data(), w.n_cols);
+    for (int64_t t = 0; t < n_tok; ++t) {
+      const float* xt = x + t * w.n_cols;
+      double acc = 0.0;
+      for (int64_t i = 0; i < w.n_cols; ++i)
+        acc += static_cast<double>(row[static_cast<size_t>(i)]) * xt[i];
+      y[t * w.n_rows + r] = static_cast<float>(acc);
+    }
+  }
+}
+
+}  // namespace ref
+
+}  // namespace kvtrim

@@ -1,0 +1,353 @@
+// Elementwise / row kernels of the forward pass (nn.h): Highway SIMD compiled per ISA and
+// dispatched at run time, plus the scalar references (namespace ref, double accumulation).
+// exp / tanh use Highway's contrib/math polynomials (max error a few ulp), so the SIMD
+// results match the references to ~1e-6 relative.
+
+#include "ops/nn.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#ifndef HWY_WANT_AVX3_DL
+#define HWY_WANT_AVX3_DL
+#endif
+#ifndef HWY_DISABLED_TARGETS
+#define HWY_DISABLED_TARGETS (HWY_SSSE3 | HWY_SSE4)
+#endif
+
+// foreach_target.h must precede highway.h (it re-includes this file once per target) and
+// -inl.h headers follow highway.h; include sorting would break that.
+// clang-format off
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "ops/nn.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+#include <hwy/contrib/math/math-inl.h>
+// clang-format on
+
+HWY_BEFORE_NAMESPACE();
+namespace kvtrim {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+
+float SumSq(const float* x, int64_t n) {
+  const DF df;
+  const int64_t nl = static_cast<int64_t>(hn::Lanes(df));
+  auto a0 = hn::Zero(df), a1 = hn::Zero(df);
+  int64_t i = 0;
+  for (; i + 2 * nl <= n; i += 2 * nl) {
+    const auto v0 = hn::LoadU(df, x + i), v1 = hn::LoadU(df, x + i + nl);
+    a0 = hn::MulAdd(v0, v0, a0);
+    a1 = hn::MulAdd(v1, v1, a1);
+  }
+  for (; i + nl <= n; i += nl) {
+    const auto v = hn::LoadU(df, x + i);
+    a0 = hn::MulAdd(v, v, a0);
+  }
+  float s = hn::GetLane(hn::SumOfLanes(df, hn::Add(a0, a1)));
+  for (; i < n; ++i) s += x[i] * x[i];
+  return s;
+}
+
+float Dot(const float* a, const float* b, int64_t n) {
+  const DF df;
+  const int64_t nl = static_cast<int64_t>(hn::Lanes(df));
+  auto a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
+  int64_t i = 0;
+  for (; i + 4 * nl <= n; i += 4 * nl) {
+    a0 = hn::MulAdd(hn::LoadU(df, a + i), hn::LoadU(df, b + i), a0);
+    a1 = hn::MulAdd(hn::LoadU(df, a + i + nl), hn::LoadU(df, b + i + nl), a1);
+    a2 = hn::MulAdd(hn::LoadU(df, a + i + 2 * nl), hn::LoadU(df, b + i + 2 * nl), a2);
+    a3 = hn::MulAdd(hn::LoadU(df, a + i + 3 * nl), hn::LoadU(df, b + i + 3 * nl), a3);
+  }
+  for (; i + nl <= n; i += nl) a0 = hn::MulAdd(hn::LoadU(df, a + i), hn::LoadU(df, b + i), a0);
+  float s = hn::GetLane(hn::SumOfLanes(df, hn::Add(hn::Add(a0, a1), hn::Add(a2, a3))));
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// y[i] = x[i] * s * (w ? w[i] : 1) + (b ? b[i] : 0) - shift * s * (w ? w[i] : 1)
+void ScaleRow(const float* x, const float* w, const float* b, float* y, int64_t n, float shift,
+              float s) {
+  const DF df;
+  const int64_t nl = static_cast<int64_t>(hn::Lanes(df));
+  const auto vs = hn::Set(df, s), vsh = hn::Set(df, shift);
+  int64_t i = 0;
+  for (; i + nl <= n; i += nl) {
+    auto v = hn::Mul(hn::Sub(hn::LoadU(df, x + i), vsh), vs);
+    if (w) v = hn::Mul(v, hn::LoadU(df, w + i));
+    if (b) v = hn::Add(v, hn::LoadU(df, b + i));
+    hn::StoreU(v, df, y + i);
+  }
+  for (; i < n; ++i) {
+    float v = (x[i] - shift) * s;
+    if (w) v *= w[i];
+    if (b) v += b[i];
+    y[i] = v;
+  }
+}
+
+float MaxOf(const float* x, int64_t n) {
+  const DF df;
+  const int64_t nl = static_cast<int64_t>(hn::Lanes(df));
+  float m = -INFINITY;
+  int64_t i = 0;
+  if (n >= nl) {
+    auto vm = hn::LoadU(df, x);
+    for (i = nl; i + nl <= n; i += nl) vm = hn::Max(vm, hn::LoadU(df, x + i));
+    m = hn::GetLane(hn::MaxOfLanes(df, vm));
+  }
+  for (; i < n; ++i) m = std::max(m, x[i]);
+  return m;
+}
+
+// x[i] = exp(x[i] - mx); returns the sum.
+float ExpSub(float* x, int64_t n, float mx) {
+  const DF df;
+  const int64_t nl = static_cast<int64_t>(hn::Lanes(df));
+  const auto vm = hn::Set(df, mx);
+  auto acc = hn::Zero(df);
+  int64_t i = 0;
+  for (; i + nl <= n; i += nl) {
+    const auto e = hn::Exp(df, hn::Sub(hn::LoadU(df, x + i), vm));
+    hn::StoreU(e, df, x + i);
+    acc = hn::Add(acc, e);
+  }
+  float s = hn::GetLane(hn::SumOfLanes(df, acc));
+  for (; i < n; ++i) {
+    x[i] = std::exp(x[i] - mx);
+    s += x[i];
+  }
+  return s;
+}
+
+void Swiglu(const float* g, const float* u, float* y, int64_t n) {
+  const DF df;
+  const int64_t nl = static_cast<int64_t>(hn::Lanes(df));
+  const auto one = hn::Set(df, 1.0f);
+  int64_t i = 0;
+  for (; i + nl <= n; i += nl) {
+    const auto vg = hn::LoadU(df, g + i);
+    const auto sig = hn::Div(one, hn::Add(one, hn::Exp(df, hn::Neg(vg))));
+    hn::StoreU(hn::Mul(hn::Mul(vg, sig), hn::LoadU(df, u + i)), df, y + i);
+  }
+  for (; i < n; ++i) y[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+}
+
+void GegluTanh(const float* g, const float* u, float* y, int64_t n) {
+  constexpr float kC = 0.7978845608028654f;  // sqrt(2 / pi)
+  constexpr float kA = 0.044715f;
+  const DF df;
+  const int64_t nl = static_cast<int64_t>(hn::Lanes(df));
+  const auto half = hn::Set(df, 0.5f), one = hn::Set(df, 1.0f), c = hn::Set(df, kC),
+             a = hn::Set(df, kA);
+  int64_t i = 0;
+  for (; i + nl <= n; i += nl) {
+    const auto vg = hn::LoadU(df, g + i);
+    const auto inner = hn::Mul(c, hn::MulAdd(hn::Mul(a, vg), hn::Mul(vg, vg), vg));
+    const auto gel = hn::Mul(hn::Mul(half, vg), hn::Add(one, hn::Tanh(df, inner)));
+    hn::StoreU(hn::Mul(gel, hn::LoadU(df, u + i)), df, y + i);
+  }
+  for (; i < n; ++i) {
+    const float v = g[i];
+    y[i] = 0.5f * v * (1.0f + std::tanh(kC * (v + kA * v * v * v))) * u[i];
+  }
+}
+
+void Add(float* y, const float* x, int64_t n) {
+  const DF df;
+  const int64_t nl = static_cast<int64_t>(hn::Lanes(df));
+  int64_t i = 0;
+  for (; i + nl <= n; i += nl)
+    hn::StoreU(hn::Add(hn::LoadU(df, y + i), hn::LoadU(df, x + i)), df, y + i);
+  for (; i < n; ++i) y[i] += x[i];
+}
+
+void Axpy(float* y, float a, const float* x, int64_t n) {
+  const DF df;
+  const int64_t nl = static_cast<int64_t>(hn::Lanes(df));
+  const auto va = hn::Set(df, a);
+  int64_t i = 0;
+  for (; i + 2 * nl <= n; i += 2 * nl) {
+    hn::StoreU(hn::MulAdd(va, hn::LoadU(df, x + i), hn::LoadU(df, y + i)), df, y + i);
+    hn::StoreU(hn::MulAdd(va, hn::LoadU(df, x + i + nl), hn::LoadU(df, y + i + nl)), df,
+               y + i + nl);
+  }
+  for (; i + nl <= n; i += nl)
+    hn::StoreU(hn::MulAdd(va, hn::LoadU(df, x + i), hn::LoadU(df, y + i)), df, y + i);
+  for (; i < n; ++i) y[i] += a * x[i];
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace kvtrim
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace kvtrim {
+
+HWY_EXPORT(SumSq);
+HWY_EXPORT(Dot);
+HWY_EXPORT(ScaleRow);
+HWY_EXPORT(MaxOf);
+HWY_EXPORT(ExpSub);
+HWY_EXPORT(Swiglu);
+HWY_EXPORT(GegluTanh);
+HWY_EXPORT(Add);
+HWY_EXPORT(Axpy);
+
+void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) {
+  const float ss = HWY_DYNAMIC_DISPATCH(SumSq)(x, n);
+  const float s = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
+  HWY_DYNAMIC_DISPATCH(ScaleRow)(x, w, nullptr, y, n, 0.0f, s);
+}
+
+void layer_norm(const float* x, const float* w, const float* b, float* y, int64_t n, float eps) {
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) sum += x[i];
+  const float mean = static_cast<float>(sum / static_cast<double>(n));
+  double var = 0.0;
+  for (int64_t i = 0; i < n; ++i) var += static_cast<double>(x[i] - mean) * (x[i] - mean);
+  const float s = static_cast<float>(1.0 / std::sqrt(var / static_cast<double>(n) + eps));
+  HWY_DYNAMIC_DISPATCH(ScaleRow)(x, w, b, y, n, mean, s);
+}
+
+void softmax(float* x, int64_t n) {
+  if (n <= 0) return;
+  const float mx = HWY_DYNAMIC_DISPATCH(MaxOf)(x, n);
+  const float sum = HWY_DYNAMIC_DISPATCH(ExpSub)(x, n, mx);
+  HWY_DYNAMIC_DISPATCH(ScaleRow)(x, nullptr, nullptr, x, n, 0.0f, 1.0f / sum);
+}
+
+void swiglu(const float* g, const float* u, float* y, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(Swiglu)(g, u, y, n);
+}
+void geglu_tanh(const float* g, const float* u, float* y, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(GegluTanh)(g, u, y, n);
+}
+void add(float* y, const float* x, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(Add)(y, x, n);
+}
+void scale(float* y, float s, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(ScaleRow)(y, nullptr, nullptr, y, n, 0.0f, s);
+}
+float dot(const float* a, const float* b, int64_t n) {
+  return HWY_DYNAMIC_DISPATCH(Dot)(a, b, n);
+}
+void axpy(float* y, float a, const float* x, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(Axpy)(y, a, x, n);
+}
+
+namespace {
+
+// cos / sin of theta_i = pos * base^(-2i/n_rot) * freq_scale for i < n_rot/2, computed in
+// double. The last table is kept per thread: every head of a token (and every layer) uses
+// the same position, so decode computes it once per token.
+struct RopeTable {
+  int32_t pos = 0;
+  int64_t n_rot = -1;
+  float base = 0.0f, freq_scale = 0.0f;
+  std::vector<float> cos, sin;
+};
+
+void rope_angles(int64_t n_rot, int32_t pos, float base, float freq_scale, float* c, float* s) {
+  for (int64_t i = 0; i < n_rot / 2; ++i) {
+    const double theta = static_cast<double>(pos) *
+                         std::pow(static_cast<double>(base),
+                                  -2.0 * static_cast<double>(i) / static_cast<double>(n_rot)) *
+                         static_cast<double>(freq_scale);
+    c[i] = static_cast<float>(std::cos(theta));
+    s[i] = static_cast<float>(std::sin(theta));
+  }
+}
+
+void rope_apply(float* x, int64_t n_rot, bool neox, const float* c, const float* s) {
+  const int64_t half = n_rot / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const int64_t i0 = neox ? i : 2 * i;
+    const int64_t i1 = neox ? i + half : 2 * i + 1;
+    const float x0 = x[i0], x1 = x[i1];
+    x[i0] = x0 * c[i] - x1 * s[i];
+    x[i1] = x0 * s[i] + x1 * c[i];
+  }
+}
+
+}  // namespace
+
+void rope(float* x, int64_t head_dim, int64_t n_rot, int32_t pos, float base, float freq_scale,
+          bool neox) {
+  thread_local RopeTable t;
+  if (t.n_rot != n_rot || t.pos != pos || t.base != base || t.freq_scale != freq_scale) {
+    t.cos.resize(static_cast<size_t>(n_rot / 2));
+    t.sin.resize(static_cast<size_t>(n_rot / 2));
+    rope_angles(n_rot, pos, base, freq_scale, t.cos.data(), t.sin.data());
+    t.n_rot = n_rot;
+    t.pos = pos;
+    t.base = base;
+    t.freq_scale = freq_scale;
+  }
+  rope_apply(x, n_rot, neox, t.cos.data(), t.sin.data());
+}
+
+namespace ref {
+
+void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) {
+  double ss = 0.0;
+  for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
+  const double s = 1.0 / std::sqrt(ss / static_cast<double>(n) + eps);
+  for (int64_t i = 0; i < n; ++i) y[i] = static_cast<float>(x[i] * s * (w ? w[i] : 1.0f));
+}
+
+void softmax(float* x, int64_t n) {
+  if (n <= 0) return;
+  double mx = x[0];
+  for (int64_t i = 1; i < n; ++i) mx = std::max(mx, static_cast<double>(x[i]));
+  double sum = 0.0;
+  std::vector<double> e(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) sum += e[static_cast<size_t>(i)] = std::exp(x[i] - mx);
+  for (int64_t i = 0; i < n; ++i) x[i] = static_cast<float>(e[static_cast<size_t>(i)] / sum);
+}
+
+void swiglu(const float* g, const float* u, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = g[i];
+    y[i] = static_cast<float>(v / (1.0 + std::exp(-v)) * u[i]);
+  }
+}
+
+void geglu_tanh(const float* g, const float* u, float* y, int64_t n) {
+  const double c = std::sqrt(2.0 / M_PI);
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = g[i];
+    y[i] = static_cast<float>(0.5 * v * (1.0 + std::tanh(c * (v + 0.044715 * v * v * v))) * u[i]);
+  }
+}
+
+float dot(const float* a, const float* b, int64_t n) {
+  double s = 0.0;
+  for (int64_t i = 0; i < n; ++i) s += static_cast<double>(a[i]) * b[i];
+  return static_cast<float>(s);
+}
+
+void rope(float* x, int64_t head_dim, int64_t n_rot, int32_t pos, float base, float freq_scale,
+          bool neox) {
+  const int64_t half = n_rot / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const double theta =
+        pos * std::pow(static_cast<double>(base), -2.0 * static_cast<double>(i) / n_rot) *
+        freq_scale;
+    float& a = x[neox ? i : 2 * i];
+    float& b = x[neox ? i + half : 2 * i + 1];
+    const double x0 = a, x1 = b;
+    a = static_cast<float>(x0 * std::cos(theta) - x1 * std::sin(theta));
+    b = static_cast<float>(x0 * std::sin(theta) + x1 * std::cos(theta));
+  }
+}
+
+}  // namespace ref
+
+}  // namespace kvtrim
+#endif  // HWY_ONCE

@@ -1,0 +1,336 @@
+// matvec / matmul / get_row against ref:: (dequantize_row + double accumulation), for every
+// weight type, odd shapes, 1/2/3 threads and every SIMD target this CPU supports.
+//
+// Tolerance. The quantized types multiply with x rounded to 8 bits per block (32 elements
+// for Q4_0..Q8_0, 256 for the k-quants) with d = amax_block / 127, so each x_i is off by at
+// most d/2 = amax_block(i) / 254. The exact result therefore differs from ref by at most
+//   qbound = sum_i |w_i| * amax_block(i) / 254            (w_i dequantized)
+// plus f32 accumulation error, bounded generously by 1e-4 * sum_i (|w_i| + wmax_block(i)) |x_i|
+// (wmax_block: the largest |w| of the 32-block, covering the offset/min terms that cancel).
+// The test asserts |y - ref| <= 1.001 * qbound + that term + 1e-6. For typical data the
+// error is ~1/1000 of sum|w x|. F32/F16/BF16 weights are not quantized: only the f32 term.
+
+#include "ops/matmul.h"
+
+#include <gtest/gtest.h>
+#include <hwy/targets.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <iostream>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/fp16.h"
+#include "core/ggml_type.h"
+#include "core/quant_blocks.h"
+#include "core/thread_pool.h"
+#include "ops/dequant.h"
+#include "ops/matmul_internal.h"
+
+namespace kvtrim {
+namespace {
+
+const GgmlType kTypes[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, GgmlType::Q4_0,
+                           GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
+                           GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
+
+bool is_kquant(GgmlType t) {
+  return t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K;
+}
+bool is_float(GgmlType t) {
+  return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16;
+}
+
+std::string type_name(GgmlType t) {
+  return std::string(ggml_type_name(t));
+}
+
+// A weight matrix with its storage and its dequantized values.
+struct TestWeight {
+  std::vector<uint8_t> data;
+  std::vector<float> deq;  // [n_rows, n_cols]
+  WeightView view;
+};
+
+// Sets the fp16 fields at `offsets` in each block to sane random scales.
+void set_scales(uint8_t* row, size_t n_blocks, size_t block_bytes,
+                std::initializer_list<size_t> offsets, std::mt19937& rng, float lo, float hi) {
+  std::uniform_real_distribution<float> u(lo, hi);
+  for (size_t b = 0; b < n_blocks; ++b) {
+    for (size_t off : offsets) {
+      const uint16_t h = fp32_to_fp16(u(rng));
+      std::memcpy(row + b * block_bytes + off, &h, 2);
+    }
+  }
+}
+
+// random_blocks = false: quantize_row of N(0,1) data (realistic weights);
+// true: random bytes with sane fp16 scales (every bit pattern of q / scales / qh).
+TestWeight make_weight(GgmlType t, int64_t n_rows, int64_t n_cols, bool random_blocks,
+                       uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  TestWeight w;
+  const size_t rb = ggml_row_size(t, n_cols);
+  w.data.resize(rb * static_cast<size_t>(n_rows));
+  std::vector<float> src(static_cast<size_t>(n_cols));
+  const auto& tr = ggml_traits(t);
+  for (int64_t r = 0; r < n_rows; ++r) {
+    uint8_t* row = w.data.data() + rb * static_cast<size_t>(r);
+    if (!random_blocks || is_float(t)) {
+      for (auto& v : src) v = nd(rng);
+      quantize_row(t, src.data(), row, n_cols);
+      continue;
+    }
+    for (size_t i = 0; i < rb; ++i) row[i] = static_cast<uint8_t>(rng());
+    const size_t nb = static_cast<size_t>(n_cols / tr.block_size), bb = tr.type_size;
+    switch (t) {
+      case GgmlType::Q4_0:
+      case GgmlType::Q5_0:
+      case GgmlType::Q8_0:
+        set_scales(row, nb, bb, {0}, rng, -0.05f, 0.05f);
+        break;
+      case GgmlType::Q4_1:
+      case GgmlType::Q5_1:
+        set_scales(row, nb, bb, {0}, rng, 0.0f, 0.05f);
+        set_scales(row, nb, bb, {2}, rng, -1.0f, 0.2f);
+        break;
+      case GgmlType::Q4_K:
+      case GgmlType::Q5_K:
+        set_scales(row, nb, bb, {0, 2}, rng, 0.0f, 0.01f);
+        break;
+      case GgmlType::Q6_K:
+        set_scales(row, nb, bb, {offsetof(BlockQ6_K, d)}, rng, -0.01f, 0.01f);
+        break;
+      default:
+        break;
+    }
+  }
+  w.deq.resize(static_cast<size_t>(n_rows * n_cols));
+  for (int64_t r = 0; r < n_rows; ++r) {
+    dequantize_row(t, w.data.data() + rb * static_cast<size_t>(r), w.deq.data() + r * n_cols,
+                   n_cols);
+  }
+  w.view = WeightView{t, w.data.data(), n_rows, n_cols, rb};
+  return w;
+}
+
+std::vector<float> make_x(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(n));
+  for (auto& v : x) v = nd(rng);
+  // A few outliers, as real activations have.
+  for (int64_t i = 0; i < n; i += 97) x[static_cast<size_t>(i)] *= 20.0f;
+  return x;
+}
+
+// The error bound of the header comment for row r against activation x.
+double error_bound(const TestWeight& w, int64_t r, const float* x) {
+  const GgmlType t = w.view.type;
+  const int64_t n = w.view.n_cols;
+  const float* wr = w.deq.data() + r * n;
+  const int64_t qblk = is_kquant(t) ? kQK_K : kQK;
+  double qbound = 0.0, fterm = 0.0;
+  for (int64_t b0 = 0; b0 < n; b0 += qblk) {
+    double amax = 0.0;
+    for (int64_t i = b0; i < b0 + qblk && i < n; ++i)
+      amax = std::max(amax, std::fabs(static_cast<double>(x[i])));
+    for (int64_t i = b0; i < b0 + qblk && i < n; ++i) qbound += std::fabs(wr[i]) * amax / 254.0;
+  }
+  for (int64_t b0 = 0; b0 < n; b0 += kQK) {
+    double wmax = 0.0;
+    for (int64_t i = b0; i < std::min(n, b0 + kQK); ++i)
+      wmax = std::max(wmax, std::fabs(static_cast<double>(wr[i])));
+    for (int64_t i = b0; i < std::min(n, b0 + kQK); ++i)
+      fterm += (std::fabs(wr[i]) + wmax) * std::fabs(x[i]);
+  }
+  return (is_float(t) ? 0.0 : 1.001 * qbound) + 1e-4 * fterm + 1e-6;
+}
+
+// SIMD targets to test: each one this CPU supports, one at a time (restored afterwards).
+class TargetSweep {
+ public:
+  TargetSweep() {
+    const int64_t all = hwy::SupportedTargets();
+    for (int64_t bit = 1; bit != 0 && bit <= all; bit <<= 1) {
+      if ((all & bit) != 0) targets_.push_back(bit);
+    }
+  }
+  ~TargetSweep() { hwy::SetSupportedTargetsForTest(0); }
+  template <typename Fn>
+  void each(const Fn& fn) {
+    for (int64_t t : targets_) {
+      hwy::SetSupportedTargetsForTest(t);
+      const std::string name = detail::kernel_target_name();
+      seen_.insert(name);
+      SCOPED_TRACE("kernel target " + name);
+      fn();
+    }
+    hwy::SetSupportedTargetsForTest(0);
+  }
+
+ private:
+  std::vector<int64_t> targets_;
+
+ public:
+  std::set<std::string> seen_;  // kernel targets actually dispatched to
+};
+
+struct Shape {
+  int64_t n_rows, n_cols;
+};
+
+std::vector<Shape> shapes_for(GgmlType t) {
+  if (is_kquant(t)) return {{1, 256}, {7, 512}, {33, 768}, {130, 1536}};
+  return {{1, 32}, {7, 96}, {33, 576}, {130, 1536}};
+}
+
+// ref::matvec agrees with a dequantize-then-dot written here.
+TEST(Matmul, RefMatvecMatchesNaiveDequantDot) {
+  for (GgmlType t : kTypes) {
+    SCOPED_TRACE(type_name(t));
+    const int64_t n_cols = is_kquant(t) ? 512 : 96;
+    const TestWeight w = make_weight(t, 5, n_cols, false, 11);
+    const auto x = make_x(n_cols, 12);
+    std::vector<float> y(5);
+    ref::matvec(w.view, x.data(), y.data());
+    std::vector<float> row(static_cast<size_t>(n_cols));
+    for (int64_t r = 0; r < 5; ++r) {
+      dequantize_row(t, w.data.data() + static_cast<size_t>(r) * w.view.row_bytes, row.data(),
+                     n_cols);
+      double s = 0.0;
+      for (int64_t i = 0; i < n_cols; ++i)
+        s += static_cast<double>(row[static_cast<size_t>(i)]) * x[static_cast<size_t>(i)];
+      EXPECT_NEAR(y[static_cast<size_t>(r)], s, 1e-5 * (1.0 + std::fabs(s)));
+    }
+  }
+}
+
+TEST(Matmul, MatvecMatchesRefAllTypesShapesThreadsTargets) {
+  ThreadPool pool2(2), pool3(3);
+  ThreadPool* pools[] = {nullptr, &pool2, &pool3};
+  TargetSweep sweep;
+  int checked = 0;
+  for (GgmlType t : kTypes) {
+    SCOPED_TRACE(type_name(t));
+    for (bool random_blocks : {false, true}) {
+      SCOPED_TRACE(random_blocks ? "random blocks" : "quantize_row");
+      for (const Shape& s : shapes_for(t)) {
+        SCOPED_TRACE(std::to_string(s.n_rows) + "x" + std::to_string(s.n_cols));
+        const TestWeight w = make_weight(t, s.n_rows, s.n_cols, random_blocks,
+                                         static_cast<uint32_t>(s.n_rows * 31 + s.n_cols));
+        const auto x = make_x(s.n_cols, 7);
+        std::vector<float> ref_y(static_cast<size_t>(s.n_rows));
+        ref::matvec(w.view, x.data(), ref_y.data());
+        sweep.each([&] {
+          for (ThreadPool* p : pools) {
+            std::vector<float> y(static_cast<size_t>(s.n_rows), NAN);
+            matvec(w.view, x.data(), y.data(), p);
+            for (int64_t r = 0; r < s.n_rows; ++r) {
+              ASSERT_NEAR(y[static_cast<size_t>(r)], ref_y[static_cast<size_t>(r)],
+                          error_bound(w, r, x.data()))
+                  << "row " << r << " threads " << (p ? p->n_threads() : 1);
+            }
+            ++checked;
+          }
+        });
+      }
+    }
+  }
+  EXPECT_GT(checked, 0);
+  std::string names;
+  for (const auto& n : sweep.seen_) names += n + " ";
+  std::cout << "kernel targets exercised: " << names << "\n";
+  // On x86 with AVX2 the AVX2 path and the portable one are both exercised.
+  if ((hwy::SupportedTargets() & HWY_AVX2) != 0) {
+    EXPECT_TRUE(sweep.seen_.count("AVX2") == 1 && sweep.seen_.size() >= 2) << names;
+  }
+}
+
+TEST(Matmul, MatmulMatchesRefForTokenCounts) {
+  ThreadPool pool2(2), pool3(3);
+  ThreadPool* pools[] = {nullptr, &pool2, &pool3};
+  for (GgmlType t : kTypes) {
+    SCOPED_TRACE(type_name(t));
+    const Shape s = is_kquant(t) ? Shape{67, 512} : Shape{67, 160};
+    const TestWeight w = make_weight(t, s.n_rows, s.n_cols, false, 5);
+    for (int64_t n_tok : {1, 7, 64}) {
+      SCOPED_TRACE("n_tok " + std::to_string(n_tok));
+      const auto x = make_x(n_tok * s.n_cols, 9);
+      std::vector<float> ref_y(static_cast<size_t>(n_tok * s.n_rows));
+      ref::matmul(w.view, x.data(), n_tok, ref_y.data());
+      for (ThreadPool* p : pools) {
+        std::vector<float> y(ref_y.size(), NAN);
+        matmul(w.view, x.data(), n_tok, y.data(), p);
+        for (int64_t tk = 0; tk < n_tok; ++tk) {
+          for (int64_t r = 0; r < s.n_rows; ++r) {
+            const size_t k = static_cast<size_t>(tk * s.n_rows + r);
+            ASSERT_NEAR(y[k], ref_y[k], error_bound(w, r, x.data() + tk * s.n_cols))
+                << "tok " << tk << " row " << r << " threads " << (p ? p->n_threads() : 1);
+          }
+        }
+      }
+    }
+  }
+}
+
+// Each token of matmul equals ref::matvec of that token (ref::matmul's layout).
+TEST(Matmul, RefMatmulRowsAreRefMatvecs) {
+  const TestWeight w = make_weight(GgmlType::Q4_1, 9, 64, false, 3);
+  const auto x = make_x(3 * 64, 4);
+  std::vector<float> y(27), yv(9);
+  ref::matmul(w.view, x.data(), 3, y.data());
+  for (int64_t tk = 0; tk < 3; ++tk) {
+    ref::matvec(w.view, x.data() + tk * 64, yv.data());
+    for (int64_t r = 0; r < 9; ++r)
+      EXPECT_EQ(y[static_cast<size_t>(tk * 9 + r)], yv[static_cast<size_t>(r)]);
+  }
+}
+
+TEST(Matmul, GetRowIsDequantizedRow) {
+  for (GgmlType t : kTypes) {
+    SCOPED_TRACE(type_name(t));
+    const int64_t n_cols = 256;
+    const TestWeight w = make_weight(t, 4, n_cols, true, 21);
+    std::vector<float> out(static_cast<size_t>(n_cols));
+    get_row(w.view, 3, out.data());
+    for (int64_t i = 0; i < n_cols; ++i)
+      EXPECT_EQ(out[static_cast<size_t>(i)], w.deq[static_cast<size_t>(3 * n_cols + i)]);
+    EXPECT_THROW(get_row(w.view, 4, out.data()), Error);
+  }
+}
+
+TEST(Matmul, RejectsUnsupportedTypeAndBadShape) {
+  std::vector<uint8_t> data(4096);
+  std::vector<float> x(256), y(4);
+  WeightView w{GgmlType::Q2_K, data.data(), 4, 256, 84};
+  EXPECT_THROW(matvec(w, x.data(), y.data(), nullptr), Error);
+  WeightView bad{GgmlType::Q4_0, data.data(), 4, 48, ggml_row_size(GgmlType::Q4_0, 32)};
+  EXPECT_THROW(matvec(bad, x.data(), y.data(), nullptr), Error);
+}
+
+// Constant activations make every block's rounding exact: results then agree to f32 precision.
+TEST(Matmul, ExactWhenActivationIsRepresentable) {
+  for (GgmlType t : kTypes) {
+    SCOPED_TRACE(type_name(t));
+    const TestWeight w = make_weight(t, 5, 512, false, 8);
+    std::vector<float> x(512, 0.5f), y(5), ref_y(5);
+    matvec(w.view, x.data(), y.data(), nullptr);
+    ref::matvec(w.view, x.data(), ref_y.data());
+    for (size_t r = 0; r < 5; ++r) {
+      double mag = 0.0;
+      for (int64_t i = 0; i < 512; ++i)
+        mag += std::fabs(w.deq[r * 512 + static_cast<size_t>(i)]) * 0.5;
+      EXPECT_NEAR(y[r], ref_y[r], 1e-5 * mag + 1e-6);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kvtrim
