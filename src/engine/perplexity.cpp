@@ -44,7 +44,6 @@ PplResult perplexity(Session& s, const std::vector<int32_t>& tokens, int64_t n_c
     }
     if (progress) progress(w + 1, r.n_windows, std::exp(sum / static_cast<double>(r.n_scored)));
   }
-  s.reset();
   r.seconds = now_seconds() - t0;
   r.mean_nll = sum / static_cast<double>(r.n_scored);
   r.ppl = std::exp(r.mean_nll);

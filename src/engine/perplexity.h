@@ -23,7 +23,7 @@ struct PplResult {
 };
 
 // tokens: the whole text (BOS first if the model adds one). progress(done, total, ppl_so_far)
-// is called after each window. Throws Error if tokens.size() < n_ctx or stride is out of range.
+// is called after each window. The session's cache is left holding the last window. Throws Error if tokens.size() < n_ctx or stride is out of range.
 PplResult perplexity(Session& s, const std::vector<int32_t>& tokens, int64_t n_ctx, int64_t stride,
                      int32_t bos, const std::function<void(int64_t, int64_t, double)>& progress = {});
 
