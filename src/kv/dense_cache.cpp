@@ -38,6 +38,12 @@ class DenseCache final : public KvCache {
   void attend(int il, int64_t n_q, const float* q, const int32_t* q_pos, const AttnParams& p,
               float* out, ThreadPool* pool) const override;
   int64_t n_tokens(int il, int ih) const override;
+  // The dense cache keeps every token: it has no compressed layout to apply a plan to.
+  void apply(const CompressionPlan&) override {
+    fail("the dense KV cache cannot apply a compression plan (use a compressed cache)");
+  }
+  void read_head(int il, int ih, std::vector<float>* k, std::vector<float>* v,
+                 std::vector<int32_t>* pos) const override;
   KvBytes bytes() const override;
   void truncate(int32_t pos) override;
   std::string describe() const override;
@@ -73,6 +79,8 @@ DenseCache::DenseCache(KvCacheConfig cfg) : KvCache(std::move(cfg)) {
       cfg_.sliding_window.empty() || static_cast<int>(cfg_.sliding_window.size()) == cfg_.n_layer,
       "invalid KV cache config: %zu sliding windows for %d layers", cfg_.sliding_window.size(),
       cfg_.n_layer);
+  KVTRIM_CHECK(cfg_.dtype == KvDtype::kF16 || cfg_.dtype == KvDtype::kF32,
+               "the dense KV cache stores f16 or f32, not %s", kv_dtype_name(cfg_.dtype));
   esize_ = cfg_.dtype == KvDtype::kF16 ? sizeof(uint16_t) : sizeof(float);
   layers_.resize(static_cast<size_t>(cfg_.n_layer));
   for (Layer& L : layers_) {
@@ -279,6 +287,31 @@ void DenseCache::attend(int il, int64_t n_q, const float* q, const int32_t* q_po
       }
     }
   }
+}
+
+void DenseCache::read_head(int il, int ih, std::vector<float>* k, std::vector<float>* v,
+                           std::vector<int32_t>* pos) const {
+  const int64_t n = n_tokens(il, ih);  // range-checks (il, ih)
+  const Layer& L = layers_[il];
+  const int dk = cfg_.head_dim_k, dv = cfg_.head_dim_v;
+  const bool f16 = cfg_.dtype == KvDtype::kF16;
+  if (k) {
+    k->resize(static_cast<size_t>(n * dk));
+    for (int64_t t = 0; t < n; ++t)
+      for (int i = 0; i < dk; ++i) {
+        const int64_t at = kv::key_tile_index(t, i, dk);
+        (*k)[static_cast<size_t>(t * dk + i)] =
+            f16 ? fp16_to_fp32(reinterpret_cast<const uint16_t*>(L.k[ih].data())[at])
+                : reinterpret_cast<const float*>(L.k[ih].data())[at];
+      }
+  }
+  if (v) {
+    v->resize(static_cast<size_t>(n * dv));
+    for (int64_t j = 0; j < n * dv; ++j)
+      (*v)[static_cast<size_t>(j)] = f16 ? fp16_to_fp32(reinterpret_cast<const uint16_t*>(L.v[ih].data())[j])
+                                         : reinterpret_cast<const float*>(L.v[ih].data())[j];
+  }
+  if (pos) pos->assign(L.pos.begin(), L.pos.begin() + n);
 }
 
 int64_t DenseCache::n_tokens(int il, int ih) const {

@@ -10,6 +10,10 @@ const char* kv_dtype_name(KvDtype t) {
       return "f32";
     case KvDtype::kF16:
       return "f16";
+    case KvDtype::kBF16:
+      return "bf16";
+    case KvDtype::kQ8:
+      return "q8";
   }
   return "?";
 }

@@ -20,7 +20,9 @@ namespace kvtrim {
 
 class ThreadPool;
 
-enum class KvDtype { kF32, kF16 };  // precision of stored K/V (more formats with the cache issue)
+// Precision of stored K and V (the precision axis). kQ8: int8 with one f32 scale per
+// (token, kv head) vector (symmetric, round-to-nearest).
+enum class KvDtype { kF32, kF16, kBF16, kQ8 };
 const char* kv_dtype_name(KvDtype t);
 
 struct KvCacheConfig {
@@ -38,6 +40,28 @@ struct KvBytes {
   size_t keys = 0, values = 0, positions = 0, other = 0;
   std::vector<size_t> per_layer;
   size_t total() const { return keys + values + positions + other; }
+};
+
+// What a press decided for one (layer, kv head). Token axis: `keep` lists indices into the
+// head's stored tokens (0 .. n_tokens(il, ih)-1, strictly increasing) to keep; every other
+// token is dropped and its memory freed. keep_all = true leaves the head unchanged.
+// (The basis, channel and precision axes will add fields here; a cache that cannot apply a
+// field it does not know must throw, never ignore it.)
+struct HeadPlan {
+  bool keep_all = true;
+  std::vector<int32_t> keep;
+};
+
+// A plan for the whole cache: one HeadPlan per (layer, kv head).
+struct CompressionPlan {
+  int n_layer = 0;
+  int n_head_kv = 0;
+  std::vector<HeadPlan> heads;  // [n_layer * n_head_kv], index il * n_head_kv + ih
+  CompressionPlan() = default;
+  CompressionPlan(int n_layer_, int n_head_kv_)
+      : n_layer(n_layer_), n_head_kv(n_head_kv_), heads(static_cast<size_t>(n_layer_ * n_head_kv_)) {}
+  HeadPlan& at(int il, int ih) { return heads[static_cast<size_t>(il * n_head_kv + ih)]; }
+  const HeadPlan& at(int il, int ih) const { return heads[static_cast<size_t>(il * n_head_kv + ih)]; }
 };
 
 struct AttnParams {
@@ -64,6 +88,17 @@ class KvCache {
                       const AttnParams& p, float* out, ThreadPool* pool) const = 0;
 
   virtual int64_t n_tokens(int il, int ih) const = 0;  // tokens stored for (layer, kv head)
+
+  // Applies a press's plan (only the cache mutates storage). Throws Error if the plan does not
+  // match the cache's shape or an index is out of range / not increasing. Memory of dropped
+  // tokens is released (bytes() and the process's memory shrink accordingly).
+  virtual void apply(const CompressionPlan& plan) = 0;
+
+  // f32 copies of one head's stored tokens, for scoring: k [n_tok, head_dim_k] (RoPE applied),
+  // v [n_tok, head_dim_v], pos [n_tok] (any pointer may be nullptr when not needed). Costs one
+  // head's worth of memory: scoring never doubles the cache.
+  virtual void read_head(int il, int ih, std::vector<float>* k, std::vector<float>* v,
+                         std::vector<int32_t>* pos) const = 0;
   virtual KvBytes bytes() const = 0;
   // Bytes the same tokens would take uncompressed (f16 K and V for all n_past() positions).
   size_t dense_bytes_f16() const;

@@ -54,7 +54,7 @@ void rms_norm_rows(const float* x, const WeightView& w, float* y, int64_t n, int
 }  // namespace
 
 void Model::forward(const int32_t* tokens, int64_t n, int32_t pos0, KvCache& cache, float* logits,
-                    bool all_logits, ThreadPool* pool) const {
+                    bool all_logits, ThreadPool* pool, ForwardObserver* observer) const {
   const HParams& hp = hp_;
   const ArchInfo& ai = arch_info(hp.arch);
   const KvCacheConfig& cc = cache.config();
@@ -139,6 +139,7 @@ void Model::forward(const int32_t* tokens, int64_t n, int32_t pos0, KvCache& cac
              hp.rope_neox);
       }
     }
+    if (observer) observer->on_qkv(il, n, ws.q.data(), ws.k.data(), ws.v.data(), ws.pos.data());
     // the cache stores k, v, then attends over everything it holds for this layer
     cache.append(il, n, ws.k.data(), ws.v.data(), ws.pos.data());
     AttnParams ap;

@@ -58,6 +58,17 @@ struct LayerWeights {
   WeightView post_ffn_norm;      // gemma3 [n_embd]
 };
 
+// Sees each layer's queries, keys and values during a forward pass (after RoPE, before the
+// cache stores K/V): how presses observe what they score with (e.g. the last W queries).
+class ForwardObserver {
+ public:
+  virtual ~ForwardObserver() = default;
+  // q: [n, n_head, head_dim_k], k: [n, n_head_kv, head_dim_k], v: [n, n_head_kv, head_dim_v],
+  // pos: [n]. Called once per layer per forward call, on the calling thread.
+  virtual void on_qkv(int il, int64_t n, const float* q, const float* k, const float* v,
+                      const int32_t* pos) = 0;
+};
+
 class Model {
  public:
   // Loads a GGUF file; throws Error for unsupported architectures, missing or mis-shaped
@@ -78,8 +89,9 @@ class Model {
   // Runs n tokens (positions pos0 .. pos0+n-1) through the model, appending their K/V to
   // `cache`. logits: [n, n_vocab] if all_logits, else [n_vocab] for the last token.
   // Throws Error if a position would reach the cache's n_ctx.
+  // observer (may be nullptr) sees every layer's q, k, v.
   void forward(const int32_t* tokens, int64_t n, int32_t pos0, KvCache& cache, float* logits,
-               bool all_logits, ThreadPool* pool) const;
+               bool all_logits, ThreadPool* pool, ForwardObserver* observer = nullptr) const;
 
  private:
   Model() = default;

@@ -213,3 +213,35 @@ TEST(DenseCache, RejectsBadAppends) {
 
 }  // namespace
 }  // namespace kvtrim
+
+namespace kvtrim {
+TEST(DenseCacheReadHead, ReturnsWhatWasAppendedAndRejectsPlans) {
+  KvCacheConfig cfg;
+  cfg.n_layer = 2;
+  cfg.n_head_kv = 2;
+  cfg.head_dim_k = 8;
+  cfg.head_dim_v = 4;
+  cfg.n_ctx = 64;
+  cfg.dtype = KvDtype::kF32;
+  auto c = make_dense_cache(cfg);
+  const int n = 21;  // crosses a key tile
+  std::vector<float> k(n * 2 * 8), v(n * 2 * 4);
+  std::vector<int32_t> pos(n);
+  for (size_t i = 0; i < k.size(); ++i) k[i] = static_cast<float>(i) * 0.5f;
+  for (size_t i = 0; i < v.size(); ++i) v[i] = -static_cast<float>(i);
+  for (int i = 0; i < n; ++i) pos[i] = 3 * i;
+  c->append(1, n, k.data(), v.data(), pos.data());
+  std::vector<float> hk, hv;
+  std::vector<int32_t> hp;
+  c->read_head(1, 1, &hk, &hv, &hp);
+  ASSERT_EQ(hk.size(), size_t{n * 8});
+  for (int t = 0; t < n; ++t) {
+    for (int i = 0; i < 8; ++i) EXPECT_EQ(hk[t * 8 + i], k[(t * 2 + 1) * 8 + i]);
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(hv[t * 4 + i], v[(t * 2 + 1) * 4 + i]);
+    EXPECT_EQ(hp[t], 3 * t);
+  }
+  EXPECT_THROW(c->apply(CompressionPlan(2, 2)), Error);
+  cfg.dtype = KvDtype::kQ8;
+  EXPECT_THROW(make_dense_cache(cfg), Error);
+}
+}  // namespace kvtrim
