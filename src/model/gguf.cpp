@@ -48,25 +48,6 @@ constexpr int kMaxDims = 4;
 constexpr int kMaxDepth = 8;                      // nesting of metadata arrays
 constexpr uint64_t kMaxArrayElems = 1ull << 24;   // all metadata array elements together
 
-const char* value_type_name(GgufValueType t) {
-  switch (t) {
-    case GgufValueType::U8: return "u8";
-    case GgufValueType::I8: return "i8";
-    case GgufValueType::U16: return "u16";
-    case GgufValueType::I16: return "i16";
-    case GgufValueType::U32: return "u32";
-    case GgufValueType::I32: return "i32";
-    case GgufValueType::F32: return "f32";
-    case GgufValueType::BOOL: return "bool";
-    case GgufValueType::STRING: return "string";
-    case GgufValueType::ARRAY: return "array";
-    case GgufValueType::U64: return "u64";
-    case GgufValueType::I64: return "i64";
-    case GgufValueType::F64: return "f64";
-  }
-  return "unknown";
-}
-
 bool known_value_type(uint32_t t) { return t <= static_cast<uint32_t>(GgufValueType::F64); }
 
 // Smallest number of bytes one value of type t occupies in the file (for count checks).
@@ -163,7 +144,7 @@ GgufValue read_value(Cursor& c, GgufValueType type, const std::string& what, int
       if (n > c.left() / min_encoded_size(elem_type))
         fail("%s: %s: array of %" PRIu64 " %s elements cannot fit in the %zu bytes left in the file "
              "(corrupt or truncated)",
-             c.path().c_str(), what.c_str(), n, value_type_name(elem_type), c.left());
+             c.path().c_str(), what.c_str(), n, gguf_value_type_name(elem_type), c.left());
       if (n > kMaxArrayElems - st.array_elems)
         fail("%s: %s: metadata arrays hold more than %" PRIu64 " elements in total", c.path().c_str(),
              what.c_str(), kMaxArrayElems);
@@ -202,38 +183,58 @@ std::string quote(const std::string& s, size_t max_chars) {
 
 }  // namespace
 
+const char* gguf_value_type_name(GgufValueType t) {
+  switch (t) {
+    case GgufValueType::U8: return "u8";
+    case GgufValueType::I8: return "i8";
+    case GgufValueType::U16: return "u16";
+    case GgufValueType::I16: return "i16";
+    case GgufValueType::U32: return "u32";
+    case GgufValueType::I32: return "i32";
+    case GgufValueType::F32: return "f32";
+    case GgufValueType::BOOL: return "bool";
+    case GgufValueType::STRING: return "string";
+    case GgufValueType::ARRAY: return "array";
+    case GgufValueType::U64: return "u64";
+    case GgufValueType::I64: return "i64";
+    case GgufValueType::F64: return "f64";
+  }
+  return "unknown";
+}
+
+
 // ---- GgufValue ------------------------------------------------------------------------
 
 int64_t GgufValue::as_int() const {
   if (const auto* u = std::get_if<uint64_t>(&v)) {
     if (*u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-      fail("metadata value %" PRIu64 " (%s) does not fit in int64", *u, value_type_name(type));
+      fail("metadata value %" PRIu64 " (%s) does not fit in int64", *u, gguf_value_type_name(type));
     return static_cast<int64_t>(*u);
   }
   if (const auto* i = std::get_if<int64_t>(&v)) return *i;
-  fail("metadata value of type %s is not an integer", value_type_name(type));
+  fail("metadata value of type %s is not an integer", gguf_value_type_name(type));
 }
 
 double GgufValue::as_float() const {
   if (const auto* d = std::get_if<double>(&v)) return *d;
   if (const auto* u = std::get_if<uint64_t>(&v)) return static_cast<double>(*u);
   if (const auto* i = std::get_if<int64_t>(&v)) return static_cast<double>(*i);
-  fail("metadata value of type %s is not a number", value_type_name(type));
+  fail("metadata value of type %s is not a number", gguf_value_type_name(type));
 }
 
 bool GgufValue::as_bool() const {
   if (const auto* b = std::get_if<bool>(&v)) return *b;
-  fail("metadata value of type %s is not a bool", value_type_name(type));
+  fail("metadata value of type %s is not a bool", gguf_value_type_name(type));
 }
 
 const std::string& GgufValue::as_string() const {
   if (const auto* s = std::get_if<std::string>(&v)) return *s;
-  fail("metadata value of type %s is not a string", value_type_name(type));
+  fail("metadata value of type %s is not a string", gguf_value_type_name(type));
 }
 
 const GgufArray& GgufValue::as_array() const {
   if (const auto* a = std::get_if<GgufArray>(&v)) return *a;
-  fail("metadata value of type %s is not an array", value_type_name(type));
+  fail("metadata value of type %s is not an array", gguf_value_type_name(type));
 }
 
 std::string GgufValue::to_string(size_t max_elems) const {
@@ -249,7 +250,7 @@ std::string GgufValue::to_string(size_t max_elems) const {
     out += a.values[i].to_string(max_elems);
   }
   if (a.values.size() > max_elems) out += strprintf("%s... (%zu %s)", max_elems ? ", " : "", a.values.size(),
-                                                    value_type_name(a.elem_type));
+                                                    gguf_value_type_name(a.elem_type));
   return out + "]";
 }
 
@@ -329,7 +330,7 @@ std::unique_ptr<GgufFile> GgufFile::open(const std::string& path) {
   }
   if (const GgufValue* a = f->find("general.alignment")) {
     if (a->type != GgufValueType::U32)
-      fail("%s: metadata general.alignment must be u32, not %s", p, value_type_name(a->type));
+      fail("%s: metadata general.alignment must be u32, not %s", p, gguf_value_type_name(a->type));
     const uint64_t al = std::get<uint64_t>(a->v);
     if (al == 0 || (al & (al - 1)) != 0) fail("%s: general.alignment = %" PRIu64 " is not a power of two", p, al);
     f->alignment_ = al;

@@ -21,6 +21,9 @@ enum class GgufValueType : uint32_t {
   STRING = 8, ARRAY = 9, U64 = 10, I64 = 11, F64 = 12,
 };
 
+// "u8", "string", "array", ... ("unknown" for a value outside the enum).
+const char* gguf_value_type_name(GgufValueType t);
+
 struct GgufValue;
 struct GgufArray {
   GgufValueType elem_type;

@@ -24,28 +24,10 @@ namespace {
 constexpr uint32_t kGgufVersion = 3;
 constexpr uint64_t kDefaultAlignment = 32;
 
-const char* value_type_name(GgufValueType t) {
-  switch (t) {
-    case GgufValueType::U8: return "u8";
-    case GgufValueType::I8: return "i8";
-    case GgufValueType::U16: return "u16";
-    case GgufValueType::I16: return "i16";
-    case GgufValueType::U32: return "u32";
-    case GgufValueType::I32: return "i32";
-    case GgufValueType::F32: return "f32";
-    case GgufValueType::BOOL: return "bool";
-    case GgufValueType::STRING: return "string";
-    case GgufValueType::ARRAY: return "array";
-    case GgufValueType::U64: return "u64";
-    case GgufValueType::I64: return "i64";
-    case GgufValueType::F64: return "f64";
-  }
-  return "?";
-}
 
 // Checks that v holds the variant alternative its type calls for, with an in-range value.
 void check_value(const std::string& key, const GgufValue& v) {
-  const char* tn = value_type_name(v.type);
+  const char* tn = gguf_value_type_name(v.type);
   auto unsigned_max = [&](uint64_t mx) {
     const auto* p = std::get_if<uint64_t>(&v.v);
     KVTRIM_CHECK(p, "GgufWriter: key '%s': %s value must be held as uint64_t", key.c_str(), tn);
@@ -85,7 +67,7 @@ void check_value(const std::string& key, const GgufValue& v) {
       KVTRIM_CHECK(a, "GgufWriter: key '%s': array value must be held as GgufArray", key.c_str());
       for (const auto& e : a->values) {
         KVTRIM_CHECK(e.type == a->elem_type, "GgufWriter: key '%s': array of %s holds an element of type %s",
-                     key.c_str(), value_type_name(a->elem_type), value_type_name(e.type));
+                     key.c_str(), gguf_value_type_name(a->elem_type), gguf_value_type_name(e.type));
         check_value(key, e);
       }
       return;
