@@ -3,7 +3,8 @@
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config ccache
       libhwy-dev libopenblas-dev libcli11-dev nlohmann-json3-dev
-      libgtest-dev libgmock-dev googletest libbenchmark-dev python3)
+      libgtest-dev libgmock-dev googletest libbenchmark-dev python3
+      wordnet-base scowl)  # word lists of the RULER-style tasks (src/eval/words.h)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "core/timer.h"
+#include "engine/press_runner.h"
 
 namespace kvtrim {
 
@@ -35,9 +36,11 @@ Session::Session(const Model& model, SessionParams p)
   KVTRIM_CHECK(p_.n_batch > 0, "batch size must be positive (got %d)", p_.n_batch);
   KvCacheConfig cfg = model.cache_config(n_ctx_);
   cfg.dtype = p_.kv_dtype;
-  cache_ = make_dense_cache(cfg);
+  cache_ = make_kv_cache(cfg);
   logits_.resize(static_cast<size_t>(model.hparams().n_vocab));
 }
+
+Session::~Session() = default;
 
 void Session::check_room(int64_t n_new) const {
   const int64_t need = static_cast<int64_t>(n_past()) + n_new;
@@ -55,7 +58,7 @@ const std::vector<float>& Session::prefill(const std::vector<int32_t>& tokens) {
   for (int32_t t : tokens) KVTRIM_CHECK(t >= 0 && t < n_vocab, "token id %d out of range [0, %d)", t, n_vocab);
   for (size_t i = 0; i < tokens.size(); i += static_cast<size_t>(p_.n_batch)) {
     const int64_t n = std::min<int64_t>(p_.n_batch, static_cast<int64_t>(tokens.size() - i));
-    model_.forward(tokens.data() + i, n, n_past(), *cache_, logits_.data(), false, &pool_);
+    model_.forward(tokens.data() + i, n, n_past(), *cache_, logits_.data(), false, &pool_, observer_.get());
   }
   return logits_;
 }
@@ -63,7 +66,7 @@ const std::vector<float>& Session::prefill(const std::vector<int32_t>& tokens) {
 const std::vector<float>& Session::decode(int32_t token) {
   check_room(1);
   KVTRIM_CHECK(token >= 0 && token < model_.hparams().n_vocab, "token id %d out of range", token);
-  model_.forward(&token, 1, n_past(), *cache_, logits_.data(), false, &pool_);
+  model_.forward(&token, 1, n_past(), *cache_, logits_.data(), false, &pool_, observer_.get());
   return logits_;
 }
 
@@ -72,11 +75,65 @@ void Session::eval_all(const int32_t* tokens, int64_t n, float* logits) {
   const size_t n_vocab = static_cast<size_t>(model_.hparams().n_vocab);
   for (int64_t i = 0; i < n; i += p_.n_batch) {
     const int64_t m = std::min<int64_t>(p_.n_batch, n - i);
-    model_.forward(tokens + i, m, n_past(), *cache_, logits + static_cast<size_t>(i) * n_vocab, true, &pool_);
+    model_.forward(tokens + i, m, n_past(), *cache_, logits + static_cast<size_t>(i) * n_vocab, true, &pool_,
+                   observer_.get());
   }
 }
 
-void Session::reset() { cache_->clear(); }
+void Session::reset() {
+  cache_->clear();
+  if (observer_) observer_->reset();
+  compress_log_.clear();
+}
+
+void Session::set_press(std::unique_ptr<Press> press, PressSchedule sched) {
+  KVTRIM_CHECK(sched.decode_every >= 0 && (sched.decode_every == 0 || sched.decode_target > 0),
+               "press schedule: decode compression every %d steps needs a positive target (got %lld)",
+               sched.decode_every, static_cast<long long>(sched.decode_target));
+  press_ = std::move(press);
+  sched_ = sched;
+  observer_.reset();
+  if (press_) {
+    PressNeeds needs = press_->needs();
+    observer_ = std::make_unique<PressObserver>(model_, *cache_, needs);
+  }
+}
+
+CompressStats Session::compress() {
+  KVTRIM_CHECK(press_ != nullptr, "compress: no press set on this session");
+  CompressStats st = run_press(*press_, *cache_, model_.hparams(), observer_.get(), &pool_);
+  compress_log_.push_back(st);
+  return st;
+}
+
+void Session::observe_question(const std::vector<int32_t>& question) {
+  KVTRIM_CHECK(press_ != nullptr, "observe_question: no press set on this session");
+  KVTRIM_CHECK(!question.empty(), "observe_question: empty question");
+  check_room(static_cast<int64_t>(question.size()));
+  const int32_t p0 = n_past();
+  std::vector<float> saved = logits_;
+  observer_->begin_question();
+  try {
+    for (size_t i = 0; i < question.size(); i += static_cast<size_t>(p_.n_batch)) {
+      const int64_t n = std::min<int64_t>(p_.n_batch, static_cast<int64_t>(question.size() - i));
+      model_.forward(question.data() + i, n, n_past(), *cache_, logits_.data(), false, &pool_, observer_.get());
+    }
+  } catch (...) {
+    observer_->end_question();
+    cache_->truncate(p0);
+    throw;
+  }
+  observer_->end_question();
+  cache_->truncate(p0);
+  logits_ = std::move(saved);
+}
+
+const Observations* Session::observations() const { return observer_ ? &observer_->observations() : nullptr; }
+
+void Session::truncate(int32_t pos) {
+  cache_->truncate(pos);
+  if (observer_) observer_->on_truncate(pos);
+}
 
 GenerateResult Session::generate(const std::vector<int32_t>& prompt, const GenerateParams& gp,
                                  const std::function<bool(int32_t, const std::string&)>& on_token) {
@@ -87,6 +144,7 @@ GenerateResult Session::generate(const std::vector<int32_t>& prompt, const Gener
   double t0 = now_seconds();
   if (!prompt.empty()) {
     prefill(prompt);
+    if (press_ && sched_.after_prefill) compress();
   } else {
     KVTRIM_CHECK(n_past() > 0, "generate: empty prompt and empty context");
   }
@@ -119,6 +177,16 @@ GenerateResult Session::generate(const std::vector<int32_t>& prompt, const Gener
       break;
     }
     decode(id);
+    if (press_ && sched_.decode_every > 0 && (i + 1) % sched_.decode_every == 0) {
+      int64_t most = 0;
+      for (int il = 0; il < cache_->config().n_layer; ++il)
+        for (int ih = 0; ih < cache_->config().n_head_kv; ++ih) most = std::max(most, cache_->n_tokens(il, ih));
+      if (most > sched_.decode_target) {
+        Budget b;
+        b.n_keep = sched_.decode_target;
+        compress_log_.push_back(run_press(*press_, *cache_, model_.hparams(), observer_.get(), &pool_, &b));
+      }
+    }
   }
   r.decode_s = now_seconds() - t0;
   return r;

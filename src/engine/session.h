@@ -12,6 +12,12 @@
 #include "engine/sampler.h"
 #include "kv/kv_cache.h"
 #include "model/model.h"
+#include "press/press.h"
+
+namespace kvtrim {
+class PressObserver;
+struct CompressStats;
+}  // namespace kvtrim
 
 namespace kvtrim {
 
@@ -27,6 +33,13 @@ struct GenerateParams {
   SamplerParams sampling;
   bool stop_at_eog = true;                // stop at the model's end-of-generation tokens
   std::vector<std::string> stop_strings;  // stop when the output ends with one of these
+};
+
+// When the session's press compresses the cache.
+struct PressSchedule {
+  bool after_prefill = true;  // generate(): compress once after the prompt's prefill
+  int decode_every = 0;       // > 0: while decoding, every N steps, compress down to decode_target
+  int64_t decode_target = 0;  //   tokens per (layer, kv head) (a budget override for the press)
 };
 
 enum class StopReason { kMaxTokens, kEog, kStopString, kContextFull, kCallback };
@@ -45,6 +58,7 @@ struct GenerateResult {
 class Session {
  public:
   Session(const Model& model, SessionParams p);
+  ~Session();
 
   const Model& model() const { return model_; }
   KvCache& cache() { return *cache_; }
@@ -67,6 +81,25 @@ class Session {
   // Prefills `prompt` (may be empty when continuing the current context, in which case
   // the last logits are used) and samples up to max_new_tokens. on_token(id, piece)
   // returning false stops generation.
+  // Compression (DESIGN.md §3). set_press installs a press and the observer that captures
+  // what it needs from then on (set it before prefill); nullptr removes it.
+  void set_press(std::unique_ptr<Press> press, PressSchedule sched = {});
+  const Press* press() const { return press_.get(); }
+  const PressSchedule& press_schedule() const { return sched_; }
+  // Compresses the cache now with the session's press (plan, then the cache applies it).
+  // n_past() keeps the uncompressed length. Throws Error if no press is set.
+  CompressStats compress();
+  // Query-aware presses: runs `question` through the model to capture its queries, then
+  // drops its tokens from the cache again (n_past() unchanged). Needs a press.
+  void observe_question(const std::vector<int32_t>& question);
+  // Drops every token at position >= pos (chat keeps the common prefix of a conversation).
+  void truncate(int32_t pos);
+  // Stats of every compress() since the last reset (generate's included).
+  const std::vector<CompressStats>& compress_log() const { return compress_log_; }
+  // What the press's observer captured so far (nullptr without a press): for tests and tools
+  // that plan without applying (PressContext).
+  const Observations* observations() const;
+
   GenerateResult generate(const std::vector<int32_t>& prompt, const GenerateParams& gp,
                           const std::function<bool(int32_t, const std::string&)>& on_token = {});
 
@@ -78,6 +111,10 @@ class Session {
   ThreadPool pool_;
   std::unique_ptr<KvCache> cache_;
   std::vector<float> logits_;
+  std::unique_ptr<Press> press_;
+  PressSchedule sched_;
+  std::unique_ptr<PressObserver> observer_;
+  std::vector<CompressStats> compress_log_;
 };
 
 // Resolves -m: an existing file path, or an installed model name / alias (smollm2,

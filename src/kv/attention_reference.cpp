@@ -1,4 +1,5 @@
-// Dense reference attention: the textbook formula, one query head at a time, in double.
+// Dense reference attention: the textbook formula, one query head at a time, in double; and
+// the same over a cache's kept tokens, reconstructed head by head.
 #include "kv/attention_reference.h"
 
 #include <cmath>
@@ -54,6 +55,36 @@ void attention_reference(int64_t n_q, const float* q, const int32_t* q_pos, int6
       }
       for (int i = 0; i < hdv; ++i) oh[i] = static_cast<float>(acc[i]);
     }
+  }
+}
+
+void attention_reference_cache(const KvCache& cache, int il, int64_t n_q, const float* q,
+                               const int32_t* q_pos, const AttnParams& p, float* out) {
+  const KvCacheConfig& c = cache.config();
+  KVTRIM_CHECK(p.n_head > 0 && p.n_head % c.n_head_kv == 0,
+               "n_head %d is not a multiple of n_head_kv %d", p.n_head, c.n_head_kv);
+  const int n_group = p.n_head / c.n_head_kv;
+  const int hdk = c.head_dim_k, hdv = c.head_dim_v;
+  AttnParams pg = p;
+  pg.n_head = n_group;
+  std::vector<float> k, v, qg(static_cast<size_t>(n_q * n_group * hdk)),
+      og(static_cast<size_t>(n_q * n_group *
+                             hdv));  // qg [n_q, n_group, hdk], og [n_q, n_group, hdv]
+  std::vector<int32_t> pos;
+  for (int ihk = 0; ihk < c.n_head_kv; ++ihk) {
+    cache.read_head(il, ihk, &k, &v, &pos);  // k [n_tok, hdk], v [n_tok, hdv], pos [n_tok]
+    for (int64_t iq = 0; iq < n_q; ++iq)
+      for (int g = 0; g < n_group; ++g)
+        for (int i = 0; i < hdk; ++i)
+          qg[(iq * n_group + g) * hdk + i] =
+              q[(iq * p.n_head + static_cast<int64_t>(ihk) * n_group + g) * hdk + i];
+    attention_reference(n_q, qg.data(), q_pos, static_cast<int64_t>(pos.size()), k.data(), v.data(),
+                        pos.data(), 1, hdk, hdv, pg, og.data());
+    for (int64_t iq = 0; iq < n_q; ++iq)
+      for (int g = 0; g < n_group; ++g)
+        for (int i = 0; i < hdv; ++i)
+          out[(iq * p.n_head + static_cast<int64_t>(ihk) * n_group + g) * hdv + i] =
+              og[(iq * n_group + g) * hdv + i];
   }
 }
 

@@ -16,4 +16,11 @@ void attention_reference(int64_t n_q, const float* q, const int32_t* q_pos, int6
                          const float* k, const float* v, const int32_t* k_pos, int n_head_kv,
                          int hdk, int hdv, const AttnParams& p, float* out);
 
+// The dense reference over any cache's layout: for each kv head of layer il, reconstruct the
+// f32 K/V and positions of its kept tokens (read_head), then run attention_reference for the
+// head's group of query heads. Same shapes as KvCache::attend: q [n_q, n_head, head_dim_k],
+// q_pos [n_q], out [n_q, n_head, head_dim_v].
+void attention_reference_cache(const KvCache& cache, int il, int64_t n_q, const float* q,
+                               const int32_t* q_pos, const AttnParams& p, float* out);
+
 }  // namespace kvtrim

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "core/fp16.h"
 
@@ -34,6 +35,28 @@ HWY_INLINE hn::Vec<DF> load_row(DF df, const uint16_t* p) {
   const hn::Rebind<hwy::float16_t, DF> dh;
   return hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(p)));
 }
+// bf16 is the top half of an f32: widen to u32 and shift.
+template <class DF>
+HWY_INLINE hn::Vec<DF> load_row(DF df, const hwy::bfloat16_t* p) {
+  const hn::Rebind<uint16_t, DF> du16;
+  const hn::Rebind<uint32_t, DF> du32;
+  const auto w = hn::PromoteTo(du32, hn::LoadU(du16, reinterpret_cast<const uint16_t*>(p)));
+  return hn::BitCast(df, hn::ShiftLeft<16>(w));
+}
+template <class DF>
+HWY_INLINE hn::Vec<DF> load_row(DF df, const int8_t* p) {
+  const hn::Rebind<int8_t, DF> di8;
+  const hn::Rebind<int32_t, DF> di32;
+  return hn::ConvertTo(df, hn::PromoteTo(di32, hn::LoadU(di8, p)));
+}
+HWY_INLINE float scalar(hwy::bfloat16_t b) {
+  uint16_t bits;
+  std::memcpy(&bits, &b, sizeof(bits));
+  return bf16_to_fp32(bits);
+}
+HWY_INLINE float scalar(int8_t x) {
+  return static_cast<float>(x);
+}
 HWY_INLINE float scalar(float x) {
   return x;
 }
@@ -41,10 +64,11 @@ HWY_INLINE float scalar(uint16_t h) {
   return fp16_to_fp32(h);
 }
 
-// Scores over tiled keys: lanes run over the kKeyTile tokens of a tile.
+// Scores over tiled keys: lanes run over the kKeyTile tokens of a tile. k_scale (q8 only,
+// else nullptr): [whole tiles] per-token factor applied to the tile's dot products.
 template <typename T>
-HWY_INLINE void scores_impl(const float* q, int n_g, int64_t d, const T* k, int64_t t0, int64_t n_t,
-                            float* s, int64_t ld_s) {
+HWY_INLINE void scores_impl(const float* q, int n_g, int64_t d, const T* k, const float* k_scale,
+                            int64_t t0, int64_t n_t, float* s, int64_t ld_s) {
   const hn::CappedTag<float, kKeyTile> df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   const int64_t nv = kKeyTile / N;  // vectors per tile row (1 on AVX-512, 2 on AVX2)
@@ -67,6 +91,12 @@ HWY_INLINE void scores_impl(const float* q, int n_g, int64_t d, const T* k, int6
           const auto kv = load_row(df, row + j * N);
           for (int g = 0; g < ng; ++g)
             acc[g][j] = hn::MulAdd(hn::Set(df, q[(g0 + g) * d + i]), kv, acc[g][j]);
+        }
+      }
+      if (k_scale) {
+        for (int64_t j = 0; j < nv; ++j) {
+          const auto sc = hn::LoadU(df, k_scale + tile * kKeyTile + j * N);
+          for (int g = 0; g < ng; ++g) acc[g][j] = hn::Mul(acc[g][j], sc);
         }
       }
       for (int g = 0; g < ng; ++g) {
@@ -108,11 +138,20 @@ HWY_INLINE void accum_impl(const float* p, int n_g, int64_t ld_p, const T* v, in
 
 void ScoresF32(const float* q, int n_g, int64_t d, const float* k, int64_t t0, int64_t n_t,
                float* s, int64_t ld_s) {
-  scores_impl(q, n_g, d, k, t0, n_t, s, ld_s);
+  scores_impl(q, n_g, d, k, static_cast<const float*>(nullptr), t0, n_t, s, ld_s);
 }
 void ScoresF16(const float* q, int n_g, int64_t d, const uint16_t* k, int64_t t0, int64_t n_t,
                float* s, int64_t ld_s) {
-  scores_impl(q, n_g, d, k, t0, n_t, s, ld_s);
+  scores_impl(q, n_g, d, k, static_cast<const float*>(nullptr), t0, n_t, s, ld_s);
+}
+void ScoresBF16(const float* q, int n_g, int64_t d, const uint16_t* k, int64_t t0, int64_t n_t,
+                float* s, int64_t ld_s) {
+  scores_impl(q, n_g, d, reinterpret_cast<const hwy::bfloat16_t*>(k),
+              static_cast<const float*>(nullptr), t0, n_t, s, ld_s);
+}
+void ScoresQ8(const float* q, int n_g, int64_t d, const int8_t* k, const float* k_scale, int64_t t0,
+              int64_t n_t, float* s, int64_t ld_s) {
+  scores_impl(q, n_g, d, k, k_scale, t0, n_t, s, ld_s);
 }
 void AccumF32(const float* p, int n_g, int64_t ld_p, const float* v, int64_t n_t, int64_t dv,
               float* acc) {
@@ -120,6 +159,14 @@ void AccumF32(const float* p, int n_g, int64_t ld_p, const float* v, int64_t n_t
 }
 void AccumF16(const float* p, int n_g, int64_t ld_p, const uint16_t* v, int64_t n_t, int64_t dv,
               float* acc) {
+  accum_impl(p, n_g, ld_p, v, n_t, dv, acc);
+}
+void AccumBF16(const float* p, int n_g, int64_t ld_p, const uint16_t* v, int64_t n_t, int64_t dv,
+               float* acc) {
+  accum_impl(p, n_g, ld_p, reinterpret_cast<const hwy::bfloat16_t*>(v), n_t, dv, acc);
+}
+void AccumQ8(const float* p, int n_g, int64_t ld_p, const int8_t* v, int64_t n_t, int64_t dv,
+             float* acc) {
   accum_impl(p, n_g, ld_p, v, n_t, dv, acc);
 }
 
@@ -165,6 +212,10 @@ HWY_EXPORT(ScoresF32);
 HWY_EXPORT(ScoresF16);
 HWY_EXPORT(AccumF32);
 HWY_EXPORT(AccumF16);
+HWY_EXPORT(ScoresBF16);
+HWY_EXPORT(ScoresQ8);
+HWY_EXPORT(AccumBF16);
+HWY_EXPORT(AccumQ8);
 HWY_EXPORT(ExpSubSum);
 HWY_EXPORT(F32ToF16Row);
 
@@ -183,6 +234,22 @@ void attn_accum_f32(const float* p, int n_g, int64_t ld_p, const float* v, int64
 void attn_accum_f16(const float* p, int n_g, int64_t ld_p, const uint16_t* v, int64_t n_t,
                     int64_t dv, float* acc) {
   HWY_DYNAMIC_DISPATCH(AccumF16)(p, n_g, ld_p, v, n_t, dv, acc);
+}
+void attn_scores_bf16(const float* q, int n_g, int64_t d, const uint16_t* k, int64_t t0,
+                      int64_t n_t, float* s, int64_t ld_s) {
+  HWY_DYNAMIC_DISPATCH(ScoresBF16)(q, n_g, d, k, t0, n_t, s, ld_s);
+}
+void attn_scores_q8(const float* q, int n_g, int64_t d, const int8_t* k, const float* k_scale,
+                    int64_t t0, int64_t n_t, float* s, int64_t ld_s) {
+  HWY_DYNAMIC_DISPATCH(ScoresQ8)(q, n_g, d, k, k_scale, t0, n_t, s, ld_s);
+}
+void attn_accum_bf16(const float* p, int n_g, int64_t ld_p, const uint16_t* v, int64_t n_t,
+                     int64_t dv, float* acc) {
+  HWY_DYNAMIC_DISPATCH(AccumBF16)(p, n_g, ld_p, v, n_t, dv, acc);
+}
+void attn_accum_q8(const float* p, int n_g, int64_t ld_p, const int8_t* v, int64_t n_t, int64_t dv,
+                   float* acc) {
+  HWY_DYNAMIC_DISPATCH(AccumQ8)(p, n_g, ld_p, v, n_t, dv, acc);
 }
 float exp_sub_sum(float* x, int64_t n, float m) {
   return HWY_DYNAMIC_DISPATCH(ExpSubSum)(x, n, m);

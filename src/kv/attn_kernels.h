@@ -1,7 +1,7 @@
 // SIMD building blocks of the cache's attention (private to src/kv): block scores q·kᵀ and
-// block weighted sums Σ p·v over K/V rows stored in f32 or f16, plus a vectorised
-// exp-and-sum for the softmax. Highway, dispatched at run time (the widest ISA the CPU has).
-// Every kernel is checked against plain loops in tests/kv/attn_kernels_test.cpp.
+// block weighted sums Σ p·v over K/V rows stored in f32, f16, bf16 or int8 (q8), plus a
+// vectorised exp-and-sum for the softmax. Highway, dispatched at run time (the widest ISA the CPU
+// has). Every kernel is checked against plain loops in tests/kv/attn_kernels_test.cpp.
 #pragma once
 #include <cstdint>
 
@@ -22,6 +22,12 @@ void attn_scores_f32(const float* q, int n_g, int64_t d, const float* k, int64_t
                      float* s, int64_t ld_s);
 void attn_scores_f16(const float* q, int n_g, int64_t d, const uint16_t* k, int64_t t0, int64_t n_t,
                      float* s, int64_t ld_s);
+void attn_scores_bf16(const float* q, int n_g, int64_t d, const uint16_t* k, int64_t t0,
+                      int64_t n_t, float* s, int64_t ld_s);
+// q8 keys: k holds int8 codes in the same tiles and k_scale [whole tiles] the per-token f32
+// scale (key_t = k_scale[t] · code_t), applied here: s = k_scale[t] · (q · code_t).
+void attn_scores_q8(const float* q, int n_g, int64_t d, const int8_t* k, const float* k_scale,
+                    int64_t t0, int64_t n_t, float* s, int64_t ld_s);
 
 // acc[g * dv .. +dv] += Σ_t p[g * ld_p + t] · v[t * dv .. +dv]   for g < n_g.
 // p: [n_g, ld_p]; v: [n_t, dv] (f32 or f16 bits); acc: [n_g, dv].
@@ -29,6 +35,11 @@ void attn_accum_f32(const float* p, int n_g, int64_t ld_p, const float* v, int64
                     float* acc);
 void attn_accum_f16(const float* p, int n_g, int64_t ld_p, const uint16_t* v, int64_t n_t,
                     int64_t dv, float* acc);
+void attn_accum_bf16(const float* p, int n_g, int64_t ld_p, const uint16_t* v, int64_t n_t,
+                     int64_t dv, float* acc);
+// q8 values: v holds int8 codes; the caller folds the per-token value scale into p.
+void attn_accum_q8(const float* p, int n_g, int64_t ld_p, const int8_t* v, int64_t n_t, int64_t dv,
+                   float* acc);
 
 // x[i] = exp(x[i] - m) for i < n; returns Σ x[i] (after the update).
 float exp_sub_sum(float* x, int64_t n, float m);

@@ -28,18 +28,22 @@ const char* kv_dtype_name(KvDtype t);
 struct KvCacheConfig {
   int n_layer = 0;
   int n_head_kv = 0;
-  int head_dim_k = 0;     // key head size
-  int head_dim_v = 0;     // value head size
-  int64_t n_ctx = 0;      // maximum number of positions (the context limit)
+  int head_dim_k = 0;  // key head size
+  int head_dim_v = 0;  // value head size
+  int64_t n_ctx = 0;   // maximum number of positions (the context limit)
   KvDtype dtype = KvDtype::kF16;
-  std::vector<int> sliding_window;  // per layer: 0 = global attention, w > 0 = only the last w positions matter
+  std::vector<int>
+      sliding_window;  // per layer: 0 = global attention, w > 0 = only the last w positions matter
 };
 
-// Bytes held, by part. total() = keys + values + positions + other.
+// Bytes held, by part: keys / values (the stored elements), positions (int32 original
+// positions), scales (q8: one f32 per stored key vector and one per value vector), other.
+// total() = keys + values + positions + scales + other; per_layer: [n_layer], the same total
+// split by layer.
 struct KvBytes {
-  size_t keys = 0, values = 0, positions = 0, other = 0;
+  size_t keys = 0, values = 0, positions = 0, scales = 0, other = 0;
   std::vector<size_t> per_layer;
-  size_t total() const { return keys + values + positions + other; }
+  size_t total() const { return keys + values + positions + scales + other; }
 };
 
 // What a press decided for one (layer, kv head). Token axis: `keep` lists indices into the
@@ -59,9 +63,13 @@ struct CompressionPlan {
   std::vector<HeadPlan> heads;  // [n_layer * n_head_kv], index il * n_head_kv + ih
   CompressionPlan() = default;
   CompressionPlan(int n_layer_, int n_head_kv_)
-      : n_layer(n_layer_), n_head_kv(n_head_kv_), heads(static_cast<size_t>(n_layer_ * n_head_kv_)) {}
+      : n_layer(n_layer_),
+        n_head_kv(n_head_kv_),
+        heads(static_cast<size_t>(n_layer_ * n_head_kv_)) {}
   HeadPlan& at(int il, int ih) { return heads[static_cast<size_t>(il * n_head_kv + ih)]; }
-  const HeadPlan& at(int il, int ih) const { return heads[static_cast<size_t>(il * n_head_kv + ih)]; }
+  const HeadPlan& at(int il, int ih) const {
+    return heads[static_cast<size_t>(il * n_head_kv + ih)];
+  }
 };
 
 struct AttnParams {
@@ -90,8 +98,10 @@ class KvCache {
   virtual int64_t n_tokens(int il, int ih) const = 0;  // tokens stored for (layer, kv head)
 
   // Applies a press's plan (only the cache mutates storage). Throws Error if the plan does not
-  // match the cache's shape or an index is out of range / not increasing. Memory of dropped
-  // tokens is released (bytes() and the process's memory shrink accordingly).
+  // match the cache's shape or an index is out of range / not increasing (the cache is then
+  // unchanged). Memory of dropped tokens is released (bytes() and the process's memory shrink
+  // accordingly). Kept keys stay as stored (RoPE'd at their original positions); n_past()
+  // does not change.
   virtual void apply(const CompressionPlan& plan) = 0;
 
   // f32 copies of one head's stored tokens, for scoring: k [n_tok, head_dim_k] (RoPE applied),
@@ -105,8 +115,10 @@ class KvCache {
 
   int32_t n_past() const { return n_past_; }
   // Called by the engine after a forward step has appended positions up to pos_end (exclusive).
-  void advance(int32_t pos_end) { if (pos_end > n_past_) n_past_ = pos_end; }
-  // Drops every token with position >= pos in every layer and sets n_past() to pos.
+  void advance(int32_t pos_end) {
+    if (pos_end > n_past_) n_past_ = pos_end;
+  }
+  // Drops every token with position >= pos in every (layer, kv head) and sets n_past() to pos.
   virtual void truncate(int32_t pos) = 0;
   void clear() { truncate(0); }
 
@@ -118,8 +130,13 @@ class KvCache {
   int32_t n_past_ = 0;
 };
 
-// The uncompressed cache: per (layer, kv head) contiguous K [n_tok, head_dim_k] and
-// V [n_tok, head_dim_v] arrays in cfg.dtype, grown in chunks.
+// The token cache (src/kv/token_cache.cpp): per (layer, kv head) K [n_tok, head_dim_k] and
+// V [n_tok, head_dim_v] arrays in cfg.dtype (f32, f16, bf16 or q8), grown in chunks, with
+// per-head token counts and original positions. It starts uncompressed and applies token
+// plans (apply) in place, releasing the dropped tokens' memory; attention reads the kept
+// tokens directly. One implementation serves both, so the uncompressed path is the same code.
+std::unique_ptr<KvCache> make_kv_cache(const KvCacheConfig& cfg);
+// The uncompressed cache: the same token cache (kept so existing callers read naturally).
 std::unique_ptr<KvCache> make_dense_cache(const KvCacheConfig& cfg);
 
 }  // namespace kvtrim

@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "engine/press_runner.h"
 #include "engine/session.h"
 #include "model/model.h"
 
@@ -21,6 +22,18 @@ struct CommonOptions {
 };
 
 void add_common_options(CLI::App* app, CommonOptions& o);
+
+// KV-cache compression options (run, chat, ppl).
+struct PressOptions {
+  std::string spec;           // --press: "" = no compression
+  int decode_every = 0;       // --press-every: while decoding, compress every N steps ...
+  int64_t decode_target = 0;  // --press-target: ... down to this many tokens per (layer, kv head)
+};
+void add_press_options(CLI::App* app, PressOptions& o);
+// Parses --press and installs it on the session (no-op when empty); prints the press to stderr.
+void install_press(Session& s, const PressOptions& o);
+// "press snapkv:ratio=0.5: 30 layers x 3 kv heads, 2790 -> 1395 tokens, KV 645 KiB -> 323 KiB (0.012 s)"
+std::string compress_line(const Press& p, const CompressStats& st);
 // Resolves and loads the model; prints a one-line summary to stderr.
 std::unique_ptr<Model> load_model(const CommonOptions& o);
 SessionParams session_params(const CommonOptions& o);
@@ -36,5 +49,7 @@ void register_chat(CLI::App& app);
 void register_ppl(CLI::App& app);
 void register_inspect(CLI::App& app);
 void register_bench(CLI::App& app);
+void register_eval(CLI::App& app);
+void register_presses(CLI::App& app);
 
 }  // namespace kvtrim::cli

@@ -6,6 +6,11 @@
 //    llama.cpp's perplexity does, so the numbers are comparable;
 //  - stride < ctx: each window scores its last `stride` tokens, each seeing at least
 //    ctx - stride tokens of context.
+// With --press (prefill–compress–continue, DESIGN.md §5 mode b; only stride == ctx): each
+// window's first half [0, ctx/2) is prefilled and compressed once with the press, then the
+// second half is run through the compressed cache and scored: the same tokens (ctx/2+1 ..
+// ctx-1 of each window) as without --press, so the two perplexities compare directly.
+// (The full protocol, compressed-throughout mode included, is `kvtrim eval ppl`.)
 #include <cstdio>
 #include <vector>
 
@@ -20,6 +25,7 @@ namespace kvtrim::cli {
 namespace {
 struct PplOptions {
   CommonOptions common;
+  PressOptions press;
   std::string file;
   int64_t window = 1024;
   int64_t stride = 0;
@@ -28,6 +34,7 @@ struct PplOptions {
 
 void ppl(const PplOptions& o) {
   const std::string text = read_file(o.file);
+  if (!o.press.spec.empty()) make_press(o.press.spec);  // a bad --press fails before the model loads
   auto model = load_model(o.common);
   const Tokenizer& tok = model->tokenizer();
   const double t_tok = now_seconds();
@@ -39,13 +46,21 @@ void ppl(const PplOptions& o) {
   SessionParams sp = session_params(o.common);
   sp.n_ctx = o.window;
   Session s(*model, sp);
+  KVTRIM_CHECK(o.press.decode_every == 0, "ppl: --press-every is not supported (compression happens once per window)");
+  install_press(s, o.press);
+  KVTRIM_CHECK(!s.press() || o.stride == 0 || o.stride == o.window,
+               "ppl --press needs non-overlapping windows (--stride 0 or equal to --ctx)");
   std::unique_ptr<ProgressBar> bar;
-  const PplResult r = perplexity(s, tokens, o.window, o.stride, tok.add_bos() ? tok.bos() : -1,
-                                 [&](int64_t done, int64_t total, double cur) {
-                                   if (!bar) bar = std::make_unique<ProgressBar>("ppl", total, "win");
-                                   bar->update(done, strprintf("ppl %.4f", cur));
-                                   if (done == total) bar->finish();
-                                 });
+  auto on_progress = [&](int64_t done, int64_t total, double cur) {
+    if (!bar) bar = std::make_unique<ProgressBar>("ppl", total, "win");
+    bar->update(done, strprintf("ppl %.4f", cur));
+    if (done == total) bar->finish();
+  };
+  CompressStats last;
+  const int32_t bos = tok.add_bos() ? tok.bos() : -1;
+  const PplResult r = s.press() ? perplexity_press(s, tokens, o.window, bos, on_progress, &last)
+                                : perplexity(s, tokens, o.window, o.stride, bos, on_progress);
+  if (s.press()) std::fprintf(stderr, "last window: %s\n", compress_line(*s.press(), last).c_str());
   std::printf("ppl = %.4f +/- %.4f  (%lld tokens scored in %lld windows of %lld, stride %lld; %.1f tokens/s evaluated)\n",
               r.ppl, r.ppl_stderr, static_cast<long long>(r.n_scored), static_cast<long long>(r.n_windows),
               static_cast<long long>(o.window), static_cast<long long>(o.stride > 0 ? o.stride : o.window),
@@ -58,6 +73,7 @@ void register_ppl(CLI::App& app) {
   auto o = std::make_shared<PplOptions>();
   CLI::App* c = app.add_subcommand("ppl", "perplexity of a text file (llama.cpp-compatible windows)");
   add_common_options(c, o->common);
+  add_press_options(c, o->press);
   c->remove_option(c->get_option("--ctx"));
   c->add_option("-f,--file", o->file, "text file")->required();
   c->add_option("-c,--ctx", o->window, "window length in tokens")->capture_default_str();

@@ -1,5 +1,6 @@
 // kvtrim run: generate a continuation of a prompt; prints the text to stdout as it is
-// produced, then (stderr) prefill and decode tokens/s and the KV bytes held.
+// produced, then (stderr) prefill and decode tokens/s and the KV bytes held. With --press the
+// cache is compressed after the prompt's prefill (and, with --press-every, while decoding).
 #include <cstdio>
 
 #include "cli.h"
@@ -10,6 +11,7 @@ namespace kvtrim::cli {
 namespace {
 struct RunOptions {
   CommonOptions common;
+  PressOptions press;
   std::string prompt;
   std::string prompt_file;
   int n_predict = 128;
@@ -29,6 +31,7 @@ void add_sampling_options(CLI::App* c, SamplerParams& s) {
 void run(const RunOptions& o) {
   KVTRIM_CHECK(o.prompt.empty() != o.prompt_file.empty(), "give exactly one of -p PROMPT or -f FILE");
   const std::string text = o.prompt_file.empty() ? o.prompt : read_file(o.prompt_file);
+  if (!o.press.spec.empty()) make_press(o.press.spec);  // a bad --press fails before the model loads
   auto model = load_model(o.common);
   const Tokenizer& tok = model->tokenizer();
   std::vector<int32_t> prompt;
@@ -42,6 +45,7 @@ void run(const RunOptions& o) {
   }
   KVTRIM_CHECK(!prompt.empty(), "the prompt is empty");
   Session s(*model, session_params(o.common));
+  install_press(s, o.press);
   GenerateParams gp;
   gp.max_new_tokens = o.n_predict;
   gp.sampling = o.sampling;
@@ -56,6 +60,7 @@ void run(const RunOptions& o) {
   std::fprintf(stderr, "prompt: %lld tokens, prefill %.1f tokens/s | generated %zu tokens, decode %.1f tokens/s | stop: %s\n",
                static_cast<long long>(r.n_prompt), r.prefill_tps(), r.tokens.size(), r.decode_tps(),
                stop_reason_name(r.stop));
+  for (const auto& st : s.compress_log()) std::fprintf(stderr, "%s\n", compress_line(*s.press(), st).c_str());
   std::fprintf(stderr, "%s\n", kv_bytes_line(s.cache()).c_str());
 }
 }  // namespace
@@ -66,6 +71,7 @@ void register_run(CLI::App& app) {
   auto o = std::make_shared<RunOptions>();
   CLI::App* c = app.add_subcommand("run", "generate a continuation of a prompt");
   add_common_options(c, o->common);
+  add_press_options(c, o->press);
   c->add_option("-p,--prompt", o->prompt, "prompt text");
   c->add_option("-f,--file", o->prompt_file, "read the prompt from a file");
   c->add_option("-n,--n-predict", o->n_predict, "maximum tokens to generate")->capture_default_str()->check(CLI::NonNegativeNumber);

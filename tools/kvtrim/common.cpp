@@ -1,3 +1,4 @@
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -16,7 +17,45 @@ void add_common_options(CLI::App* app, CommonOptions& o) {
       ->capture_default_str()->check(CLI::NonNegativeNumber);
   app->add_option("-b,--batch", o.batch, "prefill chunk size in tokens")->capture_default_str()->check(CLI::PositiveNumber);
   app->add_option("--kv-type", o.kv_type, "precision of stored keys/values")
-      ->capture_default_str()->check(CLI::IsMember({"f16", "f32"}));
+      ->capture_default_str()->check(CLI::IsMember({"f16", "f32", "bf16", "q8"}));
+}
+
+void add_press_options(CLI::App* app, PressOptions& o) {
+  app->add_option("--press", o.spec,
+                  "compress the KV cache after the prompt: PRESS[:opt=value,...][+PRESS...], e.g. snapkv:ratio=0.5 "
+                  "(`kvtrim presses` lists them)");
+  app->add_option("--press-every", o.decode_every, "also compress while decoding, every N generated tokens (0 = off)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  app->add_option("--press-target", o.decode_target,
+                  "with --press-every: tokens kept per (layer, kv head) by each decode-time compression")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+}
+
+void install_press(Session& s, const PressOptions& o) {
+  if (o.spec.empty()) {
+    KVTRIM_CHECK(o.decode_every == 0, "--press-every needs --press");
+    return;
+  }
+  PressSchedule sched;
+  sched.decode_every = o.decode_every;
+  sched.decode_target = o.decode_target;
+  KVTRIM_CHECK(o.decode_every == 0 || o.decode_target > 0, "--press-every needs --press-target > 0");
+  auto p = make_press(o.spec);
+  std::fprintf(stderr, "press: %s\n", p->spec().c_str());
+  s.set_press(std::move(p), sched);
+}
+
+std::string compress_line(const Press& p, const CompressStats& st) {
+  const double rss_drop = static_cast<double>(st.rss_before) - static_cast<double>(st.rss_after);
+  return strprintf("press %s: %lld -> %lld tokens (all layers and kv heads, %.1f%% removed), KV %s -> %s in %.3f s; "
+                   "process RSS %s -> %s (%s%.2f MiB)",
+                   p.spec().c_str(), static_cast<long long>(st.tokens_before), static_cast<long long>(st.tokens_after),
+                   st.tokens_before ? 100.0 * static_cast<double>(st.tokens_before - st.tokens_after) /
+                                          static_cast<double>(st.tokens_before)
+                                    : 0.0,
+                   human_bytes(st.bytes_before).c_str(), human_bytes(st.bytes_after).c_str(), st.seconds,
+                   human_bytes(st.rss_before).c_str(), human_bytes(st.rss_after).c_str(), rss_drop >= 0 ? "-" : "+",
+                   std::abs(rss_drop) / (1024.0 * 1024.0));
 }
 
 std::unique_ptr<Model> load_model(const CommonOptions& o) {
@@ -35,7 +74,10 @@ SessionParams session_params(const CommonOptions& o) {
   p.n_ctx = o.ctx;
   p.n_threads = o.threads;
   p.n_batch = o.batch;
-  p.kv_dtype = o.kv_type == "f32" ? KvDtype::kF32 : KvDtype::kF16;
+  p.kv_dtype = o.kv_type == "f32"    ? KvDtype::kF32
+               : o.kv_type == "bf16" ? KvDtype::kBF16
+               : o.kv_type == "q8"   ? KvDtype::kQ8
+                                     : KvDtype::kF16;
   return p;
 }
 
@@ -50,9 +92,9 @@ std::string human_bytes(size_t n) {
 std::string kv_bytes_line(const KvCache& c) {
   const KvBytes b = c.bytes();
   const size_t dense = c.dense_bytes_f16();
-  return strprintf("KV cache: %s held (%zu bytes: keys %zu, values %zu, positions %zu) for %d positions; "
-                   "uncompressed f16: %s (ratio %.3f) [%s]",
-                   human_bytes(b.total()).c_str(), b.total(), b.keys, b.values, b.positions, c.n_past(),
+  return strprintf("KV cache: %s held (%zu bytes: keys %zu, values %zu, positions %zu, scales %zu, other %zu) for %d "
+                   "positions; uncompressed f16: %s (ratio %.3f) [%s]",
+                   human_bytes(b.total()).c_str(), b.total(), b.keys, b.values, b.positions, b.scales, b.other, c.n_past(),
                    human_bytes(dense).c_str(), dense ? static_cast<double>(b.total()) / static_cast<double>(dense) : 0.0,
                    c.describe().c_str());
 }

@@ -15,6 +15,8 @@ int main(int argc, char** argv) {
   kvtrim::cli::register_ppl(app);
   kvtrim::cli::register_inspect(app);
   kvtrim::cli::register_bench(app);
+  kvtrim::cli::register_presses(app);
+  kvtrim::cli::register_eval(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

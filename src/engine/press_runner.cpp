@@ -1,0 +1,252 @@
+#include "engine/press_runner.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+#include "core/memory.h"
+#include "core/timer.h"
+#include "engine/perplexity.h"
+#include "engine/session.h"
+
+namespace kvtrim {
+
+PressObserver::PressObserver(const Model& model, const KvCache& cache, PressNeeds needs)
+    : model_(model), cache_(cache), needs_(needs) {
+  reset();
+}
+
+void PressObserver::reset() {
+  const int nl = model_.hparams().n_layer, nkv = model_.hparams().n_head_kv;
+  obs_ = Observations{};
+  if (needs_.window > 0) obs_.window.assign(static_cast<size_t>(nl), {});
+  if (needs_.question) obs_.question.assign(static_cast<size_t>(nl), {});
+  if (needs_.cum_attn) {
+    obs_.cum_attn.assign(static_cast<size_t>(nl * nkv), {});
+    obs_.cum_count.assign(static_cast<size_t>(nl * nkv), {});
+    // Tokens already in the cache (none on a fresh session) start at zero.
+    for (int il = 0; il < nl; ++il)
+      for (int ih = 0; ih < nkv; ++ih) {
+        obs_.cum_attn[static_cast<size_t>(il * nkv + ih)].assign(static_cast<size_t>(cache_.n_tokens(il, ih)), 0.f);
+        obs_.cum_count[static_cast<size_t>(il * nkv + ih)].assign(static_cast<size_t>(cache_.n_tokens(il, ih)), 0.f);
+      }
+  }
+  question_mode_ = false;
+}
+
+void PressObserver::begin_question() {
+  question_mode_ = true;
+  question_started_.assign(static_cast<size_t>(model_.hparams().n_layer), 0);
+  if (obs_.question.empty()) obs_.question.assign(static_cast<size_t>(model_.hparams().n_layer), {});
+}
+void PressObserver::end_question() { question_mode_ = false; }
+void PressObserver::clear_question() {
+  for (auto& q : obs_.question) q = ObservedQueries{};
+}
+
+void PressObserver::on_qkv(int il, int64_t n, const float* q, const float* k, const float* v, const int32_t* pos) {
+  const HParams& hp = model_.hparams();
+  const size_t row = static_cast<size_t>(hp.n_head) * static_cast<size_t>(hp.head_dim_k);
+  if (question_mode_) {
+    ObservedQueries& oq = obs_.question[static_cast<size_t>(il)];
+    if (!question_started_[static_cast<size_t>(il)]) {
+      oq = ObservedQueries{};
+      question_started_[static_cast<size_t>(il)] = 1;
+    }
+    oq.q.insert(oq.q.end(), q, q + static_cast<size_t>(n) * row);
+    oq.pos.insert(oq.pos.end(), pos, pos + n);
+    oq.n += n;
+    return;
+  }
+  if (needs_.window > 0) {
+    ObservedQueries& w = obs_.window[static_cast<size_t>(il)];
+    const int64_t keep_new = std::min<int64_t>(n, needs_.window);
+    const int64_t skip = n - keep_new;
+    w.q.insert(w.q.end(), q + static_cast<size_t>(skip) * row, q + static_cast<size_t>(n) * row);
+    w.pos.insert(w.pos.end(), pos + skip, pos + n);
+    w.n += keep_new;
+    if (w.n > needs_.window) {
+      const int64_t drop = w.n - needs_.window;
+      w.q.erase(w.q.begin(), w.q.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(drop) * row));
+      w.pos.erase(w.pos.begin(), w.pos.begin() + static_cast<std::ptrdiff_t>(drop));
+      w.n = needs_.window;
+    }
+  }
+  if (needs_.cum_attn) accumulate_attention(il, n, q, k, pos);
+  (void)v;
+}
+
+// Attention of the chunk's queries over the stored tokens plus the chunk's own keys, one kv
+// head at a time: memory O(group · n · (n_stored + n)), never n² for every layer.
+void PressObserver::accumulate_attention(int il, int64_t n, const float* q, const float* k, const int32_t* pos) {
+  const HParams& hp = model_.hparams();
+  const int nkv = hp.n_head_kv, g = hp.n_head / hp.n_head_kv, d = hp.head_dim_k;
+  const size_t du = static_cast<size_t>(d);
+  const int window = il < static_cast<int>(hp.sliding_window.size()) ? hp.sliding_window[static_cast<size_t>(il)] : 0;
+  const float scale = hp.attn_scale > 0 ? hp.attn_scale : 1.f / std::sqrt(static_cast<float>(d));
+  std::vector<float> kk;
+  std::vector<int32_t> kp;
+  std::vector<double> s;
+  for (int ih = 0; ih < nkv; ++ih) {
+    auto& acc = obs_.cum_attn[static_cast<size_t>(il * nkv + ih)];
+    auto& cnt = obs_.cum_count[static_cast<size_t>(il * nkv + ih)];
+    cache_.read_head(il, ih, &kk, nullptr, &kp);
+    const int64_t n_old = static_cast<int64_t>(kp.size());
+    KVTRIM_CHECK(static_cast<int64_t>(acc.size()) == n_old,
+                 "observer: cumulative attention of layer %d head %d covers %zu tokens, the cache holds %lld", il, ih,
+                 acc.size(), static_cast<long long>(n_old));
+    for (int64_t i = 0; i < n; ++i) {
+      kk.insert(kk.end(), k + (static_cast<size_t>(i) * static_cast<size_t>(nkv) + static_cast<size_t>(ih)) * du,
+                k + (static_cast<size_t>(i) * static_cast<size_t>(nkv) + static_cast<size_t>(ih) + 1) * du);
+      kp.push_back(pos[i]);
+    }
+    const int64_t m = n_old + n;
+    acc.resize(static_cast<size_t>(m), 0.f);
+    cnt.resize(static_cast<size_t>(m), 0.f);
+    s.resize(static_cast<size_t>(m));
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t qp = pos[i];
+      for (int64_t t = 0; t < m; ++t) {
+        const int32_t p = kp[static_cast<size_t>(t)];
+        if (p <= qp && (window <= 0 || qp - p < window)) cnt[static_cast<size_t>(t)] += 1.f;
+      }
+      for (int gi = 0; gi < g; ++gi) {
+        const float* qv = q + (static_cast<size_t>(i) * static_cast<size_t>(hp.n_head) + static_cast<size_t>(ih * g + gi)) * du;
+        double mx = -INFINITY;
+        for (int64_t t = 0; t < m; ++t) {
+          const int32_t p = kp[static_cast<size_t>(t)];
+          if (!(p <= qp && (window <= 0 || qp - p < window))) {
+            s[static_cast<size_t>(t)] = -INFINITY;
+            continue;
+          }
+          const float* kv = kk.data() + static_cast<size_t>(t) * du;
+          double dot = 0;
+          for (size_t c = 0; c < du; ++c) dot += static_cast<double>(qv[c]) * kv[c];
+          s[static_cast<size_t>(t)] = dot * scale;
+          mx = std::max(mx, s[static_cast<size_t>(t)]);
+        }
+        double sum = 0;
+        for (int64_t t = 0; t < m; ++t) {
+          const double e = s[static_cast<size_t>(t)] == -INFINITY ? 0.0 : std::exp(s[static_cast<size_t>(t)] - mx);
+          s[static_cast<size_t>(t)] = e;
+          sum += e;
+        }
+        for (int64_t t = 0; t < m; ++t) acc[static_cast<size_t>(t)] += static_cast<float>(s[static_cast<size_t>(t)] / sum);
+      }
+    }
+  }
+}
+
+void PressObserver::on_apply(const CompressionPlan& plan) {
+  if (obs_.cum_attn.empty()) return;
+  for (size_t i = 0; i < plan.heads.size(); ++i) {
+    const HeadPlan& h = plan.heads[i];
+    if (h.keep_all) continue;
+    for (auto* vec : {&obs_.cum_attn[i], &obs_.cum_count[i]}) {
+      std::vector<float> out(h.keep.size());
+      for (size_t j = 0; j < h.keep.size(); ++j) out[j] = (*vec)[static_cast<size_t>(h.keep[j])];
+      *vec = std::move(out);
+    }
+  }
+}
+
+void PressObserver::on_truncate(int32_t pos) {
+  for (auto& w : obs_.window) {
+    const size_t row = w.n > 0 ? w.q.size() / static_cast<size_t>(w.n) : 0;
+    int64_t keep = 0;
+    while (keep < w.n && w.pos[static_cast<size_t>(keep)] < pos) ++keep;
+    w.n = keep;
+    w.pos.resize(static_cast<size_t>(keep));
+    w.q.resize(static_cast<size_t>(keep) * row);
+  }
+  if (!obs_.cum_attn.empty()) {
+    const int nkv = model_.hparams().n_head_kv;
+    for (size_t i = 0; i < obs_.cum_attn.size(); ++i) {
+      const int il = static_cast<int>(i) / nkv, ih = static_cast<int>(i) % nkv;
+      const size_t n = static_cast<size_t>(cache_.n_tokens(il, ih));
+      obs_.cum_attn[i].resize(n);
+      obs_.cum_count[i].resize(n);
+    }
+  }
+}
+
+int64_t total_tokens(const KvCache& cache) {
+  int64_t t = 0;
+  for (int il = 0; il < cache.config().n_layer; ++il)
+    for (int ih = 0; ih < cache.config().n_head_kv; ++ih) t += cache.n_tokens(il, ih);
+  return t;
+}
+
+CompressStats run_press(const Press& press, KvCache& cache, const HParams& hp, PressObserver* obs, ThreadPool* pool,
+                        const Budget* budget_override) {
+  CompressStats st;
+  const double t0 = now_seconds();
+  st.tokens_before = total_tokens(cache);
+  st.bytes_before = cache.bytes().total();
+  st.rss_before = process_rss_bytes();  // before planning: what the process held when asked to compress
+  PressContext ctx(cache, hp, obs ? &obs->observations() : nullptr, pool);
+  if (budget_override) ctx.set_budget_override(*budget_override);
+  const CompressionPlan plan = press.plan(ctx);
+  bool noop = true;
+  for (const auto& h : plan.heads) noop = noop && h.keep_all;
+  if (!noop) {
+    cache.apply(plan);
+    if (obs) obs->on_apply(plan);
+  }
+  st.rss_after = process_rss_bytes();
+  st.tokens_after = total_tokens(cache);
+  st.bytes_after = cache.bytes().total();
+  st.seconds = now_seconds() - t0;
+  return st;
+}
+
+}  // namespace kvtrim
+
+namespace kvtrim {
+
+PplResult perplexity_press(Session& s, const std::vector<int32_t>& tokens, int64_t n_ctx, int32_t bos,
+                           const std::function<void(int64_t, int64_t, double)>& progress, CompressStats* last) {
+  KVTRIM_CHECK(s.press() != nullptr, "perplexity_press: the session has no press");
+  const int64_t C = n_ctx;
+  KVTRIM_CHECK(C >= 16, "perplexity window must be at least 16 tokens (got %lld)", static_cast<long long>(C));
+  KVTRIM_CHECK(C <= s.n_ctx(), "perplexity window of %lld tokens exceeds the session's context limit of %lld",
+               static_cast<long long>(C), static_cast<long long>(s.n_ctx()));
+  const int64_t n_tok = static_cast<int64_t>(tokens.size());
+  KVTRIM_CHECK(n_tok >= C, "the text has %lld tokens, fewer than one window of %lld", static_cast<long long>(n_tok),
+               static_cast<long long>(C));
+  PplResult r;
+  r.n_windows = n_tok / C;
+  const int64_t h = C / 2;
+  const size_t n_vocab = static_cast<size_t>(s.model().hparams().n_vocab);
+  std::vector<float> logits(static_cast<size_t>(C - h) * n_vocab);
+  double sum = 0, sum2 = 0;
+  const double t0 = now_seconds();
+  for (int64_t w = 0; w < r.n_windows; ++w) {
+    std::vector<int32_t> win(tokens.begin() + w * C, tokens.begin() + (w + 1) * C);
+    if (bos >= 0) win[0] = bos;
+    s.reset();
+    s.prefill(std::vector<int32_t>(win.begin(), win.begin() + h));
+    const CompressStats st = s.compress();
+    if (last) *last = st;
+    s.eval_all(win.data() + h, C - h, logits.data());
+    for (int64_t j = h; j < C - 1; ++j) {
+      const float* lg = logits.data() + static_cast<size_t>(j - h) * n_vocab;
+      const float mx = *std::max_element(lg, lg + n_vocab);
+      double z = 0;
+      for (size_t v = 0; v < n_vocab; ++v) z += std::exp(static_cast<double>(lg[v] - mx));
+      const double nll = std::log(z) + mx - lg[win[static_cast<size_t>(j + 1)]];
+      sum += nll;
+      sum2 += nll * nll;
+      ++r.n_scored;
+    }
+    if (progress) progress(w + 1, r.n_windows, std::exp(sum / static_cast<double>(r.n_scored)));
+  }
+  r.seconds = now_seconds() - t0;
+  r.mean_nll = sum / static_cast<double>(r.n_scored);
+  r.ppl = std::exp(r.mean_nll);
+  const double var = std::max(0.0, sum2 / static_cast<double>(r.n_scored) - r.mean_nll * r.mean_nll);
+  r.ppl_stderr = r.ppl * std::sqrt(var / static_cast<double>(std::max<int64_t>(1, r.n_scored - 1)));
+  return r;
+}
+
+}  // namespace kvtrim

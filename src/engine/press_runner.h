@@ -1,0 +1,82 @@
+// Runs a press inside a session (DESIGN.md §3): the observer that captures, during the
+// forward pass, exactly what the configured press needs (PressNeeds: the last W post-RoPE
+// queries of each layer, the cumulative attention each stored token received, the question's
+// queries), and the compress step (plan with the press, apply with the cache, keep the
+// observations aligned with the cache's tokens).
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "kv/kv_cache.h"
+#include "model/model.h"
+#include "press/press.h"
+
+namespace kvtrim {
+
+class ThreadPool;
+
+class PressObserver : public ForwardObserver {
+ public:
+  PressObserver(const Model& model, const KvCache& cache, PressNeeds needs);
+  const PressNeeds& needs() const { return needs_; }
+  const Observations& observations() const { return obs_; }
+
+  // q: [n, n_head, head_dim_k] etc. (ForwardObserver). In question mode the queries are
+  // stored as the question's (replacing any earlier question) and nothing else is recorded.
+  void on_qkv(int il, int64_t n, const float* q, const float* k, const float* v, const int32_t* pos) override;
+
+  void begin_question();  // the next forward calls are the question: capture its queries
+  void end_question();
+  void clear_question();
+  // Keeps the observations aligned with the cache after it applied `plan`.
+  void on_apply(const CompressionPlan& plan);
+  // After cache.truncate(pos): drops what belonged to positions >= pos.
+  void on_truncate(int32_t pos);
+  void reset();
+
+ private:
+  void accumulate_attention(int il, int64_t n, const float* q, const float* k, const int32_t* pos);
+  const Model& model_;
+  const KvCache& cache_;
+  PressNeeds needs_;
+  Observations obs_;
+  bool question_mode_ = false;
+  std::vector<char> question_started_;  // per layer: first chunk of the current question seen
+};
+
+// What one compress step did.
+struct CompressStats {
+  int64_t tokens_before = 0, tokens_after = 0;  // summed over (layer, kv head)
+  size_t bytes_before = 0, bytes_after = 0;     // KvCache::bytes().total()
+  size_t rss_before = 0, rss_after = 0;         // process resident set size before planning / after apply()
+  double seconds = 0;
+};
+
+// Plans with `press` over the cache and applies the plan; obs may be nullptr.
+CompressStats run_press(const Press& press, KvCache& cache, const HParams& hp, PressObserver* obs, ThreadPool* pool,
+                        const Budget* budget_override = nullptr);
+
+int64_t total_tokens(const KvCache& cache);
+
+}  // namespace kvtrim
+
+namespace kvtrim {
+
+class Session;
+struct PplResult;
+
+// Perplexity, prefill–compress–continue (DESIGN.md §5 mode b), with the same windows and the
+// same scored tokens as perplexity() at stride == n_ctx: for each non-overlapping window of
+// n_ctx tokens (first token replaced by bos when bos >= 0), from an empty cache:
+//   1. prefill the first half, tokens [0, n_ctx/2), capturing what the session's press needs;
+//   2. compress once with the session's press (Session::compress);
+//   3. run the second half [n_ctx/2, n_ctx) through the compressed cache (its own tokens are
+//      appended uncompressed) and score the predictions of tokens n_ctx/2+1 .. n_ctx-1.
+// Throws Error if the session has no press. `last` (optional) gets the last window's stats.
+PplResult perplexity_press(Session& s, const std::vector<int32_t>& tokens, int64_t n_ctx, int32_t bos,
+                           const std::function<void(int64_t, int64_t, double)>& progress = {},
+                           CompressStats* last = nullptr);
+
+}  // namespace kvtrim

@@ -1,0 +1,115 @@
+#include "eval/jsonl.h"
+
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace kvtrim::eval {
+
+using nlohmann::json;
+
+namespace {
+
+const json& field(const json& j, const char* name, const std::string& where) {
+  auto it = j.find(name);
+  if (it == j.end()) fail("%s: missing field '%s'", where.c_str(), name);
+  return *it;
+}
+
+std::string string_field(const json& j, const char* name, const std::string& where) {
+  const json& v = field(j, name, where);
+  if (!v.is_string()) fail("%s: field '%s' must be a string", where.c_str(), name);
+  return v.get<std::string>();
+}
+
+}  // namespace
+
+std::vector<EvalSample> parse_samples_jsonl(const std::string& text, const std::string& source) {
+  std::vector<EvalSample> out;
+  std::map<std::string, int64_t> next_index;
+  std::istringstream in(text);
+  std::string line;
+  int64_t line_no = 0;
+  while (std::getline(in, line)) {
+    ++line_no;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = source + ":" + std::to_string(line_no);
+    json j;
+    try {
+      j = json::parse(line);
+    } catch (const json::parse_error& e) {
+      fail("%s: not valid JSON (%s)", where.c_str(), e.what());
+    }
+    if (!j.is_object()) fail("%s: expected a JSON object", where.c_str());
+    EvalQuestion q;
+    const std::string task = string_field(j, "task", where);
+    const std::string context = string_field(j, "context", where);
+    q.question = string_field(j, "question", where);
+    if (j.contains("answer_prefix")) q.answer_prefix = string_field(j, "answer_prefix", where);
+    const json& a = field(j, "answers", where);
+    if (a.is_string()) {
+      q.answers.push_back(a.get<std::string>());
+    } else if (a.is_array()) {
+      for (const json& x : a) {
+        if (!x.is_string()) fail("%s: field 'answers' must hold strings", where.c_str());
+        q.answers.push_back(x.get<std::string>());
+      }
+    } else {
+      fail("%s: field 'answers' must be a string or an array of strings", where.c_str());
+    }
+    if (q.answers.empty()) fail("%s: field 'answers' is empty", where.c_str());
+    const json& m = field(j, "max_new_tokens", where);
+    if (!m.is_number_integer() || m.get<int64_t>() <= 0 || m.get<int64_t>() > 1 << 20)
+      fail("%s: field 'max_new_tokens' must be a positive integer", where.c_str());
+    q.max_new_tokens = m.get<int>();
+    if (task.empty()) fail("%s: field 'task' is empty", where.c_str());
+    Metric metric = metric_for_task(task);
+    if (j.contains("metric")) {
+      const std::string ms = string_field(j, "metric", where);
+      if (ms == "all" || ms == "string_match_all") metric = Metric::kAll;
+      else if (ms == "part" || ms == "string_match_part") metric = Metric::kPart;
+      else fail("%s: unknown metric '%s' (all or part)", where.c_str(), ms.c_str());
+    }
+    if (!out.empty() && out.back().task == task && out.back().context == context && out.back().metric == metric) {
+      out.back().questions.push_back(std::move(q));
+      continue;
+    }
+    EvalSample s;
+    s.task = task;
+    s.index = next_index[task]++;
+    s.context = context;
+    s.metric = metric;
+    s.questions.push_back(std::move(q));
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+std::vector<EvalSample> load_samples_jsonl(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  KVTRIM_CHECK(f.good(), "cannot read samples file '%s'", path.c_str());
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  auto out = parse_samples_jsonl(ss.str(), path);
+  KVTRIM_CHECK(!out.empty(), "samples file '%s' has no samples", path.c_str());
+  return out;
+}
+
+void write_samples_jsonl(const std::string& path, const std::vector<EvalSample>& samples) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  KVTRIM_CHECK(f.good(), "cannot write '%s'", path.c_str());
+  for (const EvalSample& s : samples) {
+    for (const EvalQuestion& q : s.questions) {
+      json j = {{"task", s.task},          {"context", s.context},       {"question", q.question},
+                {"answer_prefix", q.answer_prefix}, {"answers", q.answers}, {"max_new_tokens", q.max_new_tokens},
+                {"metric", s.metric == Metric::kPart ? "part" : "all"}};
+      f << j.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
+    }
+  }
+  KVTRIM_CHECK(f.good(), "error writing '%s'", path.c_str());
+}
+
+}  // namespace kvtrim::eval

@@ -1,0 +1,22 @@
+// Evaluation samples as JSONL, one question per line, in the field layout of kvpress's
+// published RULER data:
+//   {"task": "niah_single_1", "context": "...", "question": "...", "answer_prefix": "...",
+//    "answers": ["..."], "max_new_tokens": 128}
+// answer_prefix may be absent (""), answers may be one string; "metric" ("all" / "part")
+// overrides the task's default (qa* -> part). Consecutive lines with the same task and
+// context form one sample with several questions (one prefill, one cache).
+#pragma once
+#include <string>
+#include <vector>
+
+#include "eval/sample.h"
+
+namespace kvtrim::eval {
+
+// Throws Error "<path>:<line>: <problem>" for a malformed line; blank lines are skipped.
+std::vector<EvalSample> load_samples_jsonl(const std::string& path);
+std::vector<EvalSample> parse_samples_jsonl(const std::string& text, const std::string& source);
+// Writes samples in the same format (to reproduce a generated set elsewhere).
+void write_samples_jsonl(const std::string& path, const std::vector<EvalSample>& samples);
+
+}  // namespace kvtrim::eval

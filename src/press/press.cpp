@@ -1,0 +1,304 @@
+// The press framework: budgets, the context a press sees (with composition views), the
+// score -> top-k base, the composed press and the attention helper. The registry and the
+// press-string parser are in registry.cpp.
+#include "press/press.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "core/error.h"
+
+namespace kvtrim {
+
+// ---------------------------------------------------------------------------------------
+// Budget
+
+int64_t Budget::keep_count(int64_t n_tok) const {
+  if (n_tok <= 0) return 0;
+  int64_t k;
+  if (n_keep > 0) {
+    k = std::min(n_keep, n_tok);
+  } else {
+    // kvpress: n_kept = int(k_len * (1 - compression_ratio))
+    k = static_cast<int64_t>(static_cast<double>(n_tok) * (1.0 - ratio));
+  }
+  return std::clamp<int64_t>(k, 1, n_tok);
+}
+
+std::string Budget::describe() const {
+  if (n_keep > 0) return strprintf("budget=%lld", static_cast<long long>(n_keep));
+  return strprintf("ratio=%g", ratio);
+}
+
+void PressNeeds::merge(const PressNeeds& o) {
+  window = std::max(window, o.window);
+  cum_attn = cum_attn || o.cum_attn;
+  question = question || o.question;
+}
+
+// ---------------------------------------------------------------------------------------
+// PressContext
+
+PressContext::PressContext(const KvCache& cache, const HParams& hp, const Observations* obs, ThreadPool* pool)
+    : cache_(&cache), hp_(&hp), obs_(obs), pool_(pool) {
+  KVTRIM_CHECK(hp.n_layer == cache.config().n_layer && hp.n_head_kv == cache.config().n_head_kv,
+               "press: the cache (%d layers, %d kv heads) does not match the model (%d layers, %d kv heads)",
+               cache.config().n_layer, cache.config().n_head_kv, hp.n_layer, hp.n_head_kv);
+}
+
+int64_t PressContext::n_tokens(int il, int ih) const {
+  const int64_t n = cache_->n_tokens(il, ih);
+  if (!view()) return n;
+  return plan_kept(view_.at(il, ih), n);
+}
+
+void PressContext::read_head(int il, int ih, HeadData* out, bool want_k, bool want_v) const {
+  const int64_t n = cache_->n_tokens(il, ih);
+  std::vector<float> k, v;
+  std::vector<int32_t> pos;
+  cache_->read_head(il, ih, want_k ? &k : nullptr, want_v ? &v : nullptr, &pos);
+  KVTRIM_ASSERT(static_cast<int64_t>(pos.size()) == n);
+  const HeadPlan* sel = view() ? &view_.at(il, ih) : nullptr;
+  if (!sel || sel->keep_all) {
+    out->n = n;
+    out->k = std::move(k);
+    out->v = std::move(v);
+    out->pos = std::move(pos);
+    out->idx.resize(static_cast<size_t>(n));
+    std::iota(out->idx.begin(), out->idx.end(), 0);
+    return;
+  }
+  const size_t dk = static_cast<size_t>(head_dim_k()), dv = static_cast<size_t>(head_dim_v());
+  const size_t m = sel->keep.size();
+  out->n = static_cast<int64_t>(m);
+  out->idx = sel->keep;
+  out->pos.resize(m);
+  out->k.resize(want_k ? m * dk : 0);
+  out->v.resize(want_v ? m * dv : 0);
+  for (size_t j = 0; j < m; ++j) {
+    const size_t i = static_cast<size_t>(sel->keep[j]);
+    out->pos[j] = pos[i];
+    if (want_k) std::copy_n(k.data() + i * dk, dk, out->k.data() + j * dk);
+    if (want_v) std::copy_n(v.data() + i * dv, dv, out->v.data() + j * dv);
+  }
+}
+
+const ObservedQueries& PressContext::queries(int il, bool query_aware, const char* who) const {
+  KVTRIM_CHECK(obs_ != nullptr, "press '%s' needs observed queries, but none were captured (run it through a Session)", who);
+  if (query_aware) {
+    KVTRIM_CHECK(obs_->has_question() && il < static_cast<int>(obs_->question.size()),
+                 "press '%s' is query-aware but no question queries were captured (give the question to the session)",
+                 who);
+    return obs_->question[static_cast<size_t>(il)];
+  }
+  KVTRIM_CHECK(obs_->has_window() && il < static_cast<int>(obs_->window.size()) &&
+                   obs_->window[static_cast<size_t>(il)].n > 0,
+               "press '%s' needs the last queries of each layer, but none were captured", who);
+  return obs_->window[static_cast<size_t>(il)];
+}
+
+namespace {
+std::vector<float> through_view(const std::vector<float>& full, const HeadPlan* sel) {
+  if (!sel || sel->keep_all) return full;
+  std::vector<float> out(sel->keep.size());
+  for (size_t j = 0; j < sel->keep.size(); ++j) out[j] = full[static_cast<size_t>(sel->keep[j])];
+  return out;
+}
+}  // namespace
+
+std::vector<float> PressContext::cum_attn(int il, int ih, const char* who) const {
+  KVTRIM_CHECK(obs_ != nullptr && obs_->has_cum_attn(),
+               "press '%s' needs the cumulative attention of every token, but it was not captured", who);
+  const auto& full = obs_->cum_attn[static_cast<size_t>(il * n_head_kv() + ih)];
+  KVTRIM_CHECK(static_cast<int64_t>(full.size()) == cache_->n_tokens(il, ih),
+               "press '%s': cumulative attention of layer %d head %d covers %zu tokens, the cache holds %lld", who, il,
+               ih, full.size(), static_cast<long long>(cache_->n_tokens(il, ih)));
+  return through_view(full, view() ? &view_.at(il, ih) : nullptr);
+}
+
+std::vector<float> PressContext::cum_count(int il, int ih, const char* who) const {
+  KVTRIM_CHECK(obs_ != nullptr && obs_->has_cum_attn(),
+               "press '%s' needs the cumulative attention of every token, but it was not captured", who);
+  const auto& full = obs_->cum_count[static_cast<size_t>(il * n_head_kv() + ih)];
+  return through_view(full, view() ? &view_.at(il, ih) : nullptr);
+}
+
+PressContext PressContext::with_view(const CompressionPlan& selection) const {
+  PressContext c = *this;
+  c.view_ = view() ? compose_plans(view_, selection) : selection;
+  return c;
+}
+
+// ---------------------------------------------------------------------------------------
+// Helpers
+
+std::vector<int32_t> top_k_indices(const std::vector<float>& scores, int64_t k) {
+  const int64_t n = static_cast<int64_t>(scores.size());
+  k = std::clamp<int64_t>(k, 0, n);
+  std::vector<int32_t> idx(static_cast<size_t>(n));
+  std::iota(idx.begin(), idx.end(), 0);
+  // NaN scores sort last.
+  auto better = [&](int32_t a, int32_t b) {
+    const float sa = scores[static_cast<size_t>(a)], sb = scores[static_cast<size_t>(b)];
+    const bool na = std::isnan(sa), nb = std::isnan(sb);
+    if (na != nb) return nb;
+    if (!na && sa != sb) return sa > sb;
+    return a < b;
+  };
+  if (k < n) std::nth_element(idx.begin(), idx.begin() + k, idx.end(), better);
+  idx.resize(static_cast<size_t>(k));
+  std::sort(idx.begin(), idx.end());
+  return idx;
+}
+
+ObservedQueries last_queries(const ObservedQueries& q, int64_t w) {
+  if (w >= q.n) return q;
+  ObservedQueries o;
+  o.n = std::max<int64_t>(w, 0);
+  const size_t per = q.n > 0 ? q.q.size() / static_cast<size_t>(q.n) : 0;
+  const size_t first = static_cast<size_t>(q.n - o.n);
+  o.q.assign(q.q.begin() + static_cast<std::ptrdiff_t>(first * per), q.q.end());
+  o.pos.assign(q.pos.begin() + static_cast<std::ptrdiff_t>(first), q.pos.end());
+  return o;
+}
+
+HeadPlan head_plan_from_scores(const std::vector<float>& scores, int64_t k) {
+  HeadPlan h;
+  if (k >= static_cast<int64_t>(scores.size())) return h;  // keep_all
+  h.keep_all = false;
+  h.keep = top_k_indices(scores, k);
+  return h;
+}
+
+void protect_sinks_recent(std::vector<float>* scores, int64_t n_sinks, int64_t n_recent) {
+  const int64_t n = static_cast<int64_t>(scores->size());
+  const float inf = std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < std::min(n_sinks, n); ++i) (*scores)[static_cast<size_t>(i)] = inf;
+  for (int64_t i = std::max<int64_t>(0, n - n_recent); i < n; ++i) (*scores)[static_cast<size_t>(i)] = inf;
+}
+
+int64_t plan_kept(const HeadPlan& h, int64_t n_tok) {
+  return h.keep_all ? n_tok : static_cast<int64_t>(h.keep.size());
+}
+
+CompressionPlan compose_plans(const CompressionPlan& first, const CompressionPlan& second) {
+  KVTRIM_CHECK(first.n_layer == second.n_layer && first.n_head_kv == second.n_head_kv,
+               "compose_plans: shapes differ (%dx%d vs %dx%d)", first.n_layer, first.n_head_kv, second.n_layer,
+               second.n_head_kv);
+  CompressionPlan out(first.n_layer, first.n_head_kv);
+  for (size_t i = 0; i < first.heads.size(); ++i) {
+    const HeadPlan& a = first.heads[i];
+    const HeadPlan& b = second.heads[i];
+    HeadPlan& o = out.heads[i];
+    if (b.keep_all) {
+      o = a;
+    } else if (a.keep_all) {
+      o = b;
+    } else {
+      o.keep_all = false;
+      o.keep.resize(b.keep.size());
+      for (size_t j = 0; j < b.keep.size(); ++j) {
+        const int32_t t = b.keep[j];
+        KVTRIM_CHECK(t >= 0 && static_cast<size_t>(t) < a.keep.size(),
+                     "compose_plans: index %d out of range (%zu tokens after the first plan)", t, a.keep.size());
+        o.keep[j] = a.keep[static_cast<size_t>(t)];
+      }
+    }
+  }
+  return out;
+}
+
+void attention_probs(const PressContext& ctx, int il, int ih, const HeadData& head, const ObservedQueries& q,
+                     std::vector<float>* probs) {
+  const int g = ctx.group();
+  const int n_head = ctx.n_head();
+  const int d = ctx.head_dim_k();
+  const int64_t n = head.n;
+  const int window = il < static_cast<int>(ctx.hparams().sliding_window.size())
+                         ? ctx.hparams().sliding_window[static_cast<size_t>(il)]
+                         : 0;
+  const float scale = ctx.hparams().attn_scale > 0 ? ctx.hparams().attn_scale : 1.f / std::sqrt(static_cast<float>(d));
+  KVTRIM_ASSERT(static_cast<int64_t>(head.k.size()) == n * d);
+  probs->assign(static_cast<size_t>(g) * static_cast<size_t>(q.n) * static_cast<size_t>(n), 0.f);
+  std::vector<double> s(static_cast<size_t>(n));
+  for (int gi = 0; gi < g; ++gi) {
+    const int h = ih * g + gi;
+    for (int64_t i = 0; i < q.n; ++i) {
+      const float* qv = q.query(i, h, n_head, d);
+      const int32_t qp = q.pos[static_cast<size_t>(i)];
+      double mx = -INFINITY;
+      for (int64_t t = 0; t < n; ++t) {
+        const int32_t kp = head.pos[static_cast<size_t>(t)];
+        const bool vis = kp <= qp && (window <= 0 || qp - kp < window);
+        if (!vis) {
+          s[static_cast<size_t>(t)] = -INFINITY;
+          continue;
+        }
+        const float* kv = head.k.data() + static_cast<size_t>(t) * static_cast<size_t>(d);
+        double dot = 0;
+        for (int c = 0; c < d; ++c) dot += static_cast<double>(qv[c]) * kv[c];
+        s[static_cast<size_t>(t)] = dot * scale;
+        mx = std::max(mx, s[static_cast<size_t>(t)]);
+      }
+      if (mx == -INFINITY) continue;  // the query sees none of these tokens
+      double sum = 0;
+      for (int64_t t = 0; t < n; ++t) {
+        const double e = s[static_cast<size_t>(t)] == -INFINITY ? 0.0 : std::exp(s[static_cast<size_t>(t)] - mx);
+        s[static_cast<size_t>(t)] = e;
+        sum += e;
+      }
+      float* out = probs->data() + (static_cast<size_t>(gi) * static_cast<size_t>(q.n) + static_cast<size_t>(i)) *
+                                       static_cast<size_t>(n);
+      for (int64_t t = 0; t < n; ++t) out[t] = static_cast<float>(s[static_cast<size_t>(t)] / sum);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// ScorerPress, ComposedPress
+
+CompressionPlan ScorerPress::plan(const PressContext& ctx) const {
+  CompressionPlan p(ctx.n_layer(), ctx.n_head_kv());
+  std::vector<std::vector<float>> scores;
+  for (int il = 0; il < ctx.n_layer(); ++il) {
+    // Skip the scoring work for layers where every head keeps everything.
+    bool any = false;
+    for (int ih = 0; ih < ctx.n_head_kv(); ++ih) {
+      const int64_t n = ctx.n_tokens(il, ih);
+      if (keep_count(ctx, il, n) < n) any = true;
+    }
+    if (!any) continue;
+    scores.assign(static_cast<size_t>(ctx.n_head_kv()), {});
+    score_layer(ctx, il, &scores);
+    for (int ih = 0; ih < ctx.n_head_kv(); ++ih) {
+      const auto& sc = scores[static_cast<size_t>(ih)];
+      const int64_t n = ctx.n_tokens(il, ih);
+      KVTRIM_CHECK(static_cast<int64_t>(sc.size()) == n, "press '%s': %zu scores for %lld tokens (layer %d head %d)",
+                   name().c_str(), sc.size(), static_cast<long long>(n), il, ih);
+      p.at(il, ih) = head_plan_from_scores(sc, keep_count(ctx, il, n));
+    }
+  }
+  return p;
+}
+
+ComposedPress::ComposedPress(std::vector<std::unique_ptr<Press>> presses) : presses_(std::move(presses)) {
+  KVTRIM_CHECK(!presses_.empty(), "a composed press needs at least one press");
+}
+
+PressNeeds ComposedPress::needs() const {
+  PressNeeds n;
+  for (const auto& p : presses_) n.merge(p->needs());
+  return n;
+}
+
+CompressionPlan ComposedPress::plan(const PressContext& ctx) const {
+  CompressionPlan total = presses_[0]->plan(ctx);
+  for (size_t i = 1; i < presses_.size(); ++i) {
+    const PressContext view = ctx.with_view(total);
+    total = compose_plans(total, presses_[i]->plan(view));
+  }
+  return total;
+}
+
+}  // namespace kvtrim

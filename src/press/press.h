@@ -1,0 +1,295 @@
+// Presses: KV-cache compression policies (DESIGN.md §2, §3). A press PLANS what each
+// (layer, kv head) keeps; the cache APPLIES the plan (only the cache mutates storage).
+//
+// What a press sees is a PressContext: the cache (read one head at a time, never a dense
+// copy of the whole cache), the model's hyper-parameters, and the observations the session
+// captured for it during the forward pass (the last W post-RoPE queries of each layer with
+// their positions; optionally the cumulative attention each stored token received, for
+// H2O; optionally the queries of a task/question, for query-aware mode). What the session
+// must capture is declared by Press::needs().
+//
+// Budgets follow kvpress: `ratio` is the fraction of tokens REMOVED, in [0, 1); a head with
+// n tokens keeps int(n * (1 - ratio)) as kvpress computes it (Budget::keep_count). An
+// absolute budget (`budget=N`) keeps N tokens per (layer, kv head).
+//
+// Press strings (parse_press / make_press):
+//   name[:opt=value,opt=value,...][+name[:...]]...
+//   snapkv:ratio=0.5,window=32+streamingllm:sinks=4     composition: applied in sequence,
+//                                                      each on what the previous one left
+//   snapkv:0.5                                         a bare first value sets `ratio`
+//   adakv(snapkv:ratio=0.5,window=32):alpha=0.2        a wrapper takes its inner press in ()
+// Errors (Error, message names press / option / value and lists what is valid): unknown
+// press, unknown option, bad value, ratio outside [0, 1), a wrapper without an inner press.
+//
+// Adding a press: one file in src/press/token/ defining the Press (usually a ScorerPress:
+// score every token, the base keeps the top-k) and a `PressInfo xxx_press_info()`; one line
+// in src/press/builtin_presses.cpp. The registry sweep test then covers it (docs/HOWTO-add-press.md).
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kv/kv_cache.h"
+#include "model/model.h"
+
+namespace kvtrim {
+
+class ThreadPool;
+
+// ---------------------------------------------------------------------------------------
+// Budget
+
+struct Budget {
+  double ratio = 0;    // fraction of tokens removed, [0, 1) (kvpress compression_ratio)
+  int64_t n_keep = 0;  // > 0: absolute tokens kept per (layer, kv head); overrides ratio
+  // Tokens a head holding n_tok tokens keeps: n_keep > 0 ? min(n_keep, n_tok)
+  // : int(n_tok * (1 - ratio)), clamped to [min(1, n_tok), n_tok] (a head never goes empty).
+  int64_t keep_count(int64_t n_tok) const;
+  bool is_noop() const { return n_keep <= 0 && ratio <= 0; }
+  std::string describe() const;  // "ratio=0.5" / "budget=128"
+};
+
+// ---------------------------------------------------------------------------------------
+// Observations (captured by the session's observer during forward)
+
+// Post-RoPE queries of one layer: q [n, n_head, head_dim_k], pos [n] (increasing).
+struct ObservedQueries {
+  int64_t n = 0;
+  std::vector<float> q;
+  std::vector<int32_t> pos;
+  const float* query(int64_t i, int h, int n_head, int head_dim) const {
+    return q.data() + (static_cast<size_t>(i) * static_cast<size_t>(n_head) + static_cast<size_t>(h)) * static_cast<size_t>(head_dim);
+  }
+};
+
+struct Observations {
+  // [n_layer]: the last W queries of each layer seen by forward (prefill and decode).
+  std::vector<ObservedQueries> window;
+  // [n_layer]: the queries of the task/question (query-aware mode); empty when not captured.
+  std::vector<ObservedQueries> question;
+  // [n_layer * n_head_kv], each [n_tokens(il, ih)] aligned with the head's stored tokens:
+  // attention received by each stored token, summed over every query that saw it (all query
+  // heads of the kv group). The count of queries that could see each token (causal) is in
+  // cum_count (same layout). Empty when not captured.
+  std::vector<std::vector<float>> cum_attn;
+  std::vector<std::vector<float>> cum_count;
+  bool has_window() const { return !window.empty(); }
+  bool has_question() const { return !question.empty() && question[0].n > 0; }
+  bool has_cum_attn() const { return !cum_attn.empty(); }
+};
+
+// What a press needs the session to capture.
+struct PressNeeds {
+  static constexpr int64_t kAllQueries = std::numeric_limits<int64_t>::max();
+  int64_t window = 0;     // last W queries per layer (0 = none; kAllQueries = every query)
+  bool cum_attn = false;  // cumulative attention received per stored token (H2O)
+  bool question = false;  // queries of the question (query-aware mode)
+  void merge(const PressNeeds& o);
+};
+
+// ---------------------------------------------------------------------------------------
+// PressContext: what a press sees.
+
+// One head's stored tokens as f32 (the view applied): k [n, head_dim_k], v [n, head_dim_v],
+// pos [n]; idx [n] = index of each token among the head's tokens IN THE CACHE (before view).
+struct HeadData {
+  int64_t n = 0;
+  std::vector<float> k, v;
+  std::vector<int32_t> pos;
+  std::vector<int32_t> idx;
+};
+
+class PressContext {
+ public:
+  // obs may be nullptr (presses that need nothing: knorm, random, streamingllm).
+  PressContext(const KvCache& cache, const HParams& hp, const Observations* obs = nullptr,
+               ThreadPool* pool = nullptr);
+
+  const KvCache& cache() const { return *cache_; }
+  const HParams& hparams() const { return *hp_; }
+  ThreadPool* pool() const { return pool_; }
+  int n_layer() const { return cache_->config().n_layer; }
+  int n_head_kv() const { return cache_->config().n_head_kv; }
+  int n_head() const { return hp_->n_head; }
+  int group() const { return hp_->n_head / cache_->config().n_head_kv; }  // query heads per kv head
+  int head_dim_k() const { return cache_->config().head_dim_k; }
+  int head_dim_v() const { return cache_->config().head_dim_v; }
+  int32_t n_past() const { return cache_->n_past(); }
+
+  // Tokens of (il, ih) as the press sees them (through the view, see with_view).
+  int64_t n_tokens(int il, int ih) const;
+  // Reads (il, ih) through the view; any of want_k / want_v may be false to skip.
+  void read_head(int il, int ih, HeadData* out, bool want_k = true, bool want_v = false) const;
+
+  bool has_observations() const { return obs_ != nullptr; }
+  // The queries to score with at layer il: the question's when query_aware, else the
+  // window's. Throws Error naming what is missing (e.g. "snapkv needs the last 32 queries").
+  const ObservedQueries& queries(int il, bool query_aware, const char* who) const;
+  // Cumulative attention / query counts of (il, ih) through the view; throws if not captured.
+  std::vector<float> cum_attn(int il, int ih, const char* who) const;
+  std::vector<float> cum_count(int il, int ih, const char* who) const;
+
+  // A budget that replaces every press's own (decode-time compression to a target size).
+  const Budget* budget_override() const { return override_.n_keep > 0 || override_.ratio > 0 ? &override_ : nullptr; }
+  void set_budget_override(const Budget& b) { override_ = b; }
+
+  // The view: a selection (plan) already decided by an earlier press in a composition.
+  // Indices a press returns refer to the tokens as seen through the view; compose_plans maps
+  // them back. Default: no view (the cache as stored).
+  PressContext with_view(const CompressionPlan& selection) const;
+  const CompressionPlan* view() const { return view_.heads.empty() ? nullptr : &view_; }
+
+ private:
+  const KvCache* cache_;
+  const HParams* hp_;
+  const Observations* obs_;
+  ThreadPool* pool_;
+  Budget override_;
+  CompressionPlan view_;  // empty heads = no view
+};
+
+// ---------------------------------------------------------------------------------------
+// Press
+
+class Press {
+ public:
+  virtual ~Press() = default;
+  // Registry name ("snapkv") and the canonical spec it was made from ("snapkv:ratio=0.5,window=32").
+  virtual std::string name() const = 0;
+  const std::string& spec() const { return spec_; }
+  void set_spec(std::string s) { spec_ = std::move(s); }
+  virtual PressNeeds needs() const { return {}; }
+  // The plan for the whole cache (as seen through ctx's view). Must not modify anything.
+  virtual CompressionPlan plan(const PressContext& ctx) const = 0;
+
+ private:
+  std::string spec_;
+};
+
+// Score -> top-k. Subclasses score every (viewed) token of every kv head of a layer; the base
+// keeps each head's keep_count top-scoring tokens (ties: the earlier token wins).
+class ScorerPress : public Press {
+ public:
+  explicit ScorerPress(Budget b) : budget_(b) {}
+  const Budget& budget() const { return budget_; }
+  void set_budget(const Budget& b) { budget_ = b; }
+  // The budget in force for ctx (its override if any, else this press's).
+  const Budget& effective_budget(const PressContext& ctx) const {
+    return ctx.budget_override() ? *ctx.budget_override() : budget_;
+  }
+  // scores[ih] = [n_tokens(il, ih)]: higher = more important. +inf = must keep.
+  virtual void score_layer(const PressContext& ctx, int il, std::vector<std::vector<float>>* scores) const = 0;
+  // Tokens kept per head of layer il holding n_tok tokens (PyramidKV overrides this).
+  virtual int64_t keep_count(const PressContext& ctx, int il, int64_t n_tok) const {
+    return effective_budget(ctx).keep_count(n_tok);
+  }
+  CompressionPlan plan(const PressContext& ctx) const override;
+
+ private:
+  Budget budget_;
+};
+
+// Applies presses in sequence, each on what the previous left (savings multiply).
+class ComposedPress : public Press {
+ public:
+  explicit ComposedPress(std::vector<std::unique_ptr<Press>> presses);
+  std::string name() const override { return "composed"; }
+  PressNeeds needs() const override;
+  CompressionPlan plan(const PressContext& ctx) const override;
+  const std::vector<std::unique_ptr<Press>>& presses() const { return presses_; }
+
+ private:
+  std::vector<std::unique_ptr<Press>> presses_;
+};
+
+// ---------------------------------------------------------------------------------------
+// Helpers for presses
+
+// Indices of the k largest scores, returned in increasing index order; ties: lower index wins.
+std::vector<int32_t> top_k_indices(const std::vector<float>& scores, int64_t k);
+// The last min(w, q.n) queries of q (a press needing fewer than the session captured).
+ObservedQueries last_queries(const ObservedQueries& q, int64_t w);
+// Plan for one head from its scores and keep count (keep_all when k >= n).
+HeadPlan head_plan_from_scores(const std::vector<float>& scores, int64_t k);
+// Sets +inf on the first n_sinks tokens and the last n_recent tokens (by stored order).
+void protect_sinks_recent(std::vector<float>* scores, int64_t n_sinks, int64_t n_recent);
+// `second` refers to tokens as seen through `first`; the result refers to the cache's tokens.
+CompressionPlan compose_plans(const CompressionPlan& first, const CompressionPlan& second);
+// Tokens kept by a plan for a head holding n_tok tokens.
+int64_t plan_kept(const HeadPlan& h, int64_t n_tok);
+
+// Attention probabilities of observed queries over one head's (viewed) tokens:
+// probs [group, n_q, head.n] for the query heads h = ih*group .. ih*group+group-1:
+// softmax(scale * q·k) over the tokens each query may see (k_pos <= q_pos, sliding window
+// of layer il, softcap none); invisible tokens get 0. Needs head.k and head.pos.
+void attention_probs(const PressContext& ctx, int il, int ih, const HeadData& head, const ObservedQueries& q,
+                     std::vector<float>* probs);
+
+// ---------------------------------------------------------------------------------------
+// Registry and parser
+
+struct PressOption {
+  std::string name;
+  std::string default_value;
+  std::string help;
+};
+
+// The options given to one press: every declared option, given or default. Getters throw
+// Error("press 'snapkv': option 'window' = 'x' is not an integer") on bad values.
+class PressArgs {
+ public:
+  PressArgs(std::string press, std::map<std::string, std::string> values)
+      : press_(std::move(press)), values_(std::move(values)) {}
+  const std::string& press() const { return press_; }
+  std::string get_string(const std::string& name) const;
+  double get_double(const std::string& name) const;
+  int64_t get_int(const std::string& name) const;
+  bool get_bool(const std::string& name) const;
+  // get_double with a range check: lo <= v (< or <=) hi.
+  double get_double_in(const std::string& name, double lo, double hi, bool hi_inclusive) const;
+  int64_t get_int_min(const std::string& name, int64_t lo) const;
+  // `ratio` (in [0, 1)) and `budget` (>= 0) as a Budget.
+  Budget get_budget() const;
+  // Wrappers: the inner press (set by the parser; nullptr otherwise).
+  std::unique_ptr<Press> take_inner() const { return std::move(inner_); }
+  void set_inner(std::unique_ptr<Press> p) { inner_ = std::move(p); }
+
+ private:
+  const std::string& raw(const std::string& name) const;
+  std::string press_;
+  std::map<std::string, std::string> values_;
+  mutable std::unique_ptr<Press> inner_;
+};
+
+struct PressInfo {
+  std::string name;         // registry name (lower case): "snapkv"
+  std::string description;  // one line
+  std::string paper;        // "Li et al. 2024, SnapKV: LLM Knows What You are Looking for Before Generation"
+  std::vector<PressOption> options;  // first option = the one a bare value sets (normally ratio)
+  bool wrapper = false;     // takes an inner press: name(inner):opts
+  std::function<std::unique_ptr<Press>(const PressArgs&)> make;
+};
+
+// The common budget options: ratio (default `ratio_default`) and budget (0 = use ratio).
+std::vector<PressOption> budget_options(const std::string& ratio_default = "0.5");
+// The common query-aware option.
+PressOption query_aware_option();
+
+// Every registered press, in registration order (built-ins registered on first use).
+const std::vector<PressInfo>& press_registry();
+const PressInfo* find_press(const std::string& name);
+// Adds a press (throws if the name is taken). For tests / out-of-tree presses.
+void register_press(PressInfo info);
+
+// Parses a press string (see the top of this file) into a press (a ComposedPress when it has
+// '+'). Throws Error with a clear message on any mistake.
+std::unique_ptr<Press> make_press(const std::string& spec);
+
+// A multi-line listing of every press with its options, defaults and help (`kvtrim presses`).
+std::string describe_presses();
+
+}  // namespace kvtrim

@@ -1,0 +1,119 @@
+// The registry and the press-string parser: every press is listed with its options, specs
+// round-trip, composition and wrappers parse, and every mistake gets a clear error.
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "press/press.h"
+
+namespace kvtrim {
+namespace {
+
+std::string error_of(const std::string& spec) {
+  try {
+    make_press(spec);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+#define EXPECT_ERROR_HAS(spec, text)                                                     \
+  do {                                                                                   \
+    const std::string e_ = error_of(spec);                                               \
+    EXPECT_NE(e_.find(text), std::string::npos) << "spec '" << (spec) << "' gave: '" << e_ << "'"; \
+  } while (0)
+
+TEST(PressRegistry, ListsEveryBuiltinWithOptions) {
+  const auto& reg = press_registry();
+  for (const char* name : {"streamingllm", "snapkv", "pyramidkv", "tova", "h2o", "expected_attention", "knorm",
+                           "random", "adakv"}) {
+    const PressInfo* p = find_press(name);
+    ASSERT_NE(p, nullptr) << name;
+    EXPECT_FALSE(p->description.empty());
+    EXPECT_FALSE(p->paper.empty());
+    for (const auto& o : p->options) EXPECT_FALSE(o.help.empty()) << name << "." << o.name;
+  }
+  EXPECT_GE(reg.size(), 9u);
+  const std::string listing = describe_presses();
+  EXPECT_NE(listing.find("window             = 32"), std::string::npos);
+  EXPECT_NE(listing.find("alpha_safeguard"), std::string::npos);
+}
+
+TEST(PressRegistry, ParsesOptionsCompositionAndWrappers) {
+  auto p = make_press("snapkv:ratio=0.5,window=32+streamingllm:sinks=4");
+  EXPECT_EQ(p->name(), "composed");
+  EXPECT_EQ(p->spec(), "snapkv:ratio=0.5,window=32+streamingllm:sinks=4");
+  auto* c = dynamic_cast<ComposedPress*>(p.get());
+  ASSERT_NE(c, nullptr);
+  ASSERT_EQ(c->presses().size(), 2u);
+  EXPECT_EQ(c->needs().window, 32);
+
+  auto s = make_press(" SnapKV:0.25 ");  // bare value = ratio; names are case-insensitive
+  EXPECT_EQ(s->spec(), "snapkv:ratio=0.25");
+  EXPECT_DOUBLE_EQ(dynamic_cast<ScorerPress*>(s.get())->budget().ratio, 0.25);
+
+  auto a = make_press("adakv(snapkv:ratio=0.5,window=16):alpha_safeguard=0.3");
+  EXPECT_EQ(a->name(), "adakv");
+  EXPECT_EQ(a->spec(), "adakv(snapkv:ratio=0.5,window=16):alpha_safeguard=0.3");
+  EXPECT_EQ(a->needs().window, 16);
+  EXPECT_EQ(make_press("adakv:press=tova")->spec(), "adakv(tova)");
+  EXPECT_EQ(make_press("adakv(knorm:0.5)+streamingllm")->name(), "composed");
+  EXPECT_TRUE(make_press("h2o")->needs().cum_attn);
+  EXPECT_TRUE(make_press("tova:query_aware=true")->needs().question);
+  EXPECT_EQ(dynamic_cast<ScorerPress*>(make_press("knorm:budget=64").get())->budget().n_keep, 64);
+}
+
+TEST(PressRegistry, ClearErrors) {
+  EXPECT_ERROR_HAS("snapkvv", "unknown press 'snapkvv' (known presses: streamingllm, snapkv");
+  EXPECT_ERROR_HAS("snapkv:windw=3", "press 'snapkv' has no option 'windw' (options: ratio, budget, window");
+  EXPECT_ERROR_HAS("snapkv:window=abc", "press 'snapkv': option 'window' = 'abc' is not an integer");
+  EXPECT_ERROR_HAS("snapkv:ratio=x", "option 'ratio' = 'x' is not a number");
+  EXPECT_ERROR_HAS("snapkv:ratio=1", "ratio = 1 is out of range [0, 1)");
+  EXPECT_ERROR_HAS("knorm:ratio=-0.1", "ratio = -0.1 is out of range [0, 1)");
+  EXPECT_ERROR_HAS("snapkv:1.5", "ratio = 1.5 is out of range [0, 1)");
+  EXPECT_ERROR_HAS("snapkv:window=0", "option 'window' = 0 must be >= 1");
+  EXPECT_ERROR_HAS("snapkv:kernel=4", "must be odd");
+  EXPECT_ERROR_HAS("snapkv:pool=min", "must be max or avg");
+  EXPECT_ERROR_HAS("tova:query_aware=maybe", "is not a boolean");
+  EXPECT_ERROR_HAS("snapkv:ratio=0.5,ratio=0.2", "given twice");
+  EXPECT_ERROR_HAS("snapkv:ratio=0.5,window", "option 'window' has no value");
+  EXPECT_ERROR_HAS("snapkv+", "empty press");
+  EXPECT_ERROR_HAS("", "empty press string");
+  EXPECT_ERROR_HAS("adakv", "press 'adakv' wraps another press");
+  EXPECT_ERROR_HAS("adakv(snapkv", "unbalanced");
+  EXPECT_ERROR_HAS("snapkv(knorm)", "does not wrap another press");
+  EXPECT_ERROR_HAS("adakv(snapkv+knorm)", "wraps a scoring press");
+  EXPECT_ERROR_HAS("adakv(snapkv):alpha_safeguard=2", "out of range [0, 1]");
+  EXPECT_ERROR_HAS("adakv(foo)", "unknown press 'foo'");
+}
+
+TEST(PressRegistry, BudgetKeepCountFollowsKvpress) {
+  Budget b;
+  b.ratio = 0.5;
+  EXPECT_EQ(b.keep_count(48), 24);
+  EXPECT_EQ(b.keep_count(7), 3);  // int(7 * 0.5)
+  b.ratio = 0.9;
+  EXPECT_EQ(b.keep_count(5), 1);  // never empty
+  b.n_keep = 10;
+  EXPECT_EQ(b.keep_count(48), 10);
+  EXPECT_EQ(b.keep_count(4), 4);
+  EXPECT_EQ(Budget{}.keep_count(48), 48);
+}
+
+TEST(PressRegistry, ComposePlans) {
+  CompressionPlan a(1, 2), b(1, 2);
+  a.at(0, 0).keep_all = false;
+  a.at(0, 0).keep = {1, 3, 5, 7};
+  b.at(0, 0).keep_all = false;
+  b.at(0, 0).keep = {0, 2};
+  b.at(0, 1).keep_all = false;
+  b.at(0, 1).keep = {4};
+  const CompressionPlan c = compose_plans(a, b);
+  EXPECT_EQ(c.at(0, 0).keep, (std::vector<int32_t>{1, 5}));
+  EXPECT_EQ(c.at(0, 1).keep, (std::vector<int32_t>{4}));
+  EXPECT_EQ(top_k_indices({0.5f, 2.f, 2.f, 1.f}, 2), (std::vector<int32_t>{1, 2}));
+  EXPECT_EQ(top_k_indices({1.f, 1.f, 1.f}, 2), (std::vector<int32_t>{0, 1}));  // ties: earlier wins
+}
+
+}  // namespace
+}  // namespace kvtrim

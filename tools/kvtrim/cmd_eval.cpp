@@ -1,0 +1,233 @@
+// kvtrim eval ruler: RULER-style long-context tasks with kvpress's protocol (docs/eval.md).
+// Generates the samples (or loads them from --data), runs each through a session (context
+// prefilled alone, then each question), appends one JSON line per question to --out as it
+// finishes, skips questions already in --out for the same configuration (resume), and prints
+// a markdown table per task.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "cli.h"
+#include "core/error.h"
+#include "core/progress.h"
+#include "core/timer.h"
+#include "eval/jsonl.h"
+#include "eval/rng.h"
+#include "eval/ruler.h"
+#include "eval/runner.h"
+#include "press/press.h"
+
+namespace kvtrim::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct EvalRulerOptions {
+  CommonOptions common;
+  int64_t ctx_len = 4096;
+  int samples = 5;
+  std::string tasks = "all";
+  uint64_t seed = 42;
+  std::string out;
+  std::string data;
+  std::string format = "auto";
+  std::string haystack;
+  std::string wordnet_dir = eval::kDefaultWordnetDir;
+  std::string scowl_dir = eval::kDefaultScowlDir;
+  std::vector<double> depths;
+  std::string dump_samples;
+  PressOptions press;
+  bool query_aware = false;
+  bool dry_run = false;
+};
+
+// The Paul Graham essays of ../shared/data: $KVTRIM_SHARED_DATA, the working directory's
+// parents, then the executable's parents.
+std::string default_haystack_dir() {
+  const std::string rel = "haystack/paul_graham";
+  std::vector<std::string> tried;
+  if (const char* d = std::getenv("KVTRIM_SHARED_DATA")) {
+    tried.push_back((fs::path(d) / rel).string());
+    if (fs::is_directory(tried.back())) return tried.back();
+  }
+  std::vector<fs::path> bases = {fs::current_path()};
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) bases.push_back(exe.parent_path());
+  for (fs::path b : bases) {
+    for (int up = 0; up < 6 && !b.empty(); ++up, b = b.parent_path()) {
+      const fs::path p = b / "shared" / "data" / rel;
+      tried.push_back(p.string());
+      if (fs::is_directory(p)) return p.lexically_normal().string();
+      if (b == b.parent_path()) break;
+    }
+  }
+  fail("no haystack directory found (give --haystack DIR or set KVTRIM_SHARED_DATA); looked in %s%s",
+       tried.empty() ? "" : tried.front().c_str(), tried.size() > 1 ? " and the parents of the working and executable directories" : "");
+}
+
+std::string file_identity(const std::string& path) {
+  std::error_code ec;
+  const auto size = fs::file_size(path, ec);
+  return fs::path(path).filename().string() + ":" + std::to_string(ec ? 0 : size);
+}
+
+void run_ruler(const EvalRulerOptions& o) {
+  KVTRIM_CHECK(o.samples > 0, "--samples must be positive");
+  auto model = load_model(o.common);
+  const eval::PromptFormat format = eval::resolve_prompt_format(o.format, *model);
+  const eval::PromptBuilder pb(*model, format);
+  SessionParams sp = session_params(o.common);
+  Session s(*model, sp);
+  // The press compresses once after the context (not after each question's prefill).
+  eval::RunnerOptions ro;
+  ro.query_aware = o.query_aware;
+  KVTRIM_CHECK(!o.query_aware || !o.press.spec.empty(), "--query-aware needs --press");
+  std::string press_desc = "none";
+  if (!o.press.spec.empty()) {
+    PressSchedule sched;
+    sched.after_prefill = false;
+    sched.decode_every = o.press.decode_every;
+    sched.decode_target = o.press.decode_target;
+    auto p = make_press(o.press.spec);
+    press_desc = p->spec() + (o.query_aware ? " (query-aware)" : "") +
+                 (sched.decode_every ? strprintf(" every=%d target=%lld", sched.decode_every,
+                                                 static_cast<long long>(sched.decode_target))
+                                     : "");
+    std::fprintf(stderr, "press: %s\n", press_desc.c_str());
+    s.set_press(std::move(p), sched);
+    ro.after_context = [](Session& ss, const std::vector<int32_t>* question) {
+      if (question) ss.observe_question(*question);
+      ss.compress();
+    };
+  }
+
+  // Samples: generated, or from a JSONL file.
+  std::vector<eval::EvalSample> samples;
+  std::vector<std::string> task_order;
+  std::string source;
+  const double t_gen = now_seconds();
+  if (!o.data.empty()) {
+    samples = eval::load_samples_jsonl(o.data);
+    const std::string text = read_file(o.data);
+    source = strprintf("data=%016llx", static_cast<unsigned long long>(eval::fnv1a64(text)));
+    std::set<std::string> wanted;
+    if (o.tasks != "all") {
+      for (size_t b = 0; b <= o.tasks.size();) {
+        size_t e = o.tasks.find(',', b);
+        if (e == std::string::npos) e = o.tasks.size();
+        wanted.insert(o.tasks.substr(b, e - b));
+        b = e + 1;
+      }
+    }
+    std::vector<eval::EvalSample> kept;
+    std::map<std::string, int> per_task;
+    for (auto& smp : samples) {
+      if (!wanted.empty() && !wanted.count(smp.task)) continue;
+      if (per_task[smp.task]++ >= o.samples) continue;
+      if (std::find(task_order.begin(), task_order.end(), smp.task) == task_order.end()) task_order.push_back(smp.task);
+      kept.push_back(std::move(smp));
+    }
+    samples = std::move(kept);
+    KVTRIM_CHECK(!samples.empty(), "no samples of the tasks '%s' in '%s'", o.tasks.c_str(), o.data.c_str());
+  } else {
+    task_order = eval::parse_task_list(o.tasks);
+    eval::RulerConfig rc;
+    rc.ctx_len = o.ctx_len;
+    rc.seed = o.seed;
+    rc.depths = o.depths;
+    rc.haystack_dir = o.haystack.empty() ? default_haystack_dir() : o.haystack;
+    rc.wordnet_dir = o.wordnet_dir;
+    rc.scowl_dir = o.scowl_dir;
+    KVTRIM_CHECK(o.ctx_len <= s.n_ctx(), "--ctx-len %lld exceeds the session's context limit of %lld (see -c)",
+                 static_cast<long long>(o.ctx_len), static_cast<long long>(s.n_ctx()));
+    const eval::RulerGenerator gen(rc, [&pb](const std::string& t, bool is_ctx) { return pb.count(t, is_ctx); });
+    source = gen.fingerprint();
+    ProgressBar bar("generate", static_cast<int64_t>(task_order.size()) * o.samples, "samples");
+    for (const auto& t : task_order) {
+      for (int i = 0; i < o.samples; ++i) {
+        samples.push_back(gen.generate(t, i));
+        bar.update(static_cast<int64_t>(samples.size()));
+      }
+    }
+    bar.finish();
+  }
+  std::fprintf(stderr, "samples: %zu from %s in %.1f s; prompt format: %s\n", samples.size(),
+               o.data.empty() ? "the RULER generator" : o.data.c_str(), now_seconds() - t_gen,
+               eval::prompt_format_name(format));
+  if (!o.dump_samples.empty()) {
+    eval::write_samples_jsonl(o.dump_samples, samples);
+    std::fprintf(stderr, "wrote the samples to %s\n", o.dump_samples.c_str());
+  }
+  if (o.dry_run) return;
+
+  // Everything that determines a result (not --samples / --tasks: more samples extend a run).
+  const std::string cfg = eval::config_hash({"model=" + file_identity(model->gguf().path()),
+                                             "format=" + std::string(eval::prompt_format_name(format)),
+                                             "kv=" + o.common.kv_type, "batch=" + std::to_string(o.common.batch),
+                                             "press=" + press_desc, "protocol=kvpress-v1", source});
+  std::unique_ptr<eval::ResultsFile> results;
+  if (!o.out.empty()) results = std::make_unique<eval::ResultsFile>(o.out, cfg);
+  const int64_t pending = eval::count_pending(samples, results.get());
+  if (results) {
+    std::fprintf(stderr, "results: %s (config %s): %lld questions to run%s\n", o.out.c_str(), cfg.c_str(),
+                 static_cast<long long>(pending),
+                 results->n_other_config() ? strprintf(", %lld lines of other configs kept",
+                                                       static_cast<long long>(results->n_other_config())).c_str()
+                                           : "");
+  }
+  const double t0 = now_seconds();
+  ProgressBar bar("ruler", pending, "q");
+  double score_sum = 0;
+  std::vector<eval::QuestionResult> rows;
+  const eval::RunStats st = eval::run_samples(
+      s, pb, samples, results.get(), ro, &rows, [&](const eval::QuestionResult& r, int64_t done, int64_t) {
+        score_sum += r.score;
+        bar.update(done, strprintf("%s | mean %.1f", r.task.c_str(), score_sum / static_cast<double>(done)));
+      });
+  bar.finish();
+  std::fprintf(stderr, "ran %lld questions in %.1f s (%lld already in %s)\n", static_cast<long long>(st.run),
+               now_seconds() - t0, static_cast<long long>(st.reused), o.out.empty() ? "-" : o.out.c_str());
+  std::printf("RULER-style evaluation: %s, %s, format %s, press %s, config %s\n\n", model->hparams().name.c_str(),
+              o.data.empty() ? strprintf("ctx-len %lld, seed %llu", static_cast<long long>(o.ctx_len),
+                                         static_cast<unsigned long long>(o.seed)).c_str()
+                             : o.data.c_str(),
+              eval::prompt_format_name(format), press_desc.c_str(), cfg.c_str());
+  std::fputs(eval::summary_table(rows, task_order).c_str(), stdout);
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+void register_eval(CLI::App& app) {
+  CLI::App* e = app.add_subcommand("eval", "evaluation harness (RULER-style long-context tasks)");
+  e->require_subcommand(1);
+  auto o = std::make_shared<EvalRulerOptions>();
+  CLI::App* c = e->add_subcommand("ruler", "RULER-style tasks, kvpress protocol: context prefilled alone, then each question");
+  add_common_options(c, o->common);
+  c->add_option("--ctx-len", o->ctx_len, "token budget of one sample (context + question + generation)")
+      ->capture_default_str()->check(CLI::Range(int64_t{256}, int64_t{1} << 24));
+  c->add_option("--samples", o->samples, "samples per task")->capture_default_str()->check(CLI::PositiveNumber);
+  c->add_option("--tasks", o->tasks, "'all' or a comma-separated list of tasks")->capture_default_str();
+  c->add_option("--seed", o->seed, "generator seed (same seed: same samples and results)")->capture_default_str();
+  c->add_option("--out", o->out, "results JSONL: one line per question, appended as it finishes; rerun to resume");
+  c->add_option("--data", o->data, "load samples from a JSONL file (task, context, question, answer_prefix, answers, max_new_tokens) instead of generating");
+  c->add_option("--format", o->format, "prompt format: auto (chat if the model has a chat template), chat, base")
+      ->capture_default_str()->check(CLI::IsMember({"auto", "chat", "base"}));
+  c->add_option("--haystack", o->haystack, "directory of .txt essays for the haystacks (default: shared/data/haystack/paul_graham)");
+  c->add_option("--wordnet-dir", o->wordnet_dir, "WordNet index files (Debian wordnet-base)")->capture_default_str();
+  c->add_option("--scowl-dir", o->scowl_dir, "SCOWL word lists (Debian scowl)")->capture_default_str();
+  c->add_option("--depth", o->depths, "needle depth in percent, repeatable (default: RULER's random depths)")
+      ->check(CLI::Range(0.0, 100.0));
+  add_press_options(c, o->press);
+  c->add_flag("--query-aware", o->query_aware, "let the press see the question (context prefilled again per question)");
+  c->add_flag("--dry-run", o->dry_run, "generate (and --dump-samples) only; run nothing");
+  c->add_option("--dump-samples", o->dump_samples, "also write the samples as JSONL (the --data format)");
+  c->callback([o] { run_ruler(*o); });
+}
+
+}  // namespace kvtrim::cli
