@@ -177,14 +177,15 @@ int64_t total_tokens(const KvCache& cache) {
   return t;
 }
 
-CompressStats run_press(const Press& press, KvCache& cache, const HParams& hp, PressObserver* obs, ThreadPool* pool,
+CompressStats run_press(const Press& press, KvCache& cache, const Model& model, PressObserver* obs, ThreadPool* pool,
                         const Budget* budget_override) {
   CompressStats st;
   const double t0 = now_seconds();
   st.tokens_before = total_tokens(cache);
   st.bytes_before = cache.bytes().total();
   st.rss_before = process_rss_bytes();  // before planning: what the process held when asked to compress
-  PressContext ctx(cache, hp, obs ? &obs->observations() : nullptr, pool);
+  PressContext ctx(cache, model.hparams(), obs ? &obs->observations() : nullptr, pool);
+  ctx.set_model(&model);
   if (budget_override) ctx.set_budget_override(*budget_override);
   const CompressionPlan plan = press.plan(ctx);
   bool noop = true;

@@ -55,7 +55,8 @@ struct CompressStats {
 };
 
 // Plans with `press` over the cache and applies the plan; obs may be nullptr.
-CompressStats run_press(const Press& press, KvCache& cache, const HParams& hp, PressObserver* obs, ThreadPool* pool,
+// model's weights are visible to the press through PressContext::model().
+CompressStats run_press(const Press& press, KvCache& cache, const Model& model, PressObserver* obs, ThreadPool* pool,
                         const Budget* budget_override = nullptr);
 
 int64_t total_tokens(const KvCache& cache);

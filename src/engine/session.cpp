@@ -101,7 +101,7 @@ void Session::set_press(std::unique_ptr<Press> press, PressSchedule sched) {
 
 CompressStats Session::compress() {
   KVTRIM_CHECK(press_ != nullptr, "compress: no press set on this session");
-  CompressStats st = run_press(*press_, *cache_, model_.hparams(), observer_.get(), &pool_);
+  CompressStats st = run_press(*press_, *cache_, model_, observer_.get(), &pool_);
   compress_log_.push_back(st);
   return st;
 }
@@ -184,7 +184,7 @@ GenerateResult Session::generate(const std::vector<int32_t>& prompt, const Gener
       if (most > sched_.decode_target) {
         Budget b;
         b.n_keep = sched_.decode_target;
-        compress_log_.push_back(run_press(*press_, *cache_, model_.hparams(), observer_.get(), &pool_, &b));
+        compress_log_.push_back(run_press(*press_, *cache_, model_, observer_.get(), &pool_, &b));
       }
     }
   }

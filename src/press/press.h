@@ -133,6 +133,11 @@ class PressContext {
   std::vector<float> cum_attn(int il, int ih, const char* who) const;
   std::vector<float> cum_count(int il, int ih, const char* who) const;
 
+  // The model whose cache this is, for presses that need its weights (e.g. kvcompose's
+  // vo-norm uses each layer's W_O); nullptr when the caller has none.
+  const Model* model() const { return model_; }
+  void set_model(const Model* m) { model_ = m; }
+
   // A budget that replaces every press's own (decode-time compression to a target size).
   const Budget* budget_override() const { return override_.n_keep > 0 || override_.ratio > 0 ? &override_ : nullptr; }
   void set_budget_override(const Budget& b) { override_ = b; }
@@ -148,6 +153,7 @@ class PressContext {
   const HParams* hp_;
   const Observations* obs_;
   ThreadPool* pool_;
+  const Model* model_ = nullptr;
   Budget override_;
   CompressionPlan view_;  // empty heads = no view
 };

@@ -661,7 +661,7 @@ void run_model_case(const ModelCase& mc) {
   EXPECT_EQ(s.n_past(), N + 4);
 
   // 3. the same through the session (set_press, prefill, question, compress, generate)
-  if (mc.opt.weight == "vonorm") return;  // the session's press cannot be bound to W_O here
+  // (vo-norm included: the session passes the model, so the press finds W_O itself)
   Session s2(*model, sp);
   s2.set_press(make_press(mc.spec));
   s2.prefill(ctx_tokens);

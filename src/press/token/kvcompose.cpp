@@ -62,10 +62,14 @@ std::vector<std::vector<std::vector<float>>> KVComposePress::scores(const PressC
   const int n_head = ctx.n_head(), dk = ctx.head_dim_k(), dv = ctx.head_dim_v();
   const float scale = hp.attn_scale > 0 ? hp.attn_scale : 1.f / std::sqrt(static_cast<float>(dk));
   const bool want_v = o_.weight != KVComposeOptions::Weight::kNone;
-  KVTRIM_CHECK(o_.weight != KVComposeOptions::Weight::kVoNorm || static_cast<int>(wo_.size()) == n_layer,
+  // W_O per layer: bound explicitly (bind_model / bind_wo), else from the context's model.
+  std::vector<WeightView> wo = wo_;
+  if (wo.empty() && ctx.model())
+    for (const LayerWeights& lw : ctx.model()->layers()) wo.push_back(lw.wo);
+  KVTRIM_CHECK(o_.weight != KVComposeOptions::Weight::kVoNorm || static_cast<int>(wo.size()) == n_layer,
                "press 'kvcompose': weight=vonorm needs the model's output projection W_O of each layer "
-               "(%zu bound for %d layers); bind the model with KVComposePress::bind_model, or use "
-               "weight=vnorm / none", wo_.size(), n_layer);
+               "(%zu available for %d layers); run it through a session (which passes the model), bind "
+               "the model with KVComposePress::bind_model, or use weight=vnorm / none", wo.size(), n_layer);
   std::vector<std::vector<std::vector<float>>> s(static_cast<size_t>(n_layer));
   HeadData hd;
   std::vector<float> acc, w;
@@ -74,7 +78,7 @@ std::vector<std::vector<std::vector<float>>> KVComposePress::scores(const PressC
     const ObservedQueries& q = ctx.queries(il, o_.query_aware, "kvcompose");
     const int window = il < static_cast<int>(hp.sliding_window.size()) ? hp.sliding_window[static_cast<size_t>(il)] : 0;
     if (o_.weight == KVComposeOptions::Weight::kVoNorm) {
-      gram = kvcompose::vo_gram(wo_[static_cast<size_t>(il)], n_head, dv);
+      gram = kvcompose::vo_gram(wo[static_cast<size_t>(il)], n_head, dv);
     }
     std::vector<std::vector<int32_t>> pos(static_cast<size_t>(n_head_kv));
     auto& sl = s[static_cast<size_t>(il)];
