@@ -8,6 +8,7 @@
 #include "core/timer.h"
 #include "engine/perplexity.h"
 #include "engine/session.h"
+#include "press/token/kvcompose_core.h"
 
 namespace kvtrim {
 
@@ -29,6 +30,18 @@ void PressObserver::reset() {
       for (int ih = 0; ih < nkv; ++ih) {
         obs_.cum_attn[static_cast<size_t>(il * nkv + ih)].assign(static_cast<size_t>(cache_.n_tokens(il, ih)), 0.f);
         obs_.cum_count[static_cast<size_t>(il * nkv + ih)].assign(static_cast<size_t>(cache_.n_tokens(il, ih)), 0.f);
+      }
+  }
+  if (needs_.task_attn) {
+    const size_t g = static_cast<size_t>(model_.hparams().n_head / nkv);
+    obs_.task_max.assign(static_cast<size_t>(nl * nkv), {});
+    obs_.task_sum.assign(static_cast<size_t>(nl * nkv), {});
+    obs_.task_pos.assign(static_cast<size_t>(nl), {});
+    for (int il = 0; il < nl; ++il)
+      for (int ih = 0; ih < nkv; ++ih) {
+        const size_t n = static_cast<size_t>(cache_.n_tokens(il, ih)) * g;
+        obs_.task_max[static_cast<size_t>(il * nkv + ih)].assign(n, 0.f);
+        obs_.task_sum[static_cast<size_t>(il * nkv + ih)].assign(n, 0.f);
       }
   }
   question_mode_ = false;
@@ -73,7 +86,45 @@ void PressObserver::on_qkv(int il, int64_t n, const float* q, const float* k, co
     }
   }
   if (needs_.cum_attn) accumulate_attention(il, n, q, k, pos);
+  if (needs_.task_attn) accumulate_task_attention(il, n, q, k, pos);
   (void)v;
+}
+
+// Task-agnostic KVCompose (eq. 14 online): the chunk's queries attend over the stored tokens
+// plus the chunk's own keys (appended to the cache only after this call; used as forward
+// computed them, f32, exactly as accumulate_attention does), softmax over each query's visible
+// tokens, folded into the running max and sum of each (token, query head). Per kv head, the
+// attention runs through kvcompose_core (sgemm logits, rows and columns on the pool); memory
+// O(group · n · (n_stored + n)) for one head at a time, nothing kept but the accumulators.
+void PressObserver::accumulate_task_attention(int il, int64_t n, const float* q, const float* k, const int32_t* pos) {
+  const HParams& hp = model_.hparams();
+  const int nkv = hp.n_head_kv, g = hp.n_head / hp.n_head_kv, d = hp.head_dim_k;
+  const size_t du = static_cast<size_t>(d), gu = static_cast<size_t>(g);
+  const int window = il < static_cast<int>(hp.sliding_window.size()) ? hp.sliding_window[static_cast<size_t>(il)] : 0;
+  const float scale = hp.attn_scale > 0 ? hp.attn_scale : 1.f / std::sqrt(static_cast<float>(d));
+  std::vector<float> kk;
+  std::vector<int32_t> kp;
+  for (int ih = 0; ih < nkv; ++ih) {
+    auto& amax = obs_.task_max[static_cast<size_t>(il * nkv + ih)];
+    auto& asum = obs_.task_sum[static_cast<size_t>(il * nkv + ih)];
+    cache_.read_head(il, ih, &kk, nullptr, &kp);
+    const int64_t n_old = static_cast<int64_t>(kp.size());
+    KVTRIM_CHECK(amax.size() == static_cast<size_t>(n_old) * gu,
+                 "observer: task attention of layer %d head %d covers %zu tokens, the cache holds %lld", il, ih,
+                 amax.size() / gu, static_cast<long long>(n_old));
+    for (int64_t i = 0; i < n; ++i) {
+      kk.insert(kk.end(), k + (static_cast<size_t>(i) * static_cast<size_t>(nkv) + static_cast<size_t>(ih)) * du,
+                k + (static_cast<size_t>(i) * static_cast<size_t>(nkv) + static_cast<size_t>(ih) + 1) * du);
+      kp.push_back(pos[i]);
+    }
+    const int64_t m = n_old + n;
+    amax.resize(static_cast<size_t>(m) * gu, 0.f);
+    asum.resize(static_cast<size_t>(m) * gu, 0.f);
+    kvcompose::accumulate_task_attention_max_sum(q, pos, n, hp.n_head, ih, g, d, kk.data(), kp.data(), m, scale,
+                                                 window, amax.data(), asum.data(), pool_);
+  }
+  auto& tp = obs_.task_pos[static_cast<size_t>(il)];
+  tp.insert(tp.end(), pos, pos + n);
 }
 
 // Attention of the chunk's queries over the stored tokens plus the chunk's own keys, one kv
@@ -138,14 +189,27 @@ void PressObserver::accumulate_attention(int il, int64_t n, const float* q, cons
 }
 
 void PressObserver::on_apply(const CompressionPlan& plan) {
-  if (obs_.cum_attn.empty()) return;
+  // Rows of `width` floats per stored token: keep the rows of the kept tokens.
+  auto keep_rows = [](std::vector<float>* vec, const HeadPlan& h, size_t width) {
+    std::vector<float> out(h.keep.size() * width);
+    for (size_t j = 0; j < h.keep.size(); ++j) {
+      const size_t src = static_cast<size_t>(h.keep[j]) * width;
+      std::copy(vec->begin() + static_cast<std::ptrdiff_t>(src), vec->begin() + static_cast<std::ptrdiff_t>(src + width),
+                out.begin() + static_cast<std::ptrdiff_t>(j * width));
+    }
+    *vec = std::move(out);
+  };
+  const size_t g = static_cast<size_t>(model_.hparams().n_head / model_.hparams().n_head_kv);
   for (size_t i = 0; i < plan.heads.size(); ++i) {
     const HeadPlan& h = plan.heads[i];
     if (h.keep_all) continue;
-    for (auto* vec : {&obs_.cum_attn[i], &obs_.cum_count[i]}) {
-      std::vector<float> out(h.keep.size());
-      for (size_t j = 0; j < h.keep.size(); ++j) out[j] = (*vec)[static_cast<size_t>(h.keep[j])];
-      *vec = std::move(out);
+    if (!obs_.cum_attn.empty()) {
+      keep_rows(&obs_.cum_attn[i], h, 1);
+      keep_rows(&obs_.cum_count[i], h, 1);
+    }
+    if (!obs_.task_max.empty()) {
+      keep_rows(&obs_.task_max[i], h, g);
+      keep_rows(&obs_.task_sum[i], h, g);
     }
   }
 }
@@ -167,6 +231,19 @@ void PressObserver::on_truncate(int32_t pos) {
       obs_.cum_attn[i].resize(n);
       obs_.cum_count[i].resize(n);
     }
+  }
+  if (!obs_.task_max.empty()) {
+    // The truncated tokens' rows go; the queries at positions >= pos no longer count in M
+    // (what they added to the max / sum of earlier tokens cannot be taken back, as for H2O).
+    const int nkv = model_.hparams().n_head_kv;
+    const size_t g = static_cast<size_t>(model_.hparams().n_head / nkv);
+    for (size_t i = 0; i < obs_.task_max.size(); ++i) {
+      const int il = static_cast<int>(i) / nkv, ih = static_cast<int>(i) % nkv;
+      const size_t n = static_cast<size_t>(cache_.n_tokens(il, ih)) * g;
+      obs_.task_max[i].resize(n);
+      obs_.task_sum[i].resize(n);
+    }
+    for (auto& tp : obs_.task_pos) tp.erase(std::remove_if(tp.begin(), tp.end(), [pos](int32_t p) { return p >= pos; }), tp.end());
   }
 }
 

@@ -1,7 +1,7 @@
 // Runs a press inside a session (DESIGN.md §3): the observer that captures, during the
 // forward pass, exactly what the configured press needs (PressNeeds: the last W post-RoPE
 // queries of each layer, the cumulative attention each stored token received, the question's
-// queries), and the compress step (plan with the press, apply with the cache, keep the
+// queries, the task attention accumulators of task-agnostic KVCompose), and the compress step (plan with the press, apply with the cache, keep the
 // observations aligned with the cache's tokens).
 #pragma once
 #include <cstdint>
@@ -26,6 +26,9 @@ class PressObserver : public ForwardObserver {
   // q: [n, n_head, head_dim_k] etc. (ForwardObserver). In question mode the queries are
   // stored as the question's (replacing any earlier question) and nothing else is recorded.
   void on_qkv(int il, int64_t n, const float* q, const float* k, const float* v, const int32_t* pos) override;
+  // The pool the task attention accumulation runs on (nullptr = the calling thread only).
+  // on_qkv is called on the forward's calling thread between its own parallel steps.
+  void set_pool(ThreadPool* pool) { pool_ = pool; }
 
   void begin_question();  // the next forward calls are the question: capture its queries
   void end_question();
@@ -38,10 +41,12 @@ class PressObserver : public ForwardObserver {
 
  private:
   void accumulate_attention(int il, int64_t n, const float* q, const float* k, const int32_t* pos);
+  void accumulate_task_attention(int il, int64_t n, const float* q, const float* k, const int32_t* pos);
   const Model& model_;
   const KvCache& cache_;
   PressNeeds needs_;
   Observations obs_;
+  ThreadPool* pool_ = nullptr;
   bool question_mode_ = false;
   std::vector<char> question_started_;  // per layer: first chunk of the current question seen
 };

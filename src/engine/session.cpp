@@ -96,6 +96,7 @@ void Session::set_press(std::unique_ptr<Press> press, PressSchedule sched) {
   if (press_) {
     PressNeeds needs = press_->needs();
     observer_ = std::make_unique<PressObserver>(model_, *cache_, needs);
+    observer_->set_pool(&pool_);
   }
 }
 

@@ -35,6 +35,7 @@ void PressNeeds::merge(const PressNeeds& o) {
   window = std::max(window, o.window);
   cum_attn = cum_attn || o.cum_attn;
   question = question || o.question;
+  task_attn = task_attn || o.task_attn;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -122,6 +123,28 @@ std::vector<float> PressContext::cum_count(int il, int ih, const char* who) cons
                "press '%s' needs the cumulative attention of every token, but it was not captured", who);
   const auto& full = obs_->cum_count[static_cast<size_t>(il * n_head_kv() + ih)];
   return through_view(full, view() ? &view_.at(il, ih) : nullptr);
+}
+
+std::vector<float> PressContext::task_attn(int il, int ih, bool want_max, const char* who) const {
+  KVTRIM_CHECK(has_task_attn(), "press '%s' needs the task attention accumulators, but they were not captured", who);
+  const size_t g = static_cast<size_t>(group());
+  const auto& full = (want_max ? obs_->task_max : obs_->task_sum)[static_cast<size_t>(il * n_head_kv() + ih)];
+  KVTRIM_CHECK(full.size() == static_cast<size_t>(cache_->n_tokens(il, ih)) * g,
+               "press '%s': task attention of layer %d head %d covers %zu tokens, the cache holds %lld", who, il, ih,
+               full.size() / g, static_cast<long long>(cache_->n_tokens(il, ih)));
+  const HeadPlan* sel = view() ? &view_.at(il, ih) : nullptr;
+  if (!sel || sel->keep_all) return full;
+  std::vector<float> out(sel->keep.size() * g);
+  for (size_t j = 0; j < sel->keep.size(); ++j) {
+    const size_t src = static_cast<size_t>(sel->keep[j]) * g;
+    std::copy(full.begin() + static_cast<std::ptrdiff_t>(src), full.begin() + static_cast<std::ptrdiff_t>(src + g),
+              out.begin() + static_cast<std::ptrdiff_t>(j * g));
+  }
+  return out;
+}
+
+int64_t PressContext::task_count(int il) const {
+  return has_task_attn() ? static_cast<int64_t>(obs_->task_pos[static_cast<size_t>(il)].size()) : 0;
 }
 
 PressContext PressContext::with_view(const CompressionPlan& selection) const {

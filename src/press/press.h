@@ -5,8 +5,9 @@
 // copy of the whole cache), the model's hyper-parameters, and the observations the session
 // captured for it during the forward pass (the last W post-RoPE queries of each layer with
 // their positions; optionally the cumulative attention each stored token received, for
-// H2O; optionally the queries of a task/question, for query-aware mode). What the session
-// must capture is declared by Press::needs().
+// H2O; optionally the queries of a task/question, for query-aware mode; optionally the
+// running max / sum of the attention every context query gave each stored token, for
+// task-agnostic KVCompose). What the session must capture is declared by Press::needs().
 //
 // Budgets follow kvpress: `ratio` is the fraction of tokens REMOVED, in [0, 1); a head with
 // n tokens keeps int(n * (1 - ratio)) as kvpress computes it (Budget::keep_count). An
@@ -77,7 +78,19 @@ struct Observations {
   // cum_count (same layout). Empty when not captured.
   std::vector<std::vector<float>> cum_attn;
   std::vector<std::vector<float>> cum_count;
+  // Task attention accumulators (PressNeeds::task_attn, task-agnostic KVCompose eq. 14 online):
+  // [n_layer * n_head_kv], each [n_tokens(il, ih) * group] (row c = stored token c, column g =
+  // query head ih * group + g), aligned with the head's stored tokens: the running max
+  // (task_max) and running sum (task_sum) over every context query m (not the question's) of
+  // A[h, c, m] = softmax over m's visible tokens (causal, sliding window) of scale · q_m·k_c.
+  // task_pos [n_layer]: the positions of the queries accumulated at each layer (M = their
+  // count). Memory: 2 · n_tokens · n_head floats per layer, never the queries. Empty when not
+  // captured.
+  std::vector<std::vector<float>> task_max;
+  std::vector<std::vector<float>> task_sum;
+  std::vector<std::vector<int32_t>> task_pos;
   bool has_window() const { return !window.empty(); }
+  bool has_task_attn() const { return !task_max.empty(); }
   bool has_question() const { return !question.empty() && question[0].n > 0; }
   bool has_cum_attn() const { return !cum_attn.empty(); }
 };
@@ -88,6 +101,7 @@ struct PressNeeds {
   int64_t window = 0;     // last W queries per layer (0 = none; kAllQueries = every query)
   bool cum_attn = false;  // cumulative attention received per stored token (H2O)
   bool question = false;  // queries of the question (query-aware mode)
+  bool task_attn = false; // running max / sum of every context query's attention per token
   void merge(const PressNeeds& o);
 };
 
@@ -132,6 +146,12 @@ class PressContext {
   // Cumulative attention / query counts of (il, ih) through the view; throws if not captured.
   std::vector<float> cum_attn(int il, int ih, const char* who) const;
   std::vector<float> cum_count(int il, int ih, const char* who) const;
+  // Task attention accumulators of (il, ih) through the view (Observations::task_max when
+  // want_max, else task_sum): [n_tokens(il, ih) * group]; throws if not captured.
+  bool has_task_attn() const { return obs_ != nullptr && obs_->has_task_attn(); }
+  std::vector<float> task_attn(int il, int ih, bool want_max, const char* who) const;
+  // M: how many queries were accumulated at layer il.
+  int64_t task_count(int il) const;
 
   // The model whose cache this is, for presses that need its weights (e.g. kvcompose's
   // vo-norm uses each layer's W_O); nullptr when the caller has none.

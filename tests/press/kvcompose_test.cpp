@@ -508,10 +508,14 @@ TEST(KVCompose, RatioZeroIsNoop) {
   for (const auto& h : p.heads) EXPECT_TRUE(h.keep_all);
 }
 
-TEST(KVCompose, NeedsAllQueriesOrTheQuestion) {
+// Task-agnostic: the running max / sum accumulators, never the queries (DESIGN §4.4: scoring
+// must not double the cache); task-aware: the question's queries.
+TEST(KVCompose, NeedsTaskAttentionOrTheQuestion) {
   ensure_registered();
-  EXPECT_EQ(make_press("kvcompose")->needs().window, PressNeeds::kAllQueries);
+  EXPECT_EQ(make_press("kvcompose")->needs().window, 0);
+  EXPECT_TRUE(make_press("kvcompose")->needs().task_attn);
   EXPECT_FALSE(make_press("kvcompose")->needs().question);
+  EXPECT_FALSE(make_press("kvcompose:task=aware")->needs().task_attn);
   EXPECT_TRUE(make_press("kvcompose:task=aware")->needs().question);
   EXPECT_TRUE(make_press("kvcompose:query_aware=true")->needs().question);
   EXPECT_EQ(make_press("kvcompose:task=aware")->needs().window, 0);
@@ -545,6 +549,37 @@ TEST(KVCompose, BadOptionsAreClearErrors) {
 // compare with the brute force computed from the captured queries and the cached keys; then
 // the cache applies the plan, bytes drop and generation continues.
 
+// Forwards every on_qkv to several observers (the press's, and one that captures all the
+// queries for the brute force).
+struct TeeObserver : ForwardObserver {
+  std::vector<ForwardObserver*> to;
+  void on_qkv(int il, int64_t n, const float* q, const float* k, const float* v, const int32_t* pos) override {
+    for (ForwardObserver* o : to) o->on_qkv(il, n, q, k, v, pos);
+  }
+};
+
+// Task-agnostic observations hold the accumulators (2 floats per (layer, query head, token),
+// aligned with the cache) and no query.
+void expect_task_accumulators_only(const Observations& ob, const KvCache& cache, const HParams& hp, int64_t n_queries) {
+  const int G = hp.n_head / hp.n_head_kv;
+  EXPECT_TRUE(ob.window.empty()) << "no query store in task-agnostic mode";
+  EXPECT_FALSE(ob.has_question());
+  ASSERT_TRUE(ob.has_task_attn());
+  size_t floats = 0, want = 0;
+  for (int l = 0; l < hp.n_layer; ++l) {
+    EXPECT_EQ(static_cast<int64_t>(ob.task_pos[static_cast<size_t>(l)].size()), n_queries);
+    for (int h = 0; h < hp.n_head_kv; ++h) {
+      const size_t i = static_cast<size_t>(l * hp.n_head_kv + h);
+      const size_t n = static_cast<size_t>(cache.n_tokens(l, h) * G);
+      EXPECT_EQ(ob.task_max[i].size(), n);
+      EXPECT_EQ(ob.task_sum[i].size(), n);
+      floats += ob.task_max[i].size() + ob.task_sum[i].size();
+      want += 2 * n;
+    }
+  }
+  EXPECT_EQ(floats, want);  // O(L · N · H_q) · 2, not O(L · N · H_q · d_k)
+}
+
 struct ModelCase {
   Arch arch;
   std::string spec;
@@ -577,12 +612,21 @@ void run_model_case(const ModelCase& mc) {
   ASSERT_NE(kc, nullptr);
   kc->bind_model(*model);
   PressObserver obs(*model, s.cache(), press->needs());
+  obs.set_pool(&s.pool());
+  // task-agnostic: the press's observer accumulates; a second one captures every query, only
+  // so that the brute force can be computed from them
+  PressNeeds all_queries;
+  all_queries.window = PressNeeds::kAllQueries;
+  PressObserver capture(*model, s.cache(), all_queries);
+  TeeObserver tee;
+  tee.to = {&obs, &capture};
   std::vector<float> logits(static_cast<size_t>(hp.n_vocab));
   for (int i = 0; i < N; i += sp.n_batch) {
     const int n = std::min(sp.n_batch, N - i);
-    model->forward(ctx_tokens.data() + i, n, s.n_past(), s.cache(), logits.data(), false, &s.pool(), &obs);
+    model->forward(ctx_tokens.data() + i, n, s.n_past(), s.cache(), logits.data(), false, &s.pool(), &tee);
   }
   ASSERT_EQ(s.n_past(), N);
+  if (!mc.opt.aware) expect_task_accumulators_only(obs.observations(), s.cache(), hp, N);
   if (mc.opt.aware) {
     obs.begin_question();
     model->forward(question.data(), M, s.n_past(), s.cache(), logits.data(), false, &s.pool(), &obs);
@@ -617,7 +661,7 @@ void run_model_case(const ModelCase& mc) {
         for (int i = 0; i < f.dv; ++i) f.V(l, h, c, i) = vv[static_cast<size_t>(c) * f.dv + i];
       }
     }
-    const auto& w = ob.window.empty() ? ObservedQueries{} : ob.window[static_cast<size_t>(l)];
+    const auto& w = capture.observations().window[static_cast<size_t>(l)];
     if (!mc.opt.aware) {
       ASSERT_EQ(w.n, N) << "every context query captured";
       for (int m = 0; m < N; ++m) ASSERT_EQ(w.pos[m], m);
@@ -666,16 +710,30 @@ void run_model_case(const ModelCase& mc) {
   s2.set_press(make_press(mc.spec));
   s2.prefill(ctx_tokens);
   if (mc.opt.aware) s2.observe_question(question);
+  if (!mc.opt.aware) expect_task_accumulators_only(*s2.observations(), s2.cache(), hp, N);
   const CompressStats st = s2.compress();
   EXPECT_LT(st.bytes_after, st.bytes_before);
   for (int l = 0; l < f.L; ++l)
-    for (int h = 0; h < f.H; ++h) EXPECT_EQ(s2.cache().n_tokens(l, h), static_cast<int64_t>(want[l][h].size()));
+    for (int h = 0; h < f.H; ++h) {
+      EXPECT_EQ(s2.cache().n_tokens(l, h), static_cast<int64_t>(want[l][h].size()));
+      std::vector<int32_t> pp;  // the session's plan (threaded accumulation) keeps the same tokens
+      s2.cache().read_head(l, h, nullptr, nullptr, &pp);
+      EXPECT_EQ(std::set<int>(pp.begin(), pp.end()), want[l][h]) << "layer " << l << " head " << h;
+    }
+  // the accumulators follow the cache: rows of dropped tokens removed
+  if (!mc.opt.aware) expect_task_accumulators_only(*s2.observations(), s2.cache(), hp, N);
   GenerateParams gp;
   gp.max_new_tokens = 5;
   gp.stop_at_eog = false;
   const GenerateResult r = s2.generate({}, gp);
   EXPECT_EQ(r.tokens.size(), 5u);
   EXPECT_GE(s2.n_past(), N + 4);  // the last sampled token is not fed back yet
+  if (!mc.opt.aware) {
+    // decode queries accumulate too; truncating drops their rows and their count
+    expect_task_accumulators_only(*s2.observations(), s2.cache(), hp, s2.n_past());
+    s2.truncate(N + 2);
+    expect_task_accumulators_only(*s2.observations(), s2.cache(), hp, N + 2);
+  }
 }
 
 Opt opt_of(const std::string& kind, double ratio, int64_t amount) {

@@ -15,9 +15,12 @@
 //
 // Task (the paper's task set T, §3.2.1):
 //   task=agnostic (default): T = {C}, the context is its own task: M = N, A is the causal
-//     self-attention of the context's queries (every query the session captured, the
-//     observation window set to all queries) to the stored keys. No second forward pass and
-//     nothing appended to the cache (DESIGN §4.4).
+//     self-attention of the context's queries to the stored keys. It is aggregated ONLINE
+//     while the session runs the forward pass (PressNeeds::task_attn: the observer folds each
+//     chunk's softmax into a running max and sum per (token, query head), eq. 14), so no
+//     query is stored: 2 floats per (layer, query head, token) instead of head_dim_k. No
+//     second forward pass and nothing appended to the cache (DESIGN §4.4). Observations
+//     that hold the context's queries instead (no accumulators) are scored from the queries.
 //   task=aware (or query_aware=true): the question's queries (captured by the session when it
 //     runs the question); A is their softmax over the stored (context) tokens.
 //
@@ -52,7 +55,7 @@ void KVComposePress::bind_model(const Model& m) {
 PressNeeds KVComposePress::needs() const {
   PressNeeds n;
   if (o_.query_aware) n.question = true;
-  else n.window = PressNeeds::kAllQueries;
+  else n.task_attn = true;  // accumulated during the forward pass: no query is stored
   return n;
 }
 
@@ -74,8 +77,14 @@ std::vector<std::vector<std::vector<float>>> KVComposePress::scores(const PressC
   HeadData hd;
   std::vector<float> acc, w;
   std::vector<double> gram;
+  // Task-agnostic with the session's accumulators (the normal path): S_agg_task comes from
+  // the running max / sum the observer kept, M = the number of queries accumulated. Otherwise
+  // (task-aware, or observations holding the context's queries instead, e.g. built by hand)
+  // the attention is computed here from the queries.
+  const bool from_acc = !o_.query_aware && ctx.has_task_attn();
   for (int il = 0; il < n_layer; ++il) {
-    const ObservedQueries& q = ctx.queries(il, o_.query_aware, "kvcompose");
+    const ObservedQueries* q = from_acc ? nullptr : &ctx.queries(il, o_.query_aware, "kvcompose");
+    const int64_t n_task = from_acc ? ctx.task_count(il) : q->n;
     const int window = il < static_cast<int>(hp.sliding_window.size()) ? hp.sliding_window[static_cast<size_t>(il)] : 0;
     if (o_.weight == KVComposeOptions::Weight::kVoNorm) {
       gram = kvcompose::vo_gram(wo[static_cast<size_t>(il)], n_head, dv);
@@ -84,11 +93,15 @@ std::vector<std::vector<std::vector<float>>> KVComposePress::scores(const PressC
     auto& sl = s[static_cast<size_t>(il)];
     sl.resize(static_cast<size_t>(n_head_kv));
     for (int ih = 0; ih < n_head_kv; ++ih) {
-      ctx.read_head(il, ih, &hd, true, want_v);
+      ctx.read_head(il, ih, &hd, !from_acc, want_v);  // the accumulators need no keys
       const size_t n = static_cast<size_t>(hd.n);
-      acc.assign(n * static_cast<size_t>(group), 0.f);
-      kvcompose::accumulate_task_attention(q.q.data(), q.pos.data(), q.n, n_head, ih, group, dk, hd.k.data(),
-                                           hd.pos.data(), hd.n, scale, window, o_.agg_task, acc.data(), ctx.pool());
+      if (from_acc) {
+        acc = ctx.task_attn(il, ih, o_.agg_task == Agg::kMax, "kvcompose");
+      } else {
+        acc.assign(n * static_cast<size_t>(group), 0.f);
+        kvcompose::accumulate_task_attention(q->q.data(), q->pos.data(), q->n, n_head, ih, group, dk, hd.k.data(),
+                                             hd.pos.data(), hd.n, scale, window, o_.agg_task, acc.data(), ctx.pool());
+      }
       if (want_v) {
         w.resize(n * static_cast<size_t>(group));
         for (size_t c = 0; c < n; ++c) {
@@ -104,7 +117,7 @@ std::vector<std::vector<std::vector<float>>> KVComposePress::scores(const PressC
       }
       auto& sh = sl[static_cast<size_t>(ih)];
       sh.resize(n);
-      kvcompose::group_scores(acc.data(), hd.n, group, q.n, o_.agg_task, o_.agg_group, want_v ? w.data() : nullptr,
+      kvcompose::group_scores(acc.data(), hd.n, group, n_task, o_.agg_task, o_.agg_group, want_v ? w.data() : nullptr,
                               sh.data());
       if (window > 0) {  // tokens no future query can see (q_pos >= n_past) are not candidates
         for (size_t c = 0; c < n; ++c) {

@@ -36,7 +36,17 @@ void accumulate_task_attention(const float* q, const int32_t* q_pos, int64_t n_q
                                int ih, int group, int head_dim, const float* k,
                                const int32_t* k_pos, int64_t n_k, float scale, int window,
                                Agg agg_task, float* acc, ThreadPool* pool) {
-  if (n_q <= 0 || n_k <= 0) return;
+  accumulate_task_attention_max_sum(q, q_pos, n_q, n_head, ih, group, head_dim, k, k_pos, n_k, scale, window,
+                                    agg_task == Agg::kMax ? acc : nullptr, agg_task == Agg::kMean ? acc : nullptr,
+                                    pool);
+}
+
+void accumulate_task_attention_max_sum(const float* q, const int32_t* q_pos, int64_t n_q,
+                                       int n_head, int ih, int group, int head_dim,
+                                       const float* k, const int32_t* k_pos, int64_t n_k,
+                                       float scale, int window, float* acc_max, float* acc_sum,
+                                       ThreadPool* pool) {
+  if (n_q <= 0 || n_k <= 0 || (acc_max == nullptr && acc_sum == nullptr)) return;
   KVTRIM_ASSERT(group > 0 && (ih + 1) * group <= n_head && head_dim > 0);
   const size_t d = static_cast<size_t>(head_dim);
   const size_t g_sz = static_cast<size_t>(group);
@@ -91,13 +101,16 @@ void accumulate_task_attention(const float* q, const int32_t* q_pos, int64_t n_q
         const int64_t l = std::max(c0, lo[static_cast<size_t>(r)]);
         const int64_t h = std::min(c1, hi[static_cast<size_t>(r)]);
         const float* row = logits.data() + static_cast<size_t>(r) * static_cast<size_t>(n_k);
-        float* a = acc + static_cast<size_t>(r % group);
-        if (agg_task == Agg::kMax) {
+        const size_t g = static_cast<size_t>(r % group);
+        if (acc_max) {
+          float* a = acc_max + g;
           for (int64_t c = l; c < h; ++c) {
             float& dst = a[static_cast<size_t>(c) * g_sz];
             dst = std::max(dst, row[c]);
           }
-        } else {
+        }
+        if (acc_sum) {
+          float* a = acc_sum + g;
           for (int64_t c = l; c < h; ++c) a[static_cast<size_t>(c) * g_sz] += row[c];
         }
       }
