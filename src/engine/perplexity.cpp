@@ -9,6 +9,27 @@
 
 namespace kvtrim {
 
+void NllAccumulator::add(const float* logits, size_t n_vocab, int32_t target) {
+  const float mx = *std::max_element(logits, logits + n_vocab);
+  double z = 0;
+  for (size_t v = 0; v < n_vocab; ++v) z += std::exp(static_cast<double>(logits[v] - mx));
+  const double nll = std::log(z) + mx - logits[target];
+  sum_ += nll;
+  sum2_ += nll * nll;
+  ++n_;
+}
+
+double NllAccumulator::ppl_so_far() const { return n_ ? std::exp(sum_ / static_cast<double>(n_)) : 0.0; }
+
+void NllAccumulator::finish(PplResult* r) const {
+  KVTRIM_ASSERT(n_ > 0);
+  r->n_scored = n_;
+  r->mean_nll = sum_ / static_cast<double>(n_);
+  r->ppl = std::exp(r->mean_nll);
+  const double var = std::max(0.0, sum2_ / static_cast<double>(n_) - r->mean_nll * r->mean_nll);
+  r->ppl_stderr = r->ppl * std::sqrt(var / static_cast<double>(std::max<int64_t>(1, n_ - 1)));
+}
+
 PplResult perplexity(Session& s, const std::vector<int32_t>& tokens, int64_t n_ctx, int64_t stride, int32_t bos,
                      const std::function<void(int64_t, int64_t, double)>& progress) {
   const int64_t C = n_ctx, S = stride > 0 ? stride : n_ctx;
@@ -25,30 +46,19 @@ PplResult perplexity(Session& s, const std::vector<int32_t>& tokens, int64_t n_c
   const size_t n_vocab = static_cast<size_t>(s.model().hparams().n_vocab);
   std::vector<float> logits(static_cast<size_t>(C) * n_vocab);
   std::vector<int32_t> win(static_cast<size_t>(C));
-  double sum = 0, sum2 = 0;
+  NllAccumulator acc;
   const double t0 = now_seconds();
   for (int64_t w = 0; w < r.n_windows; ++w) {
     std::copy_n(tokens.begin() + w * S, C, win.begin());
     if (bos >= 0) win[0] = bos;
     s.reset();
     s.eval_all(win.data(), C, logits.data());
-    for (int64_t j = first; j < C - 1; ++j) {
-      const float* lg = logits.data() + static_cast<size_t>(j) * n_vocab;
-      const float mx = *std::max_element(lg, lg + n_vocab);
-      double z = 0;
-      for (size_t v = 0; v < n_vocab; ++v) z += std::exp(static_cast<double>(lg[v] - mx));
-      const double nll = std::log(z) + mx - lg[win[static_cast<size_t>(j + 1)]];
-      sum += nll;
-      sum2 += nll * nll;
-      ++r.n_scored;
-    }
-    if (progress) progress(w + 1, r.n_windows, std::exp(sum / static_cast<double>(r.n_scored)));
+    for (int64_t j = first; j < C - 1; ++j)
+      acc.add(logits.data() + static_cast<size_t>(j) * n_vocab, n_vocab, win[static_cast<size_t>(j + 1)]);
+    if (progress) progress(w + 1, r.n_windows, acc.ppl_so_far());
   }
   r.seconds = now_seconds() - t0;
-  r.mean_nll = sum / static_cast<double>(r.n_scored);
-  r.ppl = std::exp(r.mean_nll);
-  const double var = std::max(0.0, sum2 / static_cast<double>(r.n_scored) - r.mean_nll * r.mean_nll);
-  r.ppl_stderr = r.ppl * std::sqrt(var / static_cast<double>(std::max<int64_t>(1, r.n_scored - 1)));
+  acc.finish(&r);
   return r;
 }
 

@@ -297,7 +297,7 @@ PplResult perplexity_press(Session& s, const std::vector<int32_t>& tokens, int64
   const int64_t h = C / 2;
   const size_t n_vocab = static_cast<size_t>(s.model().hparams().n_vocab);
   std::vector<float> logits(static_cast<size_t>(C - h) * n_vocab);
-  double sum = 0, sum2 = 0;
+  NllAccumulator acc;
   const double t0 = now_seconds();
   for (int64_t w = 0; w < r.n_windows; ++w) {
     std::vector<int32_t> win(tokens.begin() + w * C, tokens.begin() + (w + 1) * C);
@@ -307,23 +307,12 @@ PplResult perplexity_press(Session& s, const std::vector<int32_t>& tokens, int64
     const CompressStats st = s.compress();
     if (last) *last = st;
     s.eval_all(win.data() + h, C - h, logits.data());
-    for (int64_t j = h; j < C - 1; ++j) {
-      const float* lg = logits.data() + static_cast<size_t>(j - h) * n_vocab;
-      const float mx = *std::max_element(lg, lg + n_vocab);
-      double z = 0;
-      for (size_t v = 0; v < n_vocab; ++v) z += std::exp(static_cast<double>(lg[v] - mx));
-      const double nll = std::log(z) + mx - lg[win[static_cast<size_t>(j + 1)]];
-      sum += nll;
-      sum2 += nll * nll;
-      ++r.n_scored;
-    }
-    if (progress) progress(w + 1, r.n_windows, std::exp(sum / static_cast<double>(r.n_scored)));
+    for (int64_t j = h; j < C - 1; ++j)
+      acc.add(logits.data() + static_cast<size_t>(j - h) * n_vocab, n_vocab, win[static_cast<size_t>(j + 1)]);
+    if (progress) progress(w + 1, r.n_windows, acc.ppl_so_far());
   }
   r.seconds = now_seconds() - t0;
-  r.mean_nll = sum / static_cast<double>(r.n_scored);
-  r.ppl = std::exp(r.mean_nll);
-  const double var = std::max(0.0, sum2 / static_cast<double>(r.n_scored) - r.mean_nll * r.mean_nll);
-  r.ppl_stderr = r.ppl * std::sqrt(var / static_cast<double>(std::max<int64_t>(1, r.n_scored - 1)));
+  acc.finish(&r);
   return r;
 }
 
