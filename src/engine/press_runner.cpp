@@ -85,6 +85,22 @@ void PressObserver::on_qkv(int il, int64_t n, const float* q, const float* k, co
       w.n = needs_.window;
     }
   }
+  if (!accumulate_) {  // keep the per-token rows aligned with the cache, add no attention
+    const int nkv = hp.n_head_kv;
+    const size_t g = static_cast<size_t>(hp.n_head / hp.n_head_kv), nu = static_cast<size_t>(n);
+    for (int ih = 0; ih < nkv; ++ih) {
+      const size_t at = static_cast<size_t>(il * nkv + ih);
+      if (needs_.cum_attn) {
+        obs_.cum_attn[at].resize(obs_.cum_attn[at].size() + nu, 0.f);
+        obs_.cum_count[at].resize(obs_.cum_count[at].size() + nu, 0.f);
+      }
+      if (needs_.task_attn) {
+        obs_.task_max[at].resize(obs_.task_max[at].size() + nu * g, 0.f);
+        obs_.task_sum[at].resize(obs_.task_sum[at].size() + nu * g, 0.f);
+      }
+    }
+    return;
+  }
   if (needs_.cum_attn) accumulate_attention(il, n, q, k, pos);
   if (needs_.task_attn) accumulate_task_attention(il, n, q, k, pos);
   (void)v;
@@ -127,17 +143,19 @@ void PressObserver::accumulate_task_attention(int il, int64_t n, const float* q,
   tp.insert(tp.end(), pos, pos + n);
 }
 
-// Attention of the chunk's queries over the stored tokens plus the chunk's own keys, one kv
-// head at a time: memory O(group · n · (n_stored + n)), never n² for every layer.
+// H2O: attention of the chunk's queries over the stored tokens plus the chunk's own keys
+// (masked causally and by the sliding window), summed over the GQA group into each token's
+// cumulative attention; cum_count counts the queries that could see the token. One kv head
+// at a time through kvcompose_core's pooled sgemm + softmax (the same code as the task
+// attention above): memory O(group · n · (n_stored + n)), never n² for every layer.
 void PressObserver::accumulate_attention(int il, int64_t n, const float* q, const float* k, const int32_t* pos) {
   const HParams& hp = model_.hparams();
   const int nkv = hp.n_head_kv, g = hp.n_head / hp.n_head_kv, d = hp.head_dim_k;
-  const size_t du = static_cast<size_t>(d);
+  const size_t du = static_cast<size_t>(d), gu = static_cast<size_t>(g);
   const int window = il < static_cast<int>(hp.sliding_window.size()) ? hp.sliding_window[static_cast<size_t>(il)] : 0;
   const float scale = hp.attn_scale > 0 ? hp.attn_scale : 1.f / std::sqrt(static_cast<float>(d));
-  std::vector<float> kk;
+  std::vector<float> kk, tsum;
   std::vector<int32_t> kp;
-  std::vector<double> s;
   for (int ih = 0; ih < nkv; ++ih) {
     auto& acc = obs_.cum_attn[static_cast<size_t>(il * nkv + ih)];
     auto& cnt = obs_.cum_count[static_cast<size_t>(il * nkv + ih)];
@@ -154,36 +172,19 @@ void PressObserver::accumulate_attention(int il, int64_t n, const float* q, cons
     const int64_t m = n_old + n;
     acc.resize(static_cast<size_t>(m), 0.f);
     cnt.resize(static_cast<size_t>(m), 0.f);
-    s.resize(static_cast<size_t>(m));
-    for (int64_t i = 0; i < n; ++i) {
-      const int32_t qp = pos[i];
-      for (int64_t t = 0; t < m; ++t) {
-        const int32_t p = kp[static_cast<size_t>(t)];
-        if (p <= qp && (window <= 0 || qp - p < window)) cnt[static_cast<size_t>(t)] += 1.f;
-      }
-      for (int gi = 0; gi < g; ++gi) {
-        const float* qv = q + (static_cast<size_t>(i) * static_cast<size_t>(hp.n_head) + static_cast<size_t>(ih * g + gi)) * du;
-        double mx = -INFINITY;
-        for (int64_t t = 0; t < m; ++t) {
-          const int32_t p = kp[static_cast<size_t>(t)];
-          if (!(p <= qp && (window <= 0 || qp - p < window))) {
-            s[static_cast<size_t>(t)] = -INFINITY;
-            continue;
-          }
-          const float* kv = kk.data() + static_cast<size_t>(t) * du;
-          double dot = 0;
-          for (size_t c = 0; c < du; ++c) dot += static_cast<double>(qv[c]) * kv[c];
-          s[static_cast<size_t>(t)] = dot * scale;
-          mx = std::max(mx, s[static_cast<size_t>(t)]);
-        }
-        double sum = 0;
-        for (int64_t t = 0; t < m; ++t) {
-          const double e = s[static_cast<size_t>(t)] == -INFINITY ? 0.0 : std::exp(s[static_cast<size_t>(t)] - mx);
-          s[static_cast<size_t>(t)] = e;
-          sum += e;
-        }
-        for (int64_t t = 0; t < m; ++t) acc[static_cast<size_t>(t)] += static_cast<float>(s[static_cast<size_t>(t)] / sum);
-      }
+    tsum.assign(static_cast<size_t>(m) * gu, 0.f);
+    kvcompose::accumulate_task_attention_max_sum(q, pos, n, hp.n_head, ih, g, d, kk.data(), kp.data(), m, scale,
+                                                 window, nullptr, tsum.data(), pool_);
+    for (int64_t t = 0; t < m; ++t) {
+      float a = 0.f;
+      for (size_t gi = 0; gi < gu; ++gi) a += tsum[static_cast<size_t>(t) * gu + gi];
+      acc[static_cast<size_t>(t)] += a;
+      // queries of the chunk that can see token t: p <= pos[i] (and pos[i] - p < window);
+      // the chunk's positions increase, so both bounds are binary searches
+      const int32_t p = kp[static_cast<size_t>(t)];
+      const int32_t* lo = std::lower_bound(pos, pos + n, p);
+      const int32_t* hi = window > 0 ? std::lower_bound(pos, pos + n, p + window) : pos + n;
+      cnt[static_cast<size_t>(t)] += static_cast<float>(std::max<std::ptrdiff_t>(0, hi - lo));
     }
   }
 }

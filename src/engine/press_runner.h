@@ -30,6 +30,11 @@ class PressObserver : public ForwardObserver {
   // on_qkv is called on the forward's calling thread between its own parallel steps.
   void set_pool(ThreadPool* pool) { pool_ = pool; }
 
+  // false: new tokens get zero rows in the attention statistics (H2O, KVCompose) instead of
+  // the O(n_stored) accumulation — the session's choice for decode steps when no decode-time
+  // compression is scheduled (a later compression then sees prefill-time statistics only).
+  void set_accumulate(bool on) { accumulate_ = on; }
+
   void begin_question();  // the next forward calls are the question: capture its queries
   void end_question();
   void clear_question();
@@ -48,6 +53,7 @@ class PressObserver : public ForwardObserver {
   Observations obs_;
   ThreadPool* pool_ = nullptr;
   bool question_mode_ = false;
+  bool accumulate_ = true;
   std::vector<char> question_started_;  // per layer: first chunk of the current question seen
 };
 

@@ -66,7 +66,10 @@ const std::vector<float>& Session::prefill(const std::vector<int32_t>& tokens) {
 const std::vector<float>& Session::decode(int32_t token) {
   check_room(1);
   KVTRIM_CHECK(token >= 0 && token < model_.hparams().n_vocab, "token id %d out of range", token);
+  // Attention statistics of decode tokens matter only if decoding itself compresses.
+  if (observer_) observer_->set_accumulate(sched_.decode_every > 0);
   model_.forward(&token, 1, n_past(), *cache_, logits_.data(), false, &pool_, observer_.get());
+  if (observer_) observer_->set_accumulate(true);
   return logits_;
 }
 

@@ -729,10 +729,24 @@ void run_model_case(const ModelCase& mc) {
   EXPECT_EQ(r.tokens.size(), 5u);
   EXPECT_GE(s2.n_past(), N + 4);  // the last sampled token is not fed back yet
   if (!mc.opt.aware) {
-    // decode queries accumulate too; truncating drops their rows and their count
-    expect_task_accumulators_only(*s2.observations(), s2.cache(), hp, s2.n_past());
+    // without decode-time compression, decode tokens get rows (aligned with the cache) but
+    // their queries are not accumulated: M stays the N prefill queries
+    expect_task_accumulators_only(*s2.observations(), s2.cache(), hp, N);
     s2.truncate(N + 2);
-    expect_task_accumulators_only(*s2.observations(), s2.cache(), hp, N + 2);
+    expect_task_accumulators_only(*s2.observations(), s2.cache(), hp, N);
+    // with decode-time compression scheduled, decode queries accumulate too and truncating
+    // drops their rows and their count
+    Session s3(*model, sp);
+    PressSchedule every;
+    every.decode_every = 1000;  // scheduled, never reached here
+    every.decode_target = 4;
+    s3.set_press(make_press(mc.spec), every);
+    s3.prefill(ctx_tokens);
+    s3.compress();
+    s3.generate({}, gp);
+    expect_task_accumulators_only(*s3.observations(), s3.cache(), hp, s3.n_past());
+    s3.truncate(N + 2);
+    expect_task_accumulators_only(*s3.observations(), s3.cache(), hp, N + 2);
   }
 }
 
