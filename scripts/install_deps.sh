@@ -2,7 +2,7 @@
 # Installs the Debian packages kvtrim builds with (only those missing; needs root or sudo).
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config ccache
-      libhwy-dev libopenblas-dev libcli11-dev nlohmann-json3-dev
+      libhwy-dev libopenblas-dev libcli11-dev nlohmann-json3-dev libbz2-dev
       libgtest-dev libgmock-dev googletest libbenchmark-dev python3
       wordnet-base scowl)  # word lists of the RULER-style tasks (src/eval/words.h)
 missing=()

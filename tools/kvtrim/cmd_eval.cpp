@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <set>
 
@@ -15,6 +16,7 @@
 #include "core/progress.h"
 #include "core/timer.h"
 #include "eval/jsonl.h"
+#include "eval/mc.h"
 #include "eval/rng.h"
 #include "eval/ruler.h"
 #include "eval/runner.h"
@@ -45,14 +47,13 @@ struct EvalRulerOptions {
   bool dry_run = false;
 };
 
-// The Paul Graham essays of ../shared/data: $KVTRIM_SHARED_DATA, the working directory's
-// parents, then the executable's parents.
-std::string default_haystack_dir() {
-  const std::string rel = "haystack/paul_graham";
+// <rel> under ../shared/data: $KVTRIM_SHARED_DATA, the working directory's parents, then the
+// executable's parents.
+std::string default_shared_path(const std::string& rel, const char* option) {
   std::vector<std::string> tried;
   if (const char* d = std::getenv("KVTRIM_SHARED_DATA")) {
     tried.push_back((fs::path(d) / rel).string());
-    if (fs::is_directory(tried.back())) return tried.back();
+    if (fs::exists(tried.back())) return tried.back();
   }
   std::vector<fs::path> bases = {fs::current_path()};
   std::error_code ec;
@@ -62,13 +63,16 @@ std::string default_haystack_dir() {
     for (int up = 0; up < 6 && !b.empty(); ++up, b = b.parent_path()) {
       const fs::path p = b / "shared" / "data" / rel;
       tried.push_back(p.string());
-      if (fs::is_directory(p)) return p.lexically_normal().string();
+      if (fs::exists(p)) return p.lexically_normal().string();
       if (b == b.parent_path()) break;
     }
   }
-  fail("no haystack directory found (give --haystack DIR or set KVTRIM_SHARED_DATA); looked in %s%s",
+  fail("no %s found (give %s or set KVTRIM_SHARED_DATA); looked in %s%s", rel.c_str(), option,
        tried.empty() ? "" : tried.front().c_str(), tried.size() > 1 ? " and the parents of the working and executable directories" : "");
 }
+
+// The Paul Graham essays.
+std::string default_haystack_dir() { return default_shared_path("haystack/paul_graham", "--haystack DIR"); }
 
 std::string file_identity(const std::string& path) {
   std::error_code ec;
@@ -201,10 +205,105 @@ void run_ruler(const EvalRulerOptions& o) {
   std::fflush(stdout);
 }
 
+struct EvalMcOptions {
+  CommonOptions common;
+  std::string bench;
+  int64_t limit = 0;
+  int shots = 0;
+  std::string data;
+  std::string out;
+  PressOptions press;
+};
+
+// kvtrim eval mc: multiple choice by log-likelihood, context compressed once (src/eval/mc.h).
+void run_mc(const EvalMcOptions& o) {
+  const double t_load = now_seconds();
+  std::vector<eval::McItem> items;
+  std::string data = o.data, source;
+  if (o.bench == "hellaswag") {
+    if (data.empty()) data = default_shared_path("hellaswag/hellaswag_val_full.txt.bz2", "--data FILE");
+    items = eval::load_hellaswag(data);
+    source = "data=" + file_identity(data);
+  } else if (o.bench == "piqa") {
+    if (data.empty()) data = default_shared_path("piqa", "--data DIR");
+    items = eval::load_piqa(data);
+    source = "data=" + file_identity((fs::path(data) / "valid.jsonl").string()) + "," +
+             file_identity((fs::path(data) / "valid-labels.lst").string());
+  } else {
+    if (data.empty()) data = default_shared_path("mmlu", "--data DIR");
+    items = eval::load_mmlu(data, o.shots);
+    source = strprintf("data=%s:%zu,shots=%d", data.c_str(), items.size(), o.shots);
+  }
+  if (o.limit > 0 && static_cast<int64_t>(items.size()) > o.limit) items.resize(static_cast<size_t>(o.limit));
+  std::fprintf(stderr, "%s: %zu items from %s in %.1f s\n", o.bench.c_str(), items.size(), data.c_str(),
+               now_seconds() - t_load);
+
+  auto model = load_model(o.common);
+  Session s(*model, session_params(o.common));
+  std::string press_desc = "none";
+  std::function<void(Session&)> after_context;
+  if (!o.press.spec.empty()) {
+    KVTRIM_CHECK(o.press.decode_every == 0, "eval mc scores without decoding: --press-every does not apply");
+    PressSchedule sched;
+    sched.after_prefill = false;
+    auto p = make_press(o.press.spec);
+    press_desc = p->spec();
+    std::fprintf(stderr, "press: %s\n", press_desc.c_str());
+    s.set_press(std::move(p), sched);
+    after_context = [](Session& ss) { ss.compress(); };
+  }
+  // Everything that determines a result (not --limit: more items extend a run).
+  const std::string cfg = eval::config_hash({"model=" + file_identity(model->gguf().path()), "bench=" + o.bench,
+                                             "kv=" + o.common.kv_type, "batch=" + std::to_string(o.common.batch),
+                                             "press=" + press_desc, "protocol=mc-loglik-v1", source});
+  std::unique_ptr<eval::McResultsFile> results;
+  if (!o.out.empty()) results = std::make_unique<eval::McResultsFile>(o.out, cfg);
+  std::vector<eval::McResult> rows;
+  std::vector<const eval::McItem*> todo;
+  std::map<int64_t, const eval::McResult*> old;
+  if (results) {
+    for (const auto& r : results->rows()) {
+      if (r.bench == o.bench) old[r.index] = &r;
+    }
+  }
+  for (const auto& it : items) {
+    if (results && results->done(o.bench, it)) {
+      rows.push_back(*old.at(it.index));
+    } else {
+      todo.push_back(&it);
+    }
+  }
+  if (results) {
+    std::fprintf(stderr, "results: %s (config %s): %zu items to run, %zu already there\n", o.out.c_str(), cfg.c_str(),
+                 todo.size(), rows.size());
+  }
+  const double t0 = now_seconds();
+  ProgressBar bar(o.bench, static_cast<int64_t>(todo.size()), "items");
+  int64_t done = 0, hits = 0, hits_norm = 0;
+  for (const eval::McItem* it : todo) {
+    const eval::McTokens toks = eval::tokenize_item(*model, *it);
+    eval::McResult r = eval::score_item(s, toks, *it, o.bench, after_context);
+    if (results) results->append(r);
+    ++done;
+    hits += r.acc();
+    hits_norm += r.acc_norm();
+    bar.update(done, strprintf("acc %.3f acc_norm %.3f", static_cast<double>(hits) / static_cast<double>(done),
+                               static_cast<double>(hits_norm) / static_cast<double>(done)));
+    rows.push_back(std::move(r));
+  }
+  bar.finish();
+  std::sort(rows.begin(), rows.end(), [](const eval::McResult& a, const eval::McResult& b) { return a.index < b.index; });
+  std::fprintf(stderr, "scored %lld items in %.1f s\n", static_cast<long long>(done), now_seconds() - t0);
+  std::printf("Multiple choice (log-likelihood): %s, %s, press %s, config %s\n\n", o.bench.c_str(),
+              model->hparams().name.c_str(), press_desc.c_str(), cfg.c_str());
+  std::fputs(eval::mc_summary_table(o.bench, rows).c_str(), stdout);
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 void register_eval(CLI::App& app) {
-  CLI::App* e = app.add_subcommand("eval", "evaluation harness (RULER-style long-context tasks)");
+  CLI::App* e = app.add_subcommand("eval", "evaluation harness (RULER-style long-context tasks, multiple choice)");
   e->require_subcommand(1);
   auto o = std::make_shared<EvalRulerOptions>();
   CLI::App* c = e->add_subcommand("ruler", "RULER-style tasks, kvpress protocol: context prefilled alone, then each question");
@@ -228,6 +327,18 @@ void register_eval(CLI::App& app) {
   c->add_flag("--dry-run", o->dry_run, "generate (and --dump-samples) only; run nothing");
   c->add_option("--dump-samples", o->dump_samples, "also write the samples as JSONL (the --data format)");
   c->callback([o] { run_ruler(*o); });
+
+  auto m = std::make_shared<EvalMcOptions>();
+  CLI::App* mc = e->add_subcommand("mc", "multiple choice by log-likelihood (HellaSwag, PIQA, MMLU), context compressed once");
+  add_common_options(mc, m->common);
+  mc->add_option("--bench", m->bench, "hellaswag, piqa or mmlu")->required()->check(CLI::IsMember({"hellaswag", "piqa", "mmlu"}));
+  mc->add_option("--limit", m->limit, "score the first N items only (0 = all)")->capture_default_str()->check(CLI::NonNegativeNumber);
+  mc->add_option("--shots", m->shots, "mmlu: examples from the subject's dev set before each question")
+      ->capture_default_str()->check(CLI::Range(0, 5));
+  mc->add_option("--data", m->data, "data file (hellaswag) or directory (piqa, mmlu); default: shared/data/<bench>");
+  mc->add_option("--out", m->out, "results JSONL: one line per item, appended as it finishes; rerun to resume");
+  add_press_options(mc, m->press);
+  mc->callback([m] { run_mc(*m); });
 }
 
 }  // namespace kvtrim::cli
