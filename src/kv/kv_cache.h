@@ -36,24 +36,41 @@ struct KvCacheConfig {
       sliding_window;  // per layer: 0 = global attention, w > 0 = only the last w positions matter
 };
 
-// Bytes held, by part: keys / values (the stored elements), positions (int32 original
-// positions), scales (q8: one f32 per stored key vector and one per value vector), other.
-// total() = keys + values + positions + scales + other; per_layer: [n_layer], the same total
-// split by layer.
+// Bytes held, by part: keys / values (the stored elements: full vectors, or basis
+// coefficients), positions (int32 original positions), scales (q8: one f32 per stored key
+// vector and one per value vector), bases (f32 basis matrices, each stored basis counted
+// once), other (int32 epoch ids, one per stored basis-epoch segment).
+// total() = keys + values + positions + scales + bases + other; per_layer: [n_layer], the same
+// total split by layer.
 struct KvBytes {
-  size_t keys = 0, values = 0, positions = 0, scales = 0, other = 0;
+  size_t keys = 0, values = 0, positions = 0, scales = 0, bases = 0, other = 0;
   std::vector<size_t> per_layer;
-  size_t total() const { return keys + values + positions + scales + other; }
+  size_t total() const { return keys + values + positions + scales + bases + other; }
 };
 
 // What a press decided for one (layer, kv head). Token axis: `keep` lists indices into the
 // head's stored tokens (0 .. n_tokens(il, ih)-1, strictly increasing) to keep; every other
-// token is dropped and its memory freed. keep_all = true leaves the head unchanged.
-// (The basis, channel and precision axes will add fields here; a cache that cannot apply a
-// field it does not know must throw, never ignore it.)
+// token is dropped and its memory freed. keep_all = true keeps every token.
+//
+// Basis axis (optional): basis_k [head_dim_k, rank_k] row-major with orthonormal columns
+// (UᵀU = I within 1e-4), basis_v [head_dim_v, rank_v] likewise; rank 0 with an empty matrix =
+// no basis for that side (identity, full dims). Giving either starts a new basis epoch of the
+// head: every kept token that is still stored full-rank and is not an anchor is re-encoded as
+// coefficients k̃ = U_kᵀ k, ṽ = U_vᵀ v (in the cache dtype); tokens already stored in an
+// earlier epoch keep the basis they were encoded with; tokens appended later are encoded with
+// this (the head's current) basis. anchors: indices (same index space as keep, strictly
+// increasing, each one kept and still full-rank) of tokens that stay dense and exact; only
+// with a basis. A cache that cannot apply a field must throw, never ignore it.
 struct HeadPlan {
   bool keep_all = true;
   std::vector<int32_t> keep;
+  int rank_k = 0, rank_v = 0;
+  std::vector<float> basis_k, basis_v;
+  std::vector<int32_t> anchors;
+  bool has_basis() const {
+    return rank_k != 0 || rank_v != 0 || !basis_k.empty() || !basis_v.empty();
+  }
+  bool planned() const { return !keep_all || has_basis() || !anchors.empty(); }
 };
 
 // A plan for the whole cache: one HeadPlan per (layer, kv head).
@@ -104,7 +121,8 @@ class KvCache {
   // does not change.
   virtual void apply(const CompressionPlan& plan) = 0;
 
-  // f32 copies of one head's stored tokens, for scoring: k [n_tok, head_dim_k] (RoPE applied),
+  // f32 copies of one head's stored tokens (in position order; tokens stored in a basis are
+  // reconstructed with the basis of their epoch, U·k̃), for scoring: k [n_tok, head_dim_k] (RoPE applied),
   // v [n_tok, head_dim_v], pos [n_tok] (any pointer may be nullptr when not needed). Costs one
   // head's worth of memory: scoring never doubles the cache.
   virtual void read_head(int il, int ih, std::vector<float>* k, std::vector<float>* v,

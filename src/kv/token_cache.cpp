@@ -23,6 +23,14 @@
 // out = Σ_s e^{m_s-M} acc_s / Σ_s e^{m_s-M} l_s. Splitting the run keeps every thread busy
 // during decode (n_q = 1, few kv heads). A compressed head is read in place: fewer stored
 // tokens is fewer bytes read, with no dense rebuild.
+//
+// Basis axis (HeadPlan::basis_k / basis_v / anchors): a head given a basis switches to basis
+// mode: its dense rows keep only the full-rank anchors, and each basis epoch's tokens live in
+// a segment {basis, coefficient rows [n, r_k] / [n, r_v] in the same tiled / row-major dtype
+// layout, positions}. Appends go to the current basis's segment. A work item over such a head
+// walks every segment's visible run (split s of n_split of each), projecting the queries once
+// per epoch (q·U_k) and lifting the coefficient-space accumulator once ((Σ a ṽ)·U_vᵀ), merged
+// by the online softmax. Heads without a basis take the original path unchanged.
 #include <malloc.h>
 
 #include <algorithm>
@@ -141,6 +149,70 @@ void gather_keys(const uint8_t* src, uint8_t* dst, int64_t d, const int32_t* kee
   }
 }
 
+// One basis epoch of a head: U_k [dk, rk] and U_v [dv, rv], row-major f32 with orthonormal
+// columns; an empty matrix is the identity (that side stays full-rank, rk = dk / rv = dv).
+struct Basis {
+  int32_t id = 0;  // epoch id (unique in the cache)
+  int rk = 0, rv = 0;
+  std::vector<float> uk, uv;
+};
+
+// c[j] = Σ_i x[i] U[i, j]: x [d] -> coefficients c [r] (U empty: c = x).
+void project(const std::vector<float>& U, int d, int r, const float* x, float* c) {
+  if (U.empty()) {
+    std::copy(x, x + d, c);
+    return;
+  }
+  std::fill(c, c + r, 0.f);
+  for (int i = 0; i < d; ++i) {
+    const float xi = x[i];
+    const float* u = U.data() + static_cast<size_t>(i) * r;
+    for (int j = 0; j < r; ++j) c[j] += xi * u[j];
+  }
+}
+
+// x[i] = Σ_j U[i, j] c[j]: coefficients c [r] -> x [d] (U empty: x = c).
+void lift(const std::vector<float>& U, int d, int r, const float* c, float* x) {
+  if (U.empty()) {
+    std::copy(c, c + d, x);
+    return;
+  }
+  for (int i = 0; i < d; ++i) {
+    const float* u = U.data() + static_cast<size_t>(i) * r;
+    float acc = 0;
+    for (int j = 0; j < r; ++j) acc += u[j] * c[j];
+    x[i] = acc;
+  }
+}
+
+// Checks one side of a plan's basis: none (rank 0, empty), or U [d, r] with 1 <= r <= d and
+// orthonormal columns (|UᵀU - I| <= 1e-4 elementwise).
+void check_basis(const std::vector<float>& U, int r, int d, const char* side, int il, int ih) {
+  if (r == 0 && U.empty()) return;
+  KVTRIM_CHECK(r >= 1 && r <= d,
+               "compression plan (layer %d, kv head %d): %s basis rank %d is out of range [1, %d]",
+               il, ih, side, r, d);
+  KVTRIM_CHECK(U.size() == static_cast<size_t>(d) * static_cast<size_t>(r),
+               "compression plan (layer %d, kv head %d): %s basis holds %zu floats, expected "
+               "head_dim %d x rank %d = %d",
+               il, ih, side, U.size(), d, r, d * r);
+  double worst = 0;
+  for (int a = 0; a < r; ++a) {
+    for (int b = a; b < r; ++b) {
+      double dot = 0;
+      for (int i = 0; i < d; ++i)
+        dot += static_cast<double>(U[static_cast<size_t>(i) * r + a]) *
+               U[static_cast<size_t>(i) * r + b];
+      const double dev = std::fabs(dot - (a == b ? 1.0 : 0.0));
+      if (!(dev <= worst)) worst = std::isnan(dev) ? std::numeric_limits<double>::infinity() : dev;
+    }
+  }
+  KVTRIM_CHECK(worst <= 1e-4,
+               "compression plan (layer %d, kv head %d): %s basis columns are not orthonormal "
+               "(max |UᵀU - I| = %g, tolerance 1e-4)",
+               il, ih, side, worst);
+}
+
 class TokenCache final : public KvCache {
  public:
   explicit TokenCache(KvCacheConfig cfg);
@@ -157,13 +229,27 @@ class TokenCache final : public KvCache {
   std::string describe() const override;
 
  private:
-  struct Head {
+  // Rows of one segment of a head: dk / dv elements a key / value row (the head dims for the
+  // dense rows, the ranks for a basis epoch's coefficients).
+  struct Store {
+    int dk = 0, dv = 0;
     int64_t n_tok = 0;         // tokens stored
     int64_t cap = 0;           // tokens allocated (a multiple of kKeyTile)
-    Buf k;                     // [cap / kKeyTile, head_dim_k, kKeyTile] in dtype (q8: int8 codes)
-    Buf v;                     // [cap, head_dim_v] in dtype (q8: int8 codes)
+    Buf k;                     // [cap / kKeyTile, dk, kKeyTile] in dtype (q8: int8 codes)
+    Buf v;                     // [cap, dv] in dtype (q8: int8 codes)
     Buf k_scale, v_scale;      // q8 only: [cap] f32, key_t = k_scale[t] · code_t (same for v)
     std::vector<int32_t> pos;  // [n_tok] original positions, increasing (unshared layers only)
+  };
+  // Tokens encoded in one basis epoch: coefficients [n_tok, rk] / [n_tok, rv].
+  struct Seg {
+    std::shared_ptr<const Basis> b;
+    Store s;
+  };
+  // A head: its dense rows (all tokens while it has no basis; its full-rank anchors once it
+  // has one) plus, in basis mode (cur set), one segment per epoch still referenced.
+  struct Head : Store {
+    std::shared_ptr<const Basis> cur;  // basis new tokens are encoded with (null: none)
+    std::vector<Seg> segs;
   };
   struct Layer {
     bool shared = true;        // all heads hold the same tokens: positions stored once, here
@@ -177,10 +263,30 @@ class TokenCache final : public KvCache {
   // One work item: query against tokens [t0, t1) of head H for the group's n_group query
   // heads. acc: [n_group, head_dim_v] unnormalised, m / l: [n_group] running max / sum.
   template <KvDtype D>
-  void attend_range(const Head& H, int n_group, const float* q_group, float scale, float softcap,
-                    int64_t t0, int64_t t1, float* acc, float* m, float* l) const;
-  void reserve(Head& H, int64_t need) const;  // capacity >= need tokens
-  void realloc_head(Head& H, int64_t cap, bool grow, const int32_t* keep, int64_t n_keep) const;
+  void attend_range(const Store& H, int n_group, const float* q_group, float scale,
+                    float softcap, int64_t t0, int64_t t1, float* acc, float* m, float* l) const;
+  // A work item over a basis-mode head: split s of n_split of every segment's visible run,
+  // merged into acc [n_group, head_dim_v], m, l (output space).
+  template <KvDtype D>
+  void attend_basis(const Head& H, int n_group, const float* q_group, const AttnParams& p,
+                    int32_t q_pos, int64_t s, int64_t n_split, float* acc, float* m,
+                    float* l) const;
+  void reserve(Store& H, int64_t need) const;  // capacity >= need tokens
+  void realloc_head(Store& H, int64_t cap, bool grow, const int32_t* keep, int64_t n_keep) const;
+  void put_row(Store& S, int64_t row, const float* k, const float* v) const;
+  void get_row(const Store& S, int64_t t, float* k, float* v) const;  // k / v may be null
+  void select(Store& S, const std::vector<int32_t>& keep) const;      // keep rows, exact size
+  void apply_basis_head(Head& H, const HeadPlan& hp);
+  static int64_t head_tokens(const Head& H) {
+    int64_t n = H.n_tok;
+    for (const Seg& g : H.segs) n += g.s.n_tok;
+    return n;
+  }
+  // The head's tokens in position order: (segment, row), segment -1 = the dense rows.
+  static std::vector<std::pair<int, int64_t>> order(const Head& H);
+  int32_t last_pos(const Layer& L, int ih) const;
+
+  int32_t next_epoch_ = 0;
 
   size_t esize_;  // bytes per stored element
   std::vector<Layer> layers_;
@@ -200,16 +306,24 @@ TokenCache::TokenCache(KvCacheConfig cfg) : KvCache(std::move(cfg)) {
   KVTRIM_CHECK(esize_ > 0, "invalid KV cache config: unknown dtype %d",
                static_cast<int>(cfg_.dtype));
   layers_.resize(static_cast<size_t>(cfg_.n_layer));
-  for (Layer& L : layers_) L.heads.resize(static_cast<size_t>(cfg_.n_head_kv));
+  for (Layer& L : layers_) {
+    L.heads.resize(static_cast<size_t>(cfg_.n_head_kv));
+    for (Head& H : L.heads) {
+      H.dk = cfg_.head_dim_k;
+      H.dv = cfg_.head_dim_v;
+    }
+  }
 }
 
 // Moves head H into fresh buffers of `cap` tokens holding its rows keep[0..n_keep), or all of
 // its rows in order when grow is true (keep unused); the old buffers are freed.
-void TokenCache::realloc_head(Head& H, int64_t cap, bool grow, const int32_t* keep,
+void TokenCache::realloc_head(Store& H, int64_t cap, bool grow, const int32_t* keep,
                               int64_t n_keep) const {
-  const int64_t dk = cfg_.head_dim_k, dv = cfg_.head_dim_v;
+  const int64_t dk = H.dk, dv = H.dv;
   const bool q8 = cfg_.dtype == KvDtype::kQ8;
-  Head N;
+  Store N;
+  N.dk = H.dk;
+  N.dv = H.dv;
   N.cap = cap;
   N.n_tok = n_keep;
   N.k.alloc(static_cast<size_t>(cap * dk) * esize_);
@@ -257,7 +371,7 @@ void TokenCache::realloc_head(Head& H, int64_t cap, bool grow, const int32_t* ke
   H = std::move(N);  // frees the old buffers
 }
 
-void TokenCache::reserve(Head& H, int64_t need) const {
+void TokenCache::reserve(Store& H, int64_t need) const {
   if (need <= H.cap) return;
   int64_t cap = std::max({need, 2 * H.cap, kGrowTokens});
   cap = std::min(cap, std::max(need, cfg_.n_ctx));
@@ -273,10 +387,7 @@ void TokenCache::append(int il, int64_t n, const float* k, const float* v, const
   const int nkv = cfg_.n_head_kv;
   // positions must increase past every stored position of every head
   int32_t last = -1;
-  for (int ih = 0; ih < nkv; ++ih) {
-    const std::vector<int32_t>& hp = head_pos(L, ih);
-    if (!hp.empty()) last = std::max(last, hp.back());
-  }
+  for (int ih = 0; ih < nkv; ++ih) last = std::max(last, last_pos(L, ih));
   for (int64_t j = 0; j < n; ++j) {
     KVTRIM_CHECK(
         pos[j] > last,
@@ -290,19 +401,34 @@ void TokenCache::append(int il, int64_t n, const float* k, const float* v, const
   const int64_t dk = cfg_.head_dim_k, dv = cfg_.head_dim_v;
   for (int ih = 0; ih < nkv; ++ih) {
     Head& H = L.heads[static_cast<size_t>(ih)];
+    if (H.cur) {  // basis mode: encode with the current basis, into its epoch's segment
+      const Basis& B = *H.cur;
+      Store* S = nullptr;
+      for (Seg& g : H.segs)
+        if (g.b == H.cur) S = &g.s;
+      if (!S) {
+        H.segs.emplace_back();
+        H.segs.back().b = H.cur;
+        S = &H.segs.back().s;
+        S->dk = B.rk;
+        S->dv = B.rv;
+      }
+      reserve(*S, S->n_tok + n);
+      std::vector<float> ck(static_cast<size_t>(B.rk)), cv(static_cast<size_t>(B.rv));
+      for (int64_t j = 0; j < n; ++j) {
+        project(B.uk, static_cast<int>(dk), B.rk, k + (j * nkv + ih) * dk, ck.data());
+        project(B.uv, static_cast<int>(dv), B.rv, v + (j * nkv + ih) * dv, cv.data());
+        put_row(*S, S->n_tok + j, ck.data(), cv.data());
+      }
+      S->n_tok += n;
+      S->pos.insert(S->pos.end(), pos, pos + n);  // basis-mode layers are never shared
+      continue;
+    }
     reserve(H, H.n_tok + n);
     for (int64_t j = 0; j < n; ++j) {
       const float* ks = k + (j * nkv + ih) * dk;  // k: [n, n_head_kv, head_dim_k]
       const float* vs = v + (j * nkv + ih) * dv;  // v: [n, n_head_kv, head_dim_v]
-      const int64_t row = H.n_tok + j;
-      const int64_t k_at = kv::key_tile_index(row, 0, dk);  // element (row, 0) of the tiles
-      if (cfg_.dtype == KvDtype::kQ8) {
-        H.k_scale.as<float>()[row] = q8_encode(ks, dk, H.k.as<int8_t>() + k_at, kv::kKeyTile);
-        H.v_scale.as<float>()[row] = q8_encode(vs, dv, H.v.as<int8_t>() + row * dv, 1);
-      } else {
-        encode(cfg_.dtype, ks, dk, H.k.p.get() + static_cast<size_t>(k_at) * esize_, kv::kKeyTile);
-        encode(cfg_.dtype, vs, dv, H.v.p.get() + static_cast<size_t>(row * dv) * esize_, 1);
-      }
+      put_row(H, H.n_tok + j, ks, vs);
     }
     H.n_tok += n;
     if (!L.shared) H.pos.insert(H.pos.end(), pos, pos + n);
@@ -310,11 +436,124 @@ void TokenCache::append(int il, int64_t n, const float* k, const float* v, const
   if (L.shared) L.pos.insert(L.pos.end(), pos, pos + n);
 }
 
+void TokenCache::put_row(Store& S, int64_t row, const float* ks, const float* vs) const {
+  const int64_t dk = S.dk, dv = S.dv;
+  const int64_t k_at = kv::key_tile_index(row, 0, dk);  // element (row, 0) of the tiles
+  if (cfg_.dtype == KvDtype::kQ8) {
+    S.k_scale.as<float>()[row] = q8_encode(ks, dk, S.k.as<int8_t>() + k_at, kv::kKeyTile);
+    S.v_scale.as<float>()[row] = q8_encode(vs, dv, S.v.as<int8_t>() + row * dv, 1);
+  } else {
+    encode(cfg_.dtype, ks, dk, S.k.p.get() + static_cast<size_t>(k_at) * esize_, kv::kKeyTile);
+    encode(cfg_.dtype, vs, dv, S.v.p.get() + static_cast<size_t>(row * dv) * esize_, 1);
+  }
+}
+
+void TokenCache::get_row(const Store& S, int64_t t, float* k, float* v) const {
+  const bool q8 = cfg_.dtype == KvDtype::kQ8;
+  if (k) {
+    const float sc = q8 ? S.k_scale.as<float>()[t] : 1.f;
+    for (int i = 0; i < S.dk; ++i)
+      k[i] = decode(cfg_.dtype, S.k.p.get(), kv::key_tile_index(t, i, S.dk), sc);
+  }
+  if (v) {
+    const float sc = q8 ? S.v_scale.as<float>()[t] : 1.f;
+    for (int i = 0; i < S.dv; ++i) v[i] = decode(cfg_.dtype, S.v.p.get(), t * S.dv + i, sc);
+  }
+}
+
+void TokenCache::select(Store& S, const std::vector<int32_t>& keep) const {
+  std::vector<int32_t> np(keep.size());  // exact size: the old capacity is released
+  for (size_t j = 0; j < np.size(); ++j) np[j] = S.pos[static_cast<size_t>(keep[j])];
+  const int64_t n_keep = static_cast<int64_t>(keep.size());
+  const int64_t cap = (n_keep + kv::kKeyTile - 1) / kv::kKeyTile * kv::kKeyTile;
+  realloc_head(S, cap, /*grow=*/false, keep.data(), n_keep);
+  S.pos = std::move(np);
+}
+
+std::vector<std::pair<int, int64_t>> TokenCache::order(const Head& H) {
+  std::vector<std::pair<int32_t, std::pair<int, int64_t>>> t;
+  t.reserve(static_cast<size_t>(head_tokens(H)));
+  for (int64_t j = 0; j < H.n_tok; ++j) t.push_back({H.pos[static_cast<size_t>(j)], {-1, j}});
+  for (size_t s = 0; s < H.segs.size(); ++s) {
+    const Store& S = H.segs[s].s;
+    for (int64_t j = 0; j < S.n_tok; ++j)
+      t.push_back({S.pos[static_cast<size_t>(j)], {static_cast<int>(s), j}});
+  }
+  std::sort(t.begin(), t.end());
+  std::vector<std::pair<int, int64_t>> r(t.size());
+  for (size_t i = 0; i < t.size(); ++i) r[i] = t[i].second;
+  return r;
+}
+
+int32_t TokenCache::last_pos(const Layer& L, int ih) const {
+  const std::vector<int32_t>& hp = head_pos(L, ih);
+  int32_t last = hp.empty() ? -1 : hp.back();
+  for (const Seg& g : L.heads[static_cast<size_t>(ih)].segs)
+    if (!g.s.pos.empty()) last = std::max(last, g.s.pos.back());
+  return last;
+}
+
 template <KvDtype D>
-void TokenCache::attend_range(const Head& H, int n_group, const float* q_group, float scale,
+void TokenCache::attend_basis(const Head& H, int n_group, const float* q_group,
+                              const AttnParams& p, int32_t q_pos, int64_t s, int64_t n_split,
+                              float* acc, float* m, float* l) const {
+  const int dk = cfg_.head_dim_k, dv = cfg_.head_dim_v;
+  thread_local std::vector<float> qb, acc_s, ml, w;
+  std::fill(acc, acc + static_cast<int64_t>(n_group) * dv, 0.f);
+  for (int g = 0; g < n_group; ++g) {
+    m[g] = -std::numeric_limits<float>::infinity();
+    l[g] = 0;
+  }
+  w.resize(static_cast<size_t>(dv));
+  auto part = [&](const Store& S, const Basis* b) {
+    if (S.n_tok == 0) return;
+    // the visible run of this segment (its own sorted positions), and this item's split of it
+    const int32_t* pb = S.pos.data();
+    const int32_t* pe = pb + S.n_tok;
+    const int64_t hi = std::upper_bound(pb, pe, q_pos) - pb;
+    int64_t lo =
+        p.sliding_window > 0 ? std::lower_bound(pb, pe, q_pos - p.sliding_window + 1) - pb : 0;
+    lo = std::min(lo, hi);
+    const int64_t len = hi - lo;
+    const int64_t t0 = lo + len * s / n_split, t1 = lo + len * (s + 1) / n_split;
+    if (t0 >= t1) return;
+    const float* qq = q_group;  // scores in the epoch's coordinates: (q·U_k)·k̃
+    if (b && !b->uk.empty()) {
+      qb.resize(static_cast<size_t>(n_group) * static_cast<size_t>(b->rk));
+      for (int g = 0; g < n_group; ++g)
+        project(b->uk, dk, b->rk, q_group + static_cast<int64_t>(g) * dk,
+                qb.data() + static_cast<int64_t>(g) * b->rk);
+      qq = qb.data();
+    }
+    acc_s.resize(static_cast<size_t>(n_group) * static_cast<size_t>(S.dv));
+    ml.resize(2 * static_cast<size_t>(n_group));
+    attend_range<D>(S, n_group, qq, p.scale, p.softcap, t0, t1, acc_s.data(), ml.data(),
+                    ml.data() + n_group);
+    for (int g = 0; g < n_group; ++g) {
+      const float ms = ml[static_cast<size_t>(g)];
+      if (std::isinf(ms)) continue;
+      const float M = std::max(m[g], ms);
+      const float fa = std::isinf(m[g]) ? 0.f : std::exp(m[g] - M), fs = std::exp(ms - M);
+      const float* as = acc_s.data() + static_cast<int64_t>(g) * S.dv;
+      if (b && !b->uv.empty()) {  // (Σ_t a_t ṽ_t)·U_vᵀ
+        lift(b->uv, dv, b->rv, as, w.data());
+        as = w.data();
+      }
+      float* ag = acc + static_cast<int64_t>(g) * dv;
+      for (int i = 0; i < dv; ++i) ag[i] = ag[i] * fa + as[i] * fs;
+      l[g] = l[g] * fa + ml[static_cast<size_t>(n_group + g)] * fs;
+      m[g] = M;
+    }
+  };
+  part(H, nullptr);  // dense anchors
+  for (const Seg& g : H.segs) part(g.s, g.b.get());
+}
+
+template <KvDtype D>
+void TokenCache::attend_range(const Store& H, int n_group, const float* q_group, float scale,
                               float softcap, int64_t t0, int64_t t1, float* acc, float* m,
                               float* l) const {
-  const int dk = cfg_.head_dim_k, dv = cfg_.head_dim_v;
+  const int dk = H.dk, dv = H.dv;
   // scaled queries [n_group, dk]; scores [n_group, kBlock]; q8: scores · v_scale [n_group, kBlock]
   thread_local std::vector<float> qs, s, sv;
   qs.resize(static_cast<size_t>(n_group) * dk);
@@ -404,6 +643,12 @@ void TokenCache::attend(int il, int64_t n_q, const float* q, const int32_t* q_po
       }
       continue;
     }
+    const Head& Hk = L.heads[static_cast<size_t>(ihk)];
+    if (Hk.cur) {  // basis mode: each segment finds its own run inside the work item
+      for (int64_t iq = 0; iq < n_q; ++iq) lo[iq * nkv + ihk] = hi[iq * nkv + ihk] = 0;
+      max_len = std::max(max_len, head_tokens(Hk));
+      continue;
+    }
     const std::vector<int32_t>& hp = head_pos(L, ihk);
     const int32_t* pb = hp.data();
     const int32_t* pe = pb + hp.size();
@@ -444,6 +689,24 @@ void TokenCache::attend(int il, int64_t n_q, const float* q, const int32_t* q_po
       float* l = m + n_group;
       const float* q_group = q + (iq * p.n_head + static_cast<int64_t>(ihk) * n_group) * dk;
       const Head& H = L.heads[static_cast<size_t>(ihk)];
+      if (H.cur) {
+        switch (cfg_.dtype) {
+          case KvDtype::kF32:
+            attend_basis<KvDtype::kF32>(H, n_group, q_group, p, q_pos[iq], s, n_split, acc, m, l);
+            break;
+          case KvDtype::kF16:
+            attend_basis<KvDtype::kF16>(H, n_group, q_group, p, q_pos[iq], s, n_split, acc, m, l);
+            break;
+          case KvDtype::kBF16:
+            attend_basis<KvDtype::kBF16>(H, n_group, q_group, p, q_pos[iq], s, n_split, acc, m,
+                                         l);
+            break;
+          case KvDtype::kQ8:
+            attend_basis<KvDtype::kQ8>(H, n_group, q_group, p, q_pos[iq], s, n_split, acc, m, l);
+            break;
+        }
+        continue;
+      }
       switch (cfg_.dtype) {
         case KvDtype::kF32:
           attend_range<KvDtype::kF32>(H, n_group, q_group, p.scale, p.softcap, t0, t1, acc, m, l);
@@ -509,8 +772,37 @@ void TokenCache::apply(const CompressionPlan& plan) {
   for (int il = 0; il < nl; ++il) {
     for (int ih = 0; ih < nkv; ++ih) {
       const HeadPlan& hp = plan.at(il, ih);
+      const Head& H = layers_[il].heads[static_cast<size_t>(ih)];
+      const int64_t n = head_tokens(H);
+      check_basis(hp.basis_k, hp.rank_k, cfg_.head_dim_k, "key", il, ih);
+      check_basis(hp.basis_v, hp.rank_v, cfg_.head_dim_v, "value", il, ih);
+      if (!hp.anchors.empty()) {
+        KVTRIM_CHECK(hp.has_basis(),
+                     "compression plan (layer %d, kv head %d): anchors are given without a basis "
+                     "(anchors are the tokens a basis leaves dense)",
+                     il, ih);
+        const std::vector<std::pair<int, int64_t>> ord =
+            H.cur ? order(H) : std::vector<std::pair<int, int64_t>>();
+        for (size_t j = 0; j < hp.anchors.size(); ++j) {
+          const int32_t a = hp.anchors[j];
+          KVTRIM_CHECK(a >= 0 && a < n,
+                       "compression plan (layer %d, kv head %d): anchors[%zu] = %d is out of range "
+                       "[0, %lld) (the head's stored tokens)",
+                       il, ih, j, a, static_cast<long long>(n));
+          KVTRIM_CHECK(j == 0 || a > hp.anchors[j - 1],
+                       "compression plan (layer %d, kv head %d): anchors[%zu] = %d after %d "
+                       "(indices must be strictly increasing)",
+                       il, ih, j, a, hp.anchors[j - 1]);
+          KVTRIM_CHECK(hp.keep_all || std::binary_search(hp.keep.begin(), hp.keep.end(), a),
+                       "compression plan (layer %d, kv head %d): anchors[%zu] = %d is not kept",
+                       il, ih, j, a);
+          KVTRIM_CHECK(ord.empty() || ord[static_cast<size_t>(a)].first < 0,
+                       "compression plan (layer %d, kv head %d): anchors[%zu] = %d is already "
+                       "stored in a basis (its full-rank vector is gone)",
+                       il, ih, j, a);
+        }
+      }
       if (hp.keep_all) continue;
-      const int64_t n = layers_[il].heads[static_cast<size_t>(ih)].n_tok;
       for (size_t j = 0; j < hp.keep.size(); ++j) {
         KVTRIM_CHECK(hp.keep[j] >= 0 && hp.keep[j] < n,
                      "compression plan (layer %d, kv head %d): keep[%zu] = %d is out of range "
@@ -530,8 +822,9 @@ void TokenCache::apply(const CompressionPlan& plan) {
     bool any = false, same = true;  // any head planned; all heads planned alike
     for (int ih = 0; ih < nkv; ++ih) {
       const HeadPlan& hp = plan.at(il, ih);
-      any = any || !hp.keep_all;
-      same = same && hp.keep_all == h0.keep_all && (hp.keep_all || hp.keep == h0.keep);
+      any = any || hp.planned();
+      same = same && !hp.has_basis() && hp.keep_all == h0.keep_all &&
+             (hp.keep_all || hp.keep == h0.keep);
     }
     if (!any) continue;
     if (L.shared && !same) {  // heads diverge: each keeps its own positions from now on
@@ -541,8 +834,12 @@ void TokenCache::apply(const CompressionPlan& plan) {
     }
     for (int ih = 0; ih < nkv; ++ih) {
       const HeadPlan& hp = plan.at(il, ih);
-      if (hp.keep_all) continue;
       Head& H = L.heads[static_cast<size_t>(ih)];
+      if (H.cur || hp.has_basis()) {  // the layer is unshared here (a basis is never shared)
+        if (hp.planned()) apply_basis_head(H, hp);
+        continue;
+      }
+      if (hp.keep_all) continue;
       const int64_t n_keep = static_cast<int64_t>(hp.keep.size());
       if (!L.shared) {
         std::vector<int32_t> np(hp.keep.size());  // exact size: the old capacity is released
@@ -564,12 +861,98 @@ void TokenCache::apply(const CompressionPlan& plan) {
   if (before > after && before - after >= kTrimBytes) malloc_trim(0);
 }
 
+// A head with a basis (or getting one): token selection across its segments, then, with a new
+// basis, re-encoding of its kept full-rank non-anchor tokens into a new epoch's segment.
+void TokenCache::apply_basis_head(Head& H, const HeadPlan& hp) {
+  const int dk = cfg_.head_dim_k, dv = cfg_.head_dim_v;
+  std::shared_ptr<const Basis> nb;
+  if (hp.has_basis()) {
+    auto b = std::make_shared<Basis>();
+    b->id = next_epoch_++;
+    b->rk = hp.basis_k.empty() ? dk : hp.rank_k;
+    b->rv = hp.basis_v.empty() ? dv : hp.rank_v;
+    b->uk = hp.basis_k;
+    b->uv = hp.basis_v;
+    nb = std::move(b);
+  }
+  const std::vector<std::pair<int, int64_t>> ord = order(H);
+  std::vector<int32_t> keep_dense, reenc;
+  std::vector<std::vector<int32_t>> keep_seg(H.segs.size());
+  size_t ia = 0;
+  auto take = [&](int64_t g) {
+    const bool anchor = ia < hp.anchors.size() && hp.anchors[ia] == g;
+    if (anchor) ++ia;
+    const auto [sg, j] = ord[static_cast<size_t>(g)];
+    if (sg >= 0) {
+      keep_seg[static_cast<size_t>(sg)].push_back(static_cast<int32_t>(j));
+    } else if (!nb || anchor) {
+      keep_dense.push_back(static_cast<int32_t>(j));
+    } else {
+      reenc.push_back(static_cast<int32_t>(j));
+    }
+  };
+  if (hp.keep_all) {
+    for (int64_t g = 0; g < static_cast<int64_t>(ord.size()); ++g) take(g);
+  } else {
+    for (int32_t g : hp.keep) take(g);
+  }
+  Seg ns;  // the new epoch's segment (re-encoded from the full-rank rows still stored)
+  if (nb && !reenc.empty()) {
+    ns.b = nb;
+    ns.s.dk = nb->rk;
+    ns.s.dv = nb->rv;
+    const int64_t n = static_cast<int64_t>(reenc.size());
+    realloc_head(ns.s, (n + kv::kKeyTile - 1) / kv::kKeyTile * kv::kKeyTile, /*grow=*/true,
+                 nullptr, 0);
+    std::vector<float> kf(static_cast<size_t>(dk)), vf(static_cast<size_t>(dv)),
+        ck(static_cast<size_t>(nb->rk)), cv(static_cast<size_t>(nb->rv));
+    ns.s.pos.resize(static_cast<size_t>(n));
+    for (int64_t r = 0; r < n; ++r) {
+      get_row(H, reenc[static_cast<size_t>(r)], kf.data(), vf.data());
+      project(nb->uk, dk, nb->rk, kf.data(), ck.data());
+      project(nb->uv, dv, nb->rv, vf.data(), cv.data());
+      put_row(ns.s, r, ck.data(), cv.data());
+      ns.s.pos[static_cast<size_t>(r)] = H.pos[static_cast<size_t>(reenc[static_cast<size_t>(r)])];
+    }
+    ns.s.n_tok = n;
+  }
+  select(H, keep_dense);
+  for (size_t sg = 0; sg < H.segs.size(); ++sg) select(H.segs[sg].s, keep_seg[sg]);
+  // a basis no token uses any more is freed with its last segment (unless it is current)
+  std::erase_if(H.segs, [](const Seg& g) { return g.s.n_tok == 0; });
+  if (ns.s.n_tok > 0) H.segs.push_back(std::move(ns));
+  if (nb) H.cur = std::move(nb);
+}
+
 void TokenCache::read_head(int il, int ih, std::vector<float>* k, std::vector<float>* v,
                            std::vector<int32_t>* pos) const {
   const int64_t n = n_tokens(il, ih);  // range-checks (il, ih)
   const Layer& L = layers_[il];
   const Head& H = L.heads[static_cast<size_t>(ih)];
   const int dk = cfg_.head_dim_k, dv = cfg_.head_dim_v;
+  if (H.cur) {  // basis mode: every token reconstructed with the basis of its own epoch
+    const std::vector<std::pair<int, int64_t>> ord = order(H);
+    if (k) k->resize(static_cast<size_t>(n * dk));
+    if (v) v->resize(static_cast<size_t>(n * dv));
+    if (pos) pos->resize(static_cast<size_t>(n));
+    std::vector<float> ck(static_cast<size_t>(dk)), cv(static_cast<size_t>(dv));
+    for (int64_t t = 0; t < n; ++t) {
+      const auto [sg, j] = ord[static_cast<size_t>(t)];
+      float* kt = k ? k->data() + t * dk : nullptr;
+      float* vt = v ? v->data() + t * dv : nullptr;
+      if (sg < 0) {
+        get_row(H, j, kt, vt);
+        if (pos) (*pos)[static_cast<size_t>(t)] = H.pos[static_cast<size_t>(j)];
+        continue;
+      }
+      const Seg& G = H.segs[static_cast<size_t>(sg)];
+      get_row(G.s, j, kt ? ck.data() : nullptr, vt ? cv.data() : nullptr);
+      if (kt) lift(G.b->uk, dk, G.b->rk, ck.data(), kt);
+      if (vt) lift(G.b->uv, dv, G.b->rv, cv.data(), vt);
+      if (pos) (*pos)[static_cast<size_t>(t)] = G.s.pos[static_cast<size_t>(j)];
+    }
+    return;
+  }
   const bool q8 = cfg_.dtype == KvDtype::kQ8;
   if (k) {
     k->resize(static_cast<size_t>(n * dk));
@@ -598,7 +981,7 @@ int64_t TokenCache::n_tokens(int il, int ih) const {
   KVTRIM_CHECK(il >= 0 && il < cfg_.n_layer && ih >= 0 && ih < cfg_.n_head_kv,
                "KV cache: (layer %d, kv head %d) out of range (%d layers, %d kv heads)", il, ih,
                cfg_.n_layer, cfg_.n_head_kv);
-  return layers_[il].heads[static_cast<size_t>(ih)].n_tok;
+  return head_tokens(layers_[il].heads[static_cast<size_t>(ih)]);
 }
 
 KvBytes TokenCache::bytes() const {
@@ -607,20 +990,35 @@ KvBytes TokenCache::bytes() const {
   const size_t es = esize_;
   for (size_t il = 0; il < layers_.size(); ++il) {
     const Layer& L = layers_[il];
-    size_t keys = 0, values = 0, positions = 0, scales = 0;
+    size_t keys = 0, values = 0, positions = 0, scales = 0, bases = 0, other = 0;
     if (L.shared) positions = L.pos.size() * sizeof(int32_t);
-    for (const Head& H : L.heads) {
-      const size_t n = static_cast<size_t>(H.n_tok);
-      keys += n * static_cast<size_t>(cfg_.head_dim_k) * es;
-      values += n * static_cast<size_t>(cfg_.head_dim_v) * es;
+    auto add = [&](const Store& S) {
+      const size_t n = static_cast<size_t>(S.n_tok);
+      keys += n * static_cast<size_t>(S.dk) * es;
+      values += n * static_cast<size_t>(S.dv) * es;
       if (!L.shared) positions += n * sizeof(int32_t);
       if (cfg_.dtype == KvDtype::kQ8) scales += 2 * n * sizeof(float);  // one key + one value scale
+    };
+    for (const Head& H : L.heads) {
+      add(H);
+      if (!H.cur) continue;
+      std::vector<const Basis*> held{H.cur.get()};  // each basis the head holds, once
+      for (const Seg& g : H.segs) {
+        add(g.s);
+        other += sizeof(int32_t);  // the segment's epoch id
+        held.push_back(g.b.get());
+      }
+      std::sort(held.begin(), held.end());
+      held.erase(std::unique(held.begin(), held.end()), held.end());
+      for (const Basis* B : held) bases += (B->uk.size() + B->uv.size()) * sizeof(float);
     }
     b.keys += keys;
     b.values += values;
     b.positions += positions;
     b.scales += scales;
-    b.per_layer[il] = keys + values + positions + scales;
+    b.bases += bases;
+    b.other += other;
+    b.per_layer[il] = keys + values + positions + scales + bases + other;
   }
   return b;
 }
@@ -633,10 +1031,15 @@ void TokenCache::truncate(int32_t pos) {
       L.pos.resize(static_cast<size_t>(keep));
       for (Head& H : L.heads) H.n_tok = keep;
     } else {
+      auto cut = [pos](Store& S) {
+        const int64_t keep = std::lower_bound(S.pos.begin(), S.pos.end(), pos) - S.pos.begin();
+        S.pos.resize(static_cast<size_t>(keep));
+        S.n_tok = keep;
+      };
       for (Head& H : L.heads) {
-        const int64_t keep = std::lower_bound(H.pos.begin(), H.pos.end(), pos) - H.pos.begin();
-        H.pos.resize(static_cast<size_t>(keep));
-        H.n_tok = keep;
+        cut(H);
+        for (Seg& g : H.segs) cut(g.s);
+        std::erase_if(H.segs, [](const Seg& g) { return g.s.n_tok == 0; });
       }
     }
   }
@@ -647,7 +1050,7 @@ std::string TokenCache::describe() const {
   const KvBytes b = bytes();
   int64_t stored = 0;
   for (const Layer& L : layers_)
-    for (const Head& H : L.heads) stored += H.n_tok;
+    for (const Head& H : L.heads) stored += head_tokens(H);
   return strprintf(
       "token %s cache: %d layers x %d kv heads, head dims %d/%d, n_ctx %lld, n_past %d, "
       "%lld (layer, head) tokens stored, %.2f MiB",
