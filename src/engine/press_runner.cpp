@@ -303,11 +303,8 @@ PplResult perplexity_press(Session& s, const std::vector<int32_t>& tokens, int64
   for (int64_t w = 0; w < r.n_windows; ++w) {
     std::vector<int32_t> win(tokens.begin() + w * C, tokens.begin() + (w + 1) * C);
     if (bos >= 0) win[0] = bos;
-    s.reset();
-    s.prefill(std::vector<int32_t>(win.begin(), win.begin() + h));
-    const CompressStats st = s.compress();
+    const CompressStats st = prefill_compress_continue(s, win, h, logits.data());
     if (last) *last = st;
-    s.eval_all(win.data() + h, C - h, logits.data());
     for (int64_t j = h; j < C - 1; ++j)
       acc.add(logits.data() + static_cast<size_t>(j - h) * n_vocab, n_vocab, win[static_cast<size_t>(j + 1)]);
     if (progress) progress(w + 1, r.n_windows, acc.ppl_so_far());
@@ -315,6 +312,18 @@ PplResult perplexity_press(Session& s, const std::vector<int32_t>& tokens, int64
   r.seconds = now_seconds() - t0;
   acc.finish(&r);
   return r;
+}
+
+CompressStats prefill_compress_continue(Session& s, const std::vector<int32_t>& win, int64_t prefix, float* logits) {
+  KVTRIM_CHECK(s.press() != nullptr, "prefill_compress_continue: the session has no press");
+  const int64_t n = static_cast<int64_t>(win.size());
+  KVTRIM_CHECK(prefix > 0 && prefix < n, "prefill_compress_continue: prefix %lld must be in (0, %lld)",
+               static_cast<long long>(prefix), static_cast<long long>(n));
+  s.reset();
+  s.prefill(std::vector<int32_t>(win.begin(), win.begin() + prefix));
+  const CompressStats st = s.compress();
+  s.eval_all(win.data() + prefix, n - prefix, logits);
+  return st;
 }
 
 }  // namespace kvtrim

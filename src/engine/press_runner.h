@@ -91,4 +91,11 @@ PplResult perplexity_press(Session& s, const std::vector<int32_t>& tokens, int64
                            const std::function<void(int64_t, int64_t, double)>& progress = {},
                            CompressStats* last = nullptr);
 
+// One window of prefill–compress–continue (the step of perplexity_press, shared with
+// `kvtrim eval ppl --mode pcc`): from an empty cache, prefills win[0, prefix), compresses once
+// with the session's press, then runs win[prefix, n) through the compressed cache with
+// eval_all, writing its logits: logits[(n - prefix) * n_vocab] (row i predicts win[prefix+i+1]).
+// Returns the compress step's stats. Throws Error without a press or for 0 < prefix < n not holding.
+CompressStats prefill_compress_continue(Session& s, const std::vector<int32_t>& win, int64_t prefix, float* logits);
+
 }  // namespace kvtrim

@@ -110,6 +110,13 @@ CompressStats Session::compress() {
   return st;
 }
 
+CompressStats Session::compress(const Budget& budget_override) {
+  KVTRIM_CHECK(press_ != nullptr, "compress: no press set on this session");
+  CompressStats st = run_press(*press_, *cache_, model_, observer_.get(), &pool_, &budget_override);
+  compress_log_.push_back(st);
+  return st;
+}
+
 void Session::observe_question(const std::vector<int32_t>& question) {
   KVTRIM_CHECK(press_ != nullptr, "observe_question: no press set on this session");
   KVTRIM_CHECK(!question.empty(), "observe_question: empty question");

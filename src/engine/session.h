@@ -89,6 +89,9 @@ class Session {
   // Compresses the cache now with the session's press (plan, then the cache applies it).
   // n_past() keeps the uncompressed length. Throws Error if no press is set.
   CompressStats compress();
+  // The same with a budget replacing the press's own (every scorer press of a composition
+  // keeps budget.keep_count(n) tokens per (layer, kv head)): decode-time compression.
+  CompressStats compress(const Budget& budget_override);
   // Query-aware presses: runs `question` through the model to capture its queries, then
   // drops its tokens from the cache again (n_past() unchanged). Needs a press.
   void observe_question(const std::vector<int32_t>& question);

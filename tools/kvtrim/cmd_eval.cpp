@@ -17,9 +17,11 @@
 #include "core/timer.h"
 #include "eval/jsonl.h"
 #include "eval/mc.h"
+#include "eval/ppl.h"
 #include "eval/rng.h"
 #include "eval/ruler.h"
 #include "eval/runner.h"
+#include "model/tokenizer.h"
 #include "press/press.h"
 
 namespace kvtrim::cli {
@@ -300,6 +302,105 @@ void run_mc(const EvalMcOptions& o) {
   std::fflush(stdout);
 }
 
+struct EvalPplOptions {
+  CommonOptions common;
+  std::string file;
+  int64_t ctx = 512;
+  int64_t max_tokens = 0;
+  std::string press;
+  std::string mode;
+  int64_t prefix = 0;
+  int64_t chunk = 1;
+  std::string out;
+};
+
+// kvtrim eval ppl: PPL through the compressed cache and ΔPPL against the full cache on the
+// same tokens, both computed here (src/eval/ppl.h).
+void run_ppl(const EvalPplOptions& o) {
+  const std::string text = read_file(o.file);
+  make_press(o.press);  // a bad --press fails before the model loads
+  auto model = load_model(o.common);
+  const Tokenizer& tok = model->tokenizer();
+  std::vector<int32_t> tokens = tok.encode(text, tok.add_bos(), false);
+  const size_t n_text = tokens.size();
+  if (o.max_tokens > 0 && static_cast<int64_t>(tokens.size()) > o.max_tokens) tokens.resize(static_cast<size_t>(o.max_tokens));
+  eval::PplConfig c;
+  c.ctx = o.ctx;
+  c.mode = eval::parse_ppl_mode(o.mode);
+  c.prefix = o.prefix;
+  c.chunk = o.chunk;
+  c.bos = tok.add_bos() ? tok.bos() : -1;
+  KVTRIM_CHECK(c.mode == eval::PplMode::kThroughout || o.chunk == 1, "--chunk applies to --mode throughout only");
+  KVTRIM_CHECK(o.ctx <= model->hparams().n_ctx_train, "--ctx %lld exceeds the model's context limit of %d tokens",
+               static_cast<long long>(o.ctx), model->hparams().n_ctx_train);
+  SessionParams sp = session_params(o.common);
+  sp.n_ctx = o.ctx;
+  Session s(*model, sp);
+  PressSchedule sched;
+  sched.after_prefill = false;
+  auto p = make_press(o.press);
+  const std::string press_desc = p->spec();
+  s.set_press(std::move(p), sched);
+  eval::check_ppl_config(s, c);
+  const int64_t n_win = eval::ppl_window_count(static_cast<int64_t>(tokens.size()), c.ctx);
+  std::fprintf(stderr, "%s: %zu tokens (%zu used), %lld windows of %lld, scored rows [%lld, %lld), press %s, mode %s%s\n",
+               o.file.c_str(), n_text, tokens.size(), static_cast<long long>(n_win), static_cast<long long>(c.ctx),
+               static_cast<long long>(c.first_row()), static_cast<long long>(c.ctx - 1), press_desc.c_str(),
+               eval::ppl_mode_name(c.mode),
+               c.mode == eval::PplMode::kThroughout
+                   ? strprintf(" (chunk %lld%s)", static_cast<long long>(c.chunk),
+                               c.chunk > 1 ? ": APPROXIMATE, tokens of a chunk see each other uncompressed" : ": exact")
+                         .c_str()
+                   : "");
+  // Everything that determines a window's numbers (not --max-tokens: more tokens extend a run).
+  const std::string cfg = eval::config_hash(
+      {"model=" + file_identity(model->gguf().path()), "data=" + file_identity(o.file), "kv=" + o.common.kv_type,
+       "batch=" + std::to_string(o.common.batch), "press=" + press_desc, std::string("mode=") + eval::ppl_mode_name(c.mode),
+       "ctx=" + std::to_string(c.ctx), "prefix=" + std::to_string(c.first_row()),
+       "chunk=" + std::to_string(c.mode == eval::PplMode::kThroughout ? c.chunk : 0), "protocol=ppl-v1"});
+  std::unique_ptr<eval::PplResultsFile> results;
+  if (!o.out.empty()) results = std::make_unique<eval::PplResultsFile>(o.out, cfg);
+  std::vector<eval::PplWindow> rows;
+  std::vector<int64_t> todo;
+  for (int64_t w = 0; w < n_win; ++w) {
+    const std::vector<int32_t> win = eval::ppl_window_tokens(tokens, c.ctx, w, c.bos);
+    if (results && results->done(w, eval::ppl_tokens_hash(win))) {
+      rows.push_back(results->row(w));
+    } else {
+      todo.push_back(w);
+    }
+  }
+  if (results) {
+    std::fprintf(stderr, "results: %s (config %s): %zu windows to run, %zu already there%s\n", o.out.c_str(), cfg.c_str(),
+                 todo.size(), rows.size(),
+                 results->n_other_config()
+                     ? strprintf(", %lld lines of other configs kept", static_cast<long long>(results->n_other_config())).c_str()
+                     : "");
+  }
+  const double t0 = now_seconds();
+  ProgressBar bar("ppl", static_cast<int64_t>(todo.size()), "win");
+  int64_t done = 0;
+  for (int64_t w : todo) {
+    eval::PplWindow r = eval::score_ppl_window(s, eval::ppl_window_tokens(tokens, c.ctx, w, c.bos), w, c);
+    if (results) results->append(r);
+    rows.push_back(std::move(r));
+    ++done;
+    const eval::PplSummary sm = eval::summarize_ppl(rows);
+    bar.update(done, strprintf("ppl %.4f full %.4f delta %+.4f", sm.ppl_press, sm.ppl_full, sm.delta));
+  }
+  bar.finish();
+  std::sort(rows.begin(), rows.end(), [](const eval::PplWindow& a, const eval::PplWindow& b) { return a.index < b.index; });
+  std::fprintf(stderr, "scored %lld windows in %.1f s\n", static_cast<long long>(done), now_seconds() - t0);
+  const eval::PplSummary sm = eval::summarize_ppl(rows);
+  std::printf("Perplexity through the compressed cache: %s, %s, press %s, mode %s, config %s\n\n", o.file.c_str(),
+              model->hparams().name.c_str(), press_desc.c_str(), eval::ppl_mode_name(c.mode), cfg.c_str());
+  std::fputs(eval::ppl_summary_table(rows, c, press_desc).c_str(), stdout);
+  std::printf("\nmean KV held at scoring time: %s of %s uncompressed f16 (%.3f)\n",
+              human_bytes(static_cast<size_t>(sm.mean_kv_bytes)).c_str(),
+              human_bytes(static_cast<size_t>(sm.kv_ratio > 0 ? sm.mean_kv_bytes / sm.kv_ratio : 0)).c_str(), sm.kv_ratio);
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 void register_eval(CLI::App& app) {
@@ -339,6 +440,24 @@ void register_eval(CLI::App& app) {
   mc->add_option("--out", m->out, "results JSONL: one line per item, appended as it finishes; rerun to resume");
   add_press_options(mc, m->press);
   mc->callback([m] { run_mc(*m); });
+
+  auto pp = std::make_shared<EvalPplOptions>();
+  CLI::App* pc = e->add_subcommand("ppl", "perplexity through the compressed cache and ΔPPL vs the full cache on the same tokens");
+  add_common_options(pc, pp->common);
+  pc->remove_option(pc->get_option("--ctx"));
+  pc->add_option("-f,--file", pp->file, "text file (e.g. WikiText-2 test)")->required();
+  pc->add_option("-c,--ctx", pp->ctx, "window length in tokens")->capture_default_str()->check(CLI::Range(int64_t{16}, int64_t{1} << 24));
+  pc->add_option("--max-tokens", pp->max_tokens, "use only the first N tokens of the text (0 = all)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  pc->add_option("--press", pp->press, "press spec, e.g. snapkv:ratio=0.5 (kvtrim presses)")->required();
+  pc->add_option("--mode", pp->mode, "pcc (prefill-compress-continue) or throughout (compressed throughout)")
+      ->required()->check(CLI::IsMember({"pcc", "throughout"}));
+  pc->add_option("--prefix", pp->prefix, "first scored row; pcc: tokens prefilled before compressing (0 = ctx/2)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  pc->add_option("--chunk", pp->chunk, "throughout: tokens per forward between compressions (1 = exact; more = approximate)")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  pc->add_option("--out", pp->out, "results JSONL: one line per window, appended as it finishes; rerun to resume");
+  pc->callback([pp] { run_ppl(*pp); });
 }
 
 }  // namespace kvtrim::cli

@@ -1,0 +1,282 @@
+#include "eval/ppl.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string_view>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "core/timer.h"
+#include "engine/press_runner.h"
+#include "engine/session.h"
+#include "eval/rng.h"
+#include "press/press.h"
+
+namespace kvtrim::eval {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+const char* ppl_mode_name(PplMode m) { return m == PplMode::kPcc ? "pcc" : "throughout"; }
+
+PplMode parse_ppl_mode(const std::string& s) {
+  if (s == "pcc") return PplMode::kPcc;
+  if (s == "throughout") return PplMode::kThroughout;
+  fail("unknown ppl mode '%s' (pcc or throughout)", s.c_str());
+}
+
+int64_t ppl_window_count(int64_t n_tokens, int64_t ctx) {
+  KVTRIM_CHECK(ctx >= 16, "perplexity window must be at least 16 tokens (got %lld)", static_cast<long long>(ctx));
+  KVTRIM_CHECK(n_tokens >= ctx, "the text has %lld tokens, fewer than one window of %lld",
+               static_cast<long long>(n_tokens), static_cast<long long>(ctx));
+  return n_tokens / ctx;
+}
+
+std::vector<int32_t> ppl_window_tokens(const std::vector<int32_t>& tokens, int64_t ctx, int64_t w, int32_t bos) {
+  KVTRIM_CHECK((w + 1) * ctx <= static_cast<int64_t>(tokens.size()), "window %lld is past the text", static_cast<long long>(w));
+  std::vector<int32_t> win(tokens.begin() + w * ctx, tokens.begin() + (w + 1) * ctx);
+  if (bos >= 0) win[0] = bos;
+  return win;
+}
+
+std::string ppl_tokens_hash(const std::vector<int32_t>& t) {
+  const uint64_t h = fnv1a64(std::string_view(reinterpret_cast<const char*>(t.data()), t.size() * sizeof(int32_t)));
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+namespace {
+
+// -log softmax(logits)[target], in double (as NllAccumulator::add).
+double token_nll(const float* logits, size_t n_vocab, int32_t target) {
+  const float mx = *std::max_element(logits, logits + n_vocab);
+  double z = 0;
+  for (size_t v = 0; v < n_vocab; ++v) z += std::exp(static_cast<double>(logits[v] - mx));
+  return std::log(z) + mx - logits[target];
+}
+
+// The budget of the (single scorer) press.
+const ScorerPress& scorer_of(const Session& s) {
+  const auto* sp = dynamic_cast<const ScorerPress*>(s.press());
+  KVTRIM_CHECK(sp != nullptr,
+               "ppl --mode throughout needs a single token-eviction (scorer) press with a ratio or budget; '%s' is not one",
+               s.press() ? s.press()->spec().c_str() : "none");
+  return *sp;
+}
+
+}  // namespace
+
+void check_ppl_config(const Session& s, const PplConfig& c) {
+  KVTRIM_CHECK(s.press() != nullptr, "eval ppl needs a press (--press)");
+  KVTRIM_CHECK(c.ctx >= 16, "--ctx must be at least 16 (got %lld)", static_cast<long long>(c.ctx));
+  KVTRIM_CHECK(c.ctx <= s.n_ctx(), "--ctx %lld exceeds the session's context limit of %lld", static_cast<long long>(c.ctx),
+               static_cast<long long>(s.n_ctx()));
+  const int64_t p = c.first_row();
+  KVTRIM_CHECK(p >= 1 && p <= c.ctx - 2, "--prefix %lld must be in [1, %lld]", static_cast<long long>(p),
+               static_cast<long long>(c.ctx - 2));
+  KVTRIM_CHECK(c.chunk >= 1, "--chunk must be positive (got %lld)", static_cast<long long>(c.chunk));
+  if (c.mode == PplMode::kThroughout) scorer_of(s);
+}
+
+PplWindow score_ppl_window(Session& s, const std::vector<int32_t>& win, int64_t index, const PplConfig& c) {
+  check_ppl_config(s, c);
+  const double t0 = now_seconds();
+  const int64_t C = static_cast<int64_t>(win.size()), P = c.first_row();
+  KVTRIM_CHECK(C == c.ctx, "window of %lld tokens, expected %lld", static_cast<long long>(C), static_cast<long long>(c.ctx));
+  const size_t n_vocab = static_cast<size_t>(s.model().hparams().n_vocab);
+  PplWindow r;
+  r.index = index;
+  r.tokens_hash = ppl_tokens_hash(win);
+  r.n_scored = C - 1 - P;
+  std::vector<double> full(static_cast<size_t>(r.n_scored)), press(static_cast<size_t>(r.n_scored));
+
+  // Full cache.
+  {
+    std::vector<float> logits(static_cast<size_t>(C) * n_vocab);
+    s.reset();
+    s.eval_all(win.data(), C, logits.data());
+    for (int64_t j = P; j < C - 1; ++j)
+      full[static_cast<size_t>(j - P)] = token_nll(logits.data() + static_cast<size_t>(j) * n_vocab, n_vocab, win[static_cast<size_t>(j + 1)]);
+  }
+  const double dense_per_token = [&] {
+    const size_t d = s.cache().dense_bytes_f16();
+    return static_cast<double>(d) / static_cast<double>(C);
+  }();
+
+  if (c.mode == PplMode::kPcc) {
+    std::vector<float> logits(static_cast<size_t>(C - P) * n_vocab);
+    const CompressStats st = prefill_compress_continue(s, win, P, logits.data());
+    r.n_compress = 1;
+    for (int64_t j = P; j < C - 1; ++j)
+      press[static_cast<size_t>(j - P)] =
+          token_nll(logits.data() + static_cast<size_t>(j - P) * n_vocab, n_vocab, win[static_cast<size_t>(j + 1)]);
+    // bytes while row j is evaluated: the compressed prefix plus rows P..j, linear in j.
+    const double b_end = static_cast<double>(s.cache().bytes().total());  // rows P..C-1 appended
+    const double per_tok = (b_end - static_cast<double>(st.bytes_after)) / static_cast<double>(C - P);
+    for (int64_t j = P; j < C - 1; ++j) {
+      r.kv_bytes += static_cast<double>(st.bytes_after) + per_tok * static_cast<double>(j - P + 1);
+      r.kv_dense += dense_per_token * static_cast<double>(j + 1);
+    }
+  } else {
+    const Budget own = scorer_of(s).budget();
+    std::vector<float> logits(static_cast<size_t>(c.chunk) * n_vocab);
+    s.reset();
+    for (int64_t i = 0; i < C; i += c.chunk) {
+      const int64_t m = std::min<int64_t>(c.chunk, C - i);
+      s.eval_all(win.data() + i, m, logits.data());
+      const double held = static_cast<double>(s.cache().bytes().total());
+      for (int64_t j = std::max(i, P); j < std::min(i + m, C - 1); ++j) {
+        press[static_cast<size_t>(j - P)] =
+            token_nll(logits.data() + static_cast<size_t>(j - i) * n_vocab, n_vocab, win[static_cast<size_t>(j + 1)]);
+        r.kv_bytes += held;
+        r.kv_dense += dense_per_token * static_cast<double>(i + m);
+      }
+      if (i + m >= C) break;  // nothing reads the cache after the last chunk
+      Budget b;
+      b.n_keep = std::max<int64_t>(1, own.n_keep > 0 ? own.n_keep : own.keep_count(i + m));
+      s.compress(b);
+      ++r.n_compress;
+    }
+  }
+  for (size_t k = 0; k < full.size(); ++k) {
+    r.nll_full += full[k];
+    r.nll2_full += full[k] * full[k];
+    r.nll_press += press[k];
+    r.nll2_press += press[k] * press[k];
+    r.nll_cross += press[k] * full[k];
+  }
+  r.seconds = now_seconds() - t0;
+  return r;
+}
+
+// ---------------------------------------------------------------- results
+
+namespace {
+json to_json(const PplWindow& r, const std::string& config) {
+  return json{{"config", config},       {"window", r.index},         {"tokens_hash", r.tokens_hash},
+              {"n_scored", r.n_scored}, {"nll_press", r.nll_press},  {"nll2_press", r.nll2_press},
+              {"nll_full", r.nll_full}, {"nll2_full", r.nll2_full},  {"nll_cross", r.nll_cross},
+              {"kv_bytes", r.kv_bytes}, {"kv_dense", r.kv_dense},    {"n_compress", r.n_compress},
+              {"seconds", r.seconds}};
+}
+
+PplWindow from_json(const json& j) {
+  PplWindow r;
+  r.index = j.at("window").get<int64_t>();
+  r.tokens_hash = j.at("tokens_hash").get<std::string>();
+  r.n_scored = j.at("n_scored").get<int64_t>();
+  r.nll_press = j.at("nll_press").get<double>();
+  r.nll2_press = j.at("nll2_press").get<double>();
+  r.nll_full = j.at("nll_full").get<double>();
+  r.nll2_full = j.at("nll2_full").get<double>();
+  r.nll_cross = j.at("nll_cross").get<double>();
+  r.kv_bytes = j.at("kv_bytes").get<double>();
+  r.kv_dense = j.at("kv_dense").get<double>();
+  r.n_compress = j.at("n_compress").get<int64_t>();
+  r.seconds = j.at("seconds").get<double>();
+  return r;
+}
+}  // namespace
+
+PplResultsFile::PplResultsFile(std::string path, std::string config_hash)
+    : path_(std::move(path)), config_(std::move(config_hash)) {
+  std::error_code ec;
+  if (!fs::exists(path_, ec)) return;
+  std::ifstream f(path_, std::ios::binary);
+  KVTRIM_CHECK(f.good(), "cannot read results file '%s'", path_.c_str());
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  f.close();
+  const std::string text = ss.str();
+  size_t keep = text.size();
+  if (!text.empty() && text.back() != '\n') {  // a torn write
+    keep = text.rfind('\n');
+    keep = keep == std::string::npos ? 0 : keep + 1;
+    fs::resize_file(path_, keep, ec);
+    KVTRIM_CHECK(!ec, "cannot cut the torn last line of '%s': %s", path_.c_str(), ec.message().c_str());
+    KVTRIM_LOG_WARN("%s: dropped an incomplete last line (an interrupted run); that window runs again", path_.c_str());
+  }
+  std::istringstream in(text.substr(0, keep));
+  int64_t line_no = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++line_no;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    try {
+      const json j = json::parse(line);
+      if (j.value("config", std::string()) != config_) {
+        ++n_other_;
+        continue;
+      }
+      PplWindow r = from_json(j);
+      rows_[r.index] = std::move(r);
+    } catch (const json::exception& e) {
+      fail("%s:%lld: not a results line (%s); use another --out or fix the file", path_.c_str(),
+           static_cast<long long>(line_no), e.what());
+    }
+  }
+}
+
+bool PplResultsFile::done(int64_t index, const std::string& tokens_hash) const {
+  auto it = rows_.find(index);
+  if (it == rows_.end()) return false;
+  KVTRIM_CHECK(it->second.tokens_hash == tokens_hash,
+               "%s: window %lld was scored on other tokens (hash %s, now %s) under the same config: use a new --out",
+               path_.c_str(), static_cast<long long>(index), it->second.tokens_hash.c_str(), tokens_hash.c_str());
+  return true;
+}
+
+void PplResultsFile::append(const PplWindow& r) {
+  std::ofstream f(path_, std::ios::binary | std::ios::app);
+  KVTRIM_CHECK(f.good(), "cannot write results file '%s'", path_.c_str());
+  f << to_json(r, config_).dump() << "\n";
+  f.flush();
+  KVTRIM_CHECK(f.good(), "error writing results file '%s'", path_.c_str());
+  rows_[r.index] = r;
+}
+
+PplSummary summarize_ppl(const std::vector<PplWindow>& rows) {
+  PplSummary s;
+  double sp = 0, sp2 = 0, sf = 0, sf2 = 0, spf = 0, kb = 0, kd = 0;
+  for (const auto& r : rows) {
+    ++s.n_windows;
+    s.n_scored += r.n_scored;
+    sp += r.nll_press, sp2 += r.nll2_press, sf += r.nll_full, sf2 += r.nll2_full, spf += r.nll_cross;
+    kb += r.kv_bytes, kd += r.kv_dense;
+  }
+  if (s.n_scored == 0) return s;
+  const double n = static_cast<double>(s.n_scored), dof = static_cast<double>(std::max<int64_t>(1, s.n_scored - 1));
+  const double mp = sp / n, mf = sf / n;
+  const double vp = std::max(0.0, sp2 / n - mp * mp) / dof, vf = std::max(0.0, sf2 / n - mf * mf) / dof;
+  const double cpf = (spf / n - mp * mf) / dof;  // covariance of the two means
+  s.ppl_press = std::exp(mp);
+  s.ppl_full = std::exp(mf);
+  s.se_press = s.ppl_press * std::sqrt(vp);
+  s.se_full = s.ppl_full * std::sqrt(vf);
+  s.delta = s.ppl_press - s.ppl_full;
+  s.se_delta = std::sqrt(std::max(0.0, s.ppl_press * s.ppl_press * vp + s.ppl_full * s.ppl_full * vf -
+                                           2 * s.ppl_press * s.ppl_full * cpf));
+  s.kv_ratio = kd > 0 ? kb / kd : 0;
+  s.mean_kv_bytes = kb / n;
+  return s;
+}
+
+std::string ppl_summary_table(const std::vector<PplWindow>& rows, const PplConfig& c, const std::string& press) {
+  const PplSummary s = summarize_ppl(rows);
+  std::string mode = ppl_mode_name(c.mode);
+  if (c.mode == PplMode::kThroughout) mode += strprintf(" (chunk %lld%s)", static_cast<long long>(c.chunk), c.chunk > 1 ? ", approximate" : "");
+  std::string out = "| mode | press | ctx | windows | tokens | PPL full | PPL press | ΔPPL | KV / f16 |\n"
+                    "|---|---|---:|---:|---:|---:|---:|---:|---:|\n";
+  out += strprintf("| %s | %s | %lld | %lld | %lld | %.4f ± %.4f | %.4f ± %.4f | **%+.4f ± %.4f** | %.3f |\n", mode.c_str(),
+                   press.c_str(), static_cast<long long>(c.ctx), static_cast<long long>(s.n_windows),
+                   static_cast<long long>(s.n_scored), s.ppl_full, s.se_full, s.ppl_press, s.se_press, s.delta, s.se_delta,
+                   s.kv_ratio);
+  return out;
+}
+
+}  // namespace kvtrim::eval
