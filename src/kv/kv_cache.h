@@ -39,13 +39,22 @@ struct KvCacheConfig {
 // Bytes held, by part: keys / values (the stored elements: full vectors, or basis
 // coefficients), positions (int32 original positions), scales (q8: one f32 per stored key
 // vector and one per value vector), bases (f32 basis matrices, each stored basis counted
-// once), other (int32 epoch ids, one per stored basis-epoch segment).
-// total() = keys + values + positions + scales + bases + other; per_layer: [n_layer], the same
-// total split by layer.
+// once), indices (channel indices of the channel axis: per-head subsets as uint16, one per kept
+// key channel of each stored channel epoch, counted once; per-token subsets: one uint8 per kept
+// channel of each stored token, uint16 when head_dim_k > 256), bitmasks (per-token subsets with
+// recovery: the sign bits of each token's pruned channels, ceil((head_dim_k - T) / 8) bytes per
+// token), other (int32 epoch ids, one per stored basis/channel-epoch segment). Per-token
+// recovery also counts under scales: one f32 fill per stored token and the f32 recovery scale
+// vector [head_dim_k] of each stored epoch, once.
+// total() = keys + values + positions + scales + bases + indices + bitmasks + other;
+// per_layer: [n_layer], the same total split by layer.
 struct KvBytes {
-  size_t keys = 0, values = 0, positions = 0, scales = 0, bases = 0, other = 0;
+  size_t keys = 0, values = 0, positions = 0, scales = 0, bases = 0, indices = 0, bitmasks = 0,
+         other = 0;
   std::vector<size_t> per_layer;
-  size_t total() const { return keys + values + positions + scales + bases + other; }
+  size_t total() const {
+    return keys + values + positions + scales + bases + indices + bitmasks + other;
+  }
 };
 
 // What a press decided for one (layer, kv head). Token axis: `keep` lists indices into the
@@ -60,17 +69,46 @@ struct KvBytes {
 // earlier epoch keep the basis they were encoded with; tokens appended later are encoded with
 // this (the head's current) basis. anchors: indices (same index space as keep, strictly
 // increasing, each one kept and still full-rank) of tokens that stay dense and exact; only
-// with a basis. A cache that cannot apply a field must throw, never ignore it.
+// with a basis (or key channels). A cache that cannot apply a field must throw, never ignore it.
+//
+// Channel axis, keys (optional; ThinK): key_channels = the key channels (indices into
+// 0 .. head_dim_k-1, strictly increasing, non-empty) kept for the head, in the head's own
+// coordinates; not combinable with a basis (basis_k / basis_v must be empty). Like a basis it
+// starts a new epoch of the head: every kept token still stored dense and not an anchor keeps
+// only those channels (the others are dropped: they contribute zero to q·k, ThinK's
+// definition); tokens of earlier epochs keep theirs; tokens appended later are stored dense
+// (all channels) until the next plan with key_channels.
+//
+// Channel axis, keys, per token (SPARK / SWAN; optional): key_topk = T (1 <= T <= head_dim_k)
+// channels kept per token, listed in key_token_channels [n_rows][T] (each row strictly
+// increasing in [0, head_dim_k)), one row per kept token in keep order (n_rows = keep.size(),
+// or the head's token count with keep_all); rows of tokens that are not re-encoded (anchors,
+// tokens of earlier epochs) are validated and ignored. Starts an epoch like key_channels (the
+// same rules: no basis, no key_channels; tokens appended later stay dense). Recovery
+// (optional, SPARK): key_recovery_scale r [head_dim_k] and key_token_fill [n_rows] = sqrt(μ_t);
+// a pruned channel c of token t then contributes q_c · sign(k_tc) · key_token_fill[t] · r[c]
+// (the sign bit is taken from the stored key); without them a pruned channel contributes zero
+// (the ablation). Both are given or neither.
 struct HeadPlan {
   bool keep_all = true;
   std::vector<int32_t> keep;
   int rank_k = 0, rank_v = 0;
   std::vector<float> basis_k, basis_v;
   std::vector<int32_t> anchors;
+  std::vector<int32_t> key_channels;
+  int key_topk = 0;
+  std::vector<int32_t> key_token_channels;
+  std::vector<float> key_recovery_scale, key_token_fill;
   bool has_basis() const {
     return rank_k != 0 || rank_v != 0 || !basis_k.empty() || !basis_v.empty();
   }
-  bool planned() const { return !keep_all || has_basis() || !anchors.empty(); }
+  bool has_channels() const {
+    return !key_channels.empty() || key_topk != 0 || !key_token_channels.empty() ||
+           !key_recovery_scale.empty() || !key_token_fill.empty();
+  }
+  bool planned() const {
+    return !keep_all || has_basis() || has_channels() || !anchors.empty();
+  }
 };
 
 // A plan for the whole cache: one HeadPlan per (layer, kv head).

@@ -31,6 +31,19 @@
 // walks every segment's visible run (split s of n_split of each), projecting the queries once
 // per epoch (q·U_k) and lifting the coefficient-space accumulator once ((Σ a ṽ)·U_vᵀ), merged
 // by the online softmax. Heads without a basis take the original path unchanged.
+//
+// Channel axis, keys (HeadPlan::key_channels, ThinK): an epoch like a basis epoch whose
+// "basis" is the channel subset S (Basis::kch, |S| = rk): its segment's key rows hold only
+// the |S| kept channels (k̃ = k[S], in the same tiled dtype layout, q8 scale over k[S]), the
+// values stay full. A work item gathers the queries' channels once per epoch (q[S]) and scores
+// q[S]·k̃; dropped channels contribute zero; read_head scatters k̃ back with zeros elsewhere.
+// Tokens appended after a channel plan go to the head's dense rows (all channels) until the
+// next plan with key_channels re-encodes them into a new epoch.
+// Per-token channels (HeadPlan::key_topk, SPARK / SWAN): an epoch (Basis::topk, rk = T) whose
+// segment stores per row the T kept key values (tiled, dtype), their channel indices (kidx,
+// uint8 / uint16), and with recovery one f32 fill and the sign bits of the pruned channels.
+// attend_range scores it with sparse_scores (full scaled queries: sparse dot over the row's
+// indices + fill · Σ ± q_c r[c] over the pruned channels) instead of the tiled kernels.
 #include <malloc.h>
 
 #include <algorithm>
@@ -155,7 +168,13 @@ struct Basis {
   int32_t id = 0;  // epoch id (unique in the cache)
   int rk = 0, rv = 0;
   std::vector<float> uk, uv;
+  std::vector<uint16_t> kch;  // channel epoch: the kept key channels (rk of them); uk empty
+  bool topk = false;          // per-token channel epoch: rk = T channels per token (own lists)
+  std::vector<float> rec;     // per-token recovery scale r [dk] (empty: zero-fill)
+  bool appends_dense() const { return !kch.empty() || topk; }
 };
+
+
 
 // c[j] = Σ_i x[i] U[i, j]: x [d] -> coefficients c [r] (U empty: c = x).
 void project(const std::vector<float>& U, int d, int r, const float* x, float* c) {
@@ -183,6 +202,25 @@ void lift(const std::vector<float>& U, int d, int r, const float* c, float* x) {
     for (int j = 0; j < r; ++j) acc += u[j] * c[j];
     x[i] = acc;
   }
+}
+
+// Key coefficients of x [d] in epoch b: the kept channels (channel epoch) or x·U_k.
+void project_key(const Basis& b, int d, const float* x, float* c) {
+  if (!b.kch.empty()) {
+    for (size_t j = 0; j < b.kch.size(); ++j) c[j] = x[b.kch[j]];
+    return;
+  }
+  project(b.uk, d, b.rk, x, c);
+}
+
+// Key of epoch b from its coefficients c: scattered with zeros (channel epoch) or U_k·c.
+void lift_key(const Basis& b, int d, const float* c, float* x) {
+  if (!b.kch.empty()) {
+    std::fill(x, x + d, 0.f);
+    for (size_t j = 0; j < b.kch.size(); ++j) x[b.kch[j]] = c[j];
+    return;
+  }
+  lift(b.uk, d, b.rk, c, x);
 }
 
 // Checks one side of a plan's basis: none (rank 0, empty), or U [d, r] with 1 <= r <= d and
@@ -239,6 +277,12 @@ class TokenCache final : public KvCache {
     Buf v;                     // [cap, dv] in dtype (q8: int8 codes)
     Buf k_scale, v_scale;      // q8 only: [cap] f32, key_t = k_scale[t] · code_t (same for v)
     std::vector<int32_t> pos;  // [n_tok] original positions, increasing (unshared layers only)
+    // per-token channel epoch (sp_isz > 0): key row t holds the values of channels kidx[t]
+    int sp_isz = 0;  // bytes per channel index (1: uint8, 2: uint16); 0 = not per-token
+    int sp_sb = 0;   // sign bytes per token (recovery only; 0 = zero-fill)
+    Buf kidx;        // [cap, dk] channel indices of each row's kept values
+    Buf kfill;       // recovery: [cap] f32 sqrt(μ_t)
+    Buf ksign;       // recovery: [cap, sp_sb] bit j (LSB first) = 1 if the j-th pruned channel < 0
   };
   // Tokens encoded in one basis epoch: coefficients [n_tok, rk] / [n_tok, rv].
   struct Seg {
@@ -262,9 +306,18 @@ class TokenCache final : public KvCache {
   }
   // One work item: query against tokens [t0, t1) of head H for the group's n_group query
   // heads. acc: [n_group, head_dim_v] unnormalised, m / l: [n_group] running max / sum.
-  template <KvDtype D>
+  // Sp: a per-token channel segment (sp = its epoch), scored by sparse_scores; a compile-time
+  // switch so the ordinary path has no added branch.
+  template <KvDtype D, bool Sp = false>
   void attend_range(const Store& H, int n_group, const float* q_group, float scale,
-                    float softcap, int64_t t0, int64_t t1, float* acc, float* m, float* l) const;
+                    float softcap, int64_t t0, int64_t t1, float* acc, float* m, float* l,
+                    const Basis* sp = nullptr) const;
+  // Scores of rows [b, b + nb) of a per-token channel segment: s[g, t] = Σ_{c kept} qs_gc k_tc
+  // + fill_t Σ_{c pruned} sign_tc qr_gc (qs: scaled queries [n_group, head_dim_k], qr = qs·r).
+  void sparse_scores(const Store& S, const Basis& b, int n_group, const float* qs,
+                     const float* qr, int64_t b0, int64_t nb, float* s, int64_t ld) const;
+  void put_sparse_row(Store& S, int64_t row, const Basis& b, const float* k, const float* v,
+                      const int32_t* ch, float fill) const;
   // A work item over a basis-mode head: split s of n_split of every segment's visible run,
   // merged into acc [n_group, head_dim_v], m, l (output space).
   template <KvDtype D>
@@ -324,7 +377,25 @@ void TokenCache::realloc_head(Store& H, int64_t cap, bool grow, const int32_t* k
   Store N;
   N.dk = H.dk;
   N.dv = H.dv;
+  N.sp_isz = H.sp_isz;
+  N.sp_sb = H.sp_sb;
   N.cap = cap;
+  if (H.sp_isz) {  // per-token channel arrays: [cap, row bytes], copied / gathered by rows
+    auto side = [&](Buf& dst, const Buf& src, size_t rb) {
+      if (rb == 0) return;
+      dst.alloc(static_cast<size_t>(cap) * rb);
+      if (grow) {
+        if (H.n_tok > 0) std::memcpy(dst.p.get(), src.p.get(), static_cast<size_t>(H.n_tok) * rb);
+      } else {
+        for (int64_t r = 0; r < n_keep; ++r)
+          std::memcpy(dst.p.get() + static_cast<size_t>(r) * rb,
+                      src.p.get() + static_cast<size_t>(keep[r]) * rb, rb);
+      }
+    };
+    side(N.kidx, H.kidx, static_cast<size_t>(H.dk) * static_cast<size_t>(H.sp_isz));
+    side(N.kfill, H.kfill, H.sp_sb ? sizeof(float) : 0);
+    side(N.ksign, H.ksign, static_cast<size_t>(H.sp_sb));
+  }
   N.n_tok = n_keep;
   N.k.alloc(static_cast<size_t>(cap * dk) * esize_);
   N.v.alloc(static_cast<size_t>(cap * dv) * esize_);
@@ -401,7 +472,7 @@ void TokenCache::append(int il, int64_t n, const float* k, const float* v, const
   const int64_t dk = cfg_.head_dim_k, dv = cfg_.head_dim_v;
   for (int ih = 0; ih < nkv; ++ih) {
     Head& H = L.heads[static_cast<size_t>(ih)];
-    if (H.cur) {  // basis mode: encode with the current basis, into its epoch's segment
+    if (H.cur && !H.cur->appends_dense()) {  // basis mode: encode with the current basis
       const Basis& B = *H.cur;
       Store* S = nullptr;
       for (Seg& g : H.segs)
@@ -430,7 +501,7 @@ void TokenCache::append(int il, int64_t n, const float* k, const float* v, const
       const float* vs = v + (j * nkv + ih) * dv;  // v: [n, n_head_kv, head_dim_v]
       put_row(H, H.n_tok + j, ks, vs);
     }
-    H.n_tok += n;
+    H.n_tok += n;  // (a channel-epoch head appends here: dense until its next channel plan)
     if (!L.shared) H.pos.insert(H.pos.end(), pos, pos + n);
   }
   if (L.shared) L.pos.insert(L.pos.end(), pos, pos + n);
@@ -493,6 +564,81 @@ int32_t TokenCache::last_pos(const Layer& L, int ih) const {
   return last;
 }
 
+void TokenCache::sparse_scores(const Store& S, const Basis& b, int n_group, const float* qs,
+                               const float* qr, int64_t b0, int64_t nb, float* s,
+                               int64_t ld) const {
+  const int T = S.dk, d = cfg_.head_dim_k;
+  const bool q8 = cfg_.dtype == KvDtype::kQ8;
+  const bool rec = S.sp_sb > 0;
+  thread_local std::vector<float> kv_;
+  thread_local std::vector<int> ch;
+  kv_.resize(static_cast<size_t>(T));
+  ch.resize(static_cast<size_t>(T));
+  for (int64_t t = 0; t < nb; ++t) {
+    const int64_t row = b0 + t;
+    const float sc = q8 ? S.k_scale.as<float>()[row] : 1.f;
+    const uint8_t* ix = S.kidx.p.get() + static_cast<size_t>(row * T) * static_cast<size_t>(S.sp_isz);
+    for (int j = 0; j < T; ++j) {
+      kv_[static_cast<size_t>(j)] = decode(cfg_.dtype, S.k.p.get(), kv::key_tile_index(row, j, T), sc);
+      ch[static_cast<size_t>(j)] =
+          S.sp_isz == 1 ? ix[j] : reinterpret_cast<const uint16_t*>(ix)[j];
+    }
+    const uint8_t* sg = rec ? S.ksign.p.get() + static_cast<size_t>(row) * S.sp_sb : nullptr;
+    const float fill = rec ? S.kfill.as<float>()[row] : 0.f;
+    for (int g = 0; g < n_group; ++g) {
+      const float* q = qs + static_cast<int64_t>(g) * d;
+      float dot = 0;
+      for (int j = 0; j < T; ++j) dot += q[ch[static_cast<size_t>(j)]] * kv_[static_cast<size_t>(j)];
+      if (rec) {  // Σ over pruned channels (in channel order) of ±q_c r_c, times fill_t
+        const float* r = qr + static_cast<int64_t>(g) * d;
+        float acc = 0;
+        int jj = 0, ord = 0;
+        for (int c = 0; c < d; ++c) {
+          if (jj < T && ch[static_cast<size_t>(jj)] == c) {
+            ++jj;
+            continue;
+          }
+          acc += ((sg[ord >> 3] >> (ord & 7)) & 1) ? -r[c] : r[c];
+          ++ord;
+        }
+        dot += fill * acc;
+      }
+      s[static_cast<int64_t>(g) * ld + t] = dot;
+    }
+  }
+  (void)b;
+}
+
+void TokenCache::put_sparse_row(Store& S, int64_t row, const Basis& b, const float* k,
+                                const float* v, const int32_t* ch, float fill) const {
+  const int T = S.dk, d = cfg_.head_dim_k;
+  std::vector<float> vals(static_cast<size_t>(T));
+  for (int j = 0; j < T; ++j) vals[static_cast<size_t>(j)] = k[ch[j]];
+  put_row(S, row, vals.data(), v);
+  uint8_t* ix = S.kidx.p.get() + static_cast<size_t>(row * T) * static_cast<size_t>(S.sp_isz);
+  for (int j = 0; j < T; ++j) {
+    if (S.sp_isz == 1) {
+      ix[j] = static_cast<uint8_t>(ch[j]);
+    } else {
+      reinterpret_cast<uint16_t*>(ix)[j] = static_cast<uint16_t>(ch[j]);
+    }
+  }
+  if (S.sp_sb == 0) return;
+  S.kfill.as<float>()[row] = fill;
+  uint8_t* sg = S.ksign.p.get() + static_cast<size_t>(row) * S.sp_sb;
+  std::fill(sg, sg + S.sp_sb, uint8_t{0});
+  int jj = 0, ord = 0;
+  for (int c = 0; c < d; ++c) {
+    if (jj < T && ch[jj] == c) {
+      ++jj;
+      continue;
+    }
+    if (k[c] < 0) sg[ord >> 3] = static_cast<uint8_t>(sg[ord >> 3] | (1u << (ord & 7)));
+    ++ord;
+  }
+  (void)b;
+}
+
 template <KvDtype D>
 void TokenCache::attend_basis(const Head& H, int n_group, const float* q_group,
                               const AttnParams& p, int32_t q_pos, int64_t s, int64_t n_split,
@@ -518,17 +664,22 @@ void TokenCache::attend_basis(const Head& H, int n_group, const float* q_group,
     const int64_t t0 = lo + len * s / n_split, t1 = lo + len * (s + 1) / n_split;
     if (t0 >= t1) return;
     const float* qq = q_group;  // scores in the epoch's coordinates: (q·U_k)·k̃
-    if (b && !b->uk.empty()) {
+    if (b && (!b->uk.empty() || !b->kch.empty())) {  // q·U_k, or q[S] in a channel epoch
       qb.resize(static_cast<size_t>(n_group) * static_cast<size_t>(b->rk));
       for (int g = 0; g < n_group; ++g)
-        project(b->uk, dk, b->rk, q_group + static_cast<int64_t>(g) * dk,
-                qb.data() + static_cast<int64_t>(g) * b->rk);
+        project_key(*b, dk, q_group + static_cast<int64_t>(g) * dk,
+                    qb.data() + static_cast<int64_t>(g) * b->rk);
       qq = qb.data();
     }
     acc_s.resize(static_cast<size_t>(n_group) * static_cast<size_t>(S.dv));
     ml.resize(2 * static_cast<size_t>(n_group));
-    attend_range<D>(S, n_group, qq, p.scale, p.softcap, t0, t1, acc_s.data(), ml.data(),
-                    ml.data() + n_group);
+    if (b && b->topk) {
+      attend_range<D, true>(S, n_group, qq, p.scale, p.softcap, t0, t1, acc_s.data(), ml.data(),
+                            ml.data() + n_group, b);
+    } else {
+      attend_range<D>(S, n_group, qq, p.scale, p.softcap, t0, t1, acc_s.data(), ml.data(),
+                      ml.data() + n_group);
+    }
     for (int g = 0; g < n_group; ++g) {
       const float ms = ml[static_cast<size_t>(g)];
       if (std::isinf(ms)) continue;
@@ -549,17 +700,25 @@ void TokenCache::attend_basis(const Head& H, int n_group, const float* q_group,
   for (const Seg& g : H.segs) part(g.s, g.b.get());
 }
 
-template <KvDtype D>
+template <KvDtype D, bool Sp>
 void TokenCache::attend_range(const Store& H, int n_group, const float* q_group, float scale,
                               float softcap, int64_t t0, int64_t t1, float* acc, float* m,
-                              float* l) const {
-  const int dk = H.dk, dv = H.dv;
+                              float* l, const Basis* sp) const {
+  const int dk = Sp ? cfg_.head_dim_k : H.dk, dv = H.dv;  // per-token channels: full queries
   // scaled queries [n_group, dk]; scores [n_group, kBlock]; q8: scores · v_scale [n_group, kBlock]
   thread_local std::vector<float> qs, s, sv;
   qs.resize(static_cast<size_t>(n_group) * dk);
   s.resize(static_cast<size_t>(n_group) * kBlock);
   if constexpr (D == KvDtype::kQ8) sv.resize(static_cast<size_t>(n_group) * kBlock);
   for (int64_t i = 0; i < static_cast<int64_t>(n_group) * dk; ++i) qs[i] = q_group[i] * scale;
+  thread_local std::vector<float> qr;
+  if constexpr (Sp) {
+    if (!sp->rec.empty()) {
+      qr.resize(static_cast<size_t>(n_group) * dk);
+      for (int64_t i = 0; i < static_cast<int64_t>(n_group) * dk; ++i)
+        qr[i] = qs[i] * sp->rec[i % dk];
+    }
+  }
   std::fill(acc, acc + static_cast<int64_t>(n_group) * dv, 0.f);
   for (int g = 0; g < n_group; ++g) {
     m[g] = -std::numeric_limits<float>::infinity();
@@ -568,7 +727,9 @@ void TokenCache::attend_range(const Store& H, int n_group, const float* q_group,
   for (int64_t b = t0; b < t1; b += kBlock) {
     const int64_t nb = std::min(kBlock, t1 - b);
     // s[g, t] = scale · q_g · k_t
-    if constexpr (D == KvDtype::kF32) {
+    if constexpr (Sp) {
+      sparse_scores(H, *sp, n_group, qs.data(), qr.data(), b, nb, s.data(), kBlock);
+    } else if constexpr (D == KvDtype::kF32) {
       kv::attn_scores_f32(qs.data(), n_group, dk, H.k.as<float>(), b, nb, s.data(), kBlock);
     } else if constexpr (D == KvDtype::kF16) {
       kv::attn_scores_f16(qs.data(), n_group, dk, H.k.as<uint16_t>(), b, nb, s.data(), kBlock);
@@ -776,10 +937,78 @@ void TokenCache::apply(const CompressionPlan& plan) {
       const int64_t n = head_tokens(H);
       check_basis(hp.basis_k, hp.rank_k, cfg_.head_dim_k, "key", il, ih);
       check_basis(hp.basis_v, hp.rank_v, cfg_.head_dim_v, "value", il, ih);
+      if (hp.has_channels()) {
+        KVTRIM_CHECK(hp.key_channels.empty() || (hp.key_topk == 0 && hp.key_token_channels.empty() &&
+                                                 hp.key_recovery_scale.empty() &&
+                                                 hp.key_token_fill.empty()),
+                     "compression plan (layer %d, kv head %d): key_channels (per head) and "
+                     "key_topk (per token) cannot be combined",
+                     il, ih);
+        KVTRIM_CHECK(!hp.has_basis(),
+                     "compression plan (layer %d, kv head %d): key_channels cannot be combined "
+                     "with a basis (channels are in the head's own coordinates)",
+                     il, ih);
+        const size_t nc = hp.key_channels.size();
+        KVTRIM_CHECK(nc <= static_cast<size_t>(cfg_.head_dim_k),
+                     "compression plan (layer %d, kv head %d): %zu key channels for head_dim_k %d",
+                     il, ih, nc, cfg_.head_dim_k);
+        for (size_t j = 0; j < nc; ++j) {
+          const int32_t c = hp.key_channels[j];
+          KVTRIM_CHECK(c >= 0 && c < cfg_.head_dim_k,
+                       "compression plan (layer %d, kv head %d): key_channels[%zu] = %d is out of "
+                       "range [0, %d) (head_dim_k)",
+                       il, ih, j, c, cfg_.head_dim_k);
+          KVTRIM_CHECK(j == 0 || c > hp.key_channels[j - 1],
+                       "compression plan (layer %d, kv head %d): key_channels[%zu] = %d after %d "
+                       "(channels must be strictly increasing)",
+                       il, ih, j, c, hp.key_channels[j - 1]);
+        }
+        if (hp.key_channels.empty()) {  // per-token channels
+          const int T = hp.key_topk, d = cfg_.head_dim_k;
+          KVTRIM_CHECK(T >= 1 && T <= d,
+                       "compression plan (layer %d, kv head %d): key_topk %d is out of range "
+                       "[1, %d] (head_dim_k)",
+                       il, ih, T, d);
+          const size_t rows = hp.keep_all ? static_cast<size_t>(n) : hp.keep.size();
+          KVTRIM_CHECK(hp.key_token_channels.size() == rows * static_cast<size_t>(T),
+                       "compression plan (layer %d, kv head %d): key_token_channels holds %zu "
+                       "indices, expected %zu kept tokens x key_topk %d",
+                       il, ih, hp.key_token_channels.size(), rows, T);
+          for (size_t r = 0; r < rows; ++r) {
+            const int32_t* row = hp.key_token_channels.data() + r * static_cast<size_t>(T);
+            for (int j = 0; j < T; ++j) {
+              KVTRIM_CHECK(row[j] >= 0 && row[j] < d && (j == 0 || row[j] > row[j - 1]),
+                           "compression plan (layer %d, kv head %d): key_token_channels row %zu "
+                           "entry %d = %d is out of range [0, %d) or not strictly increasing",
+                           il, ih, r, j, row[j], d);
+            }
+          }
+          KVTRIM_CHECK(hp.key_recovery_scale.empty() == hp.key_token_fill.empty(),
+                       "compression plan (layer %d, kv head %d): key_recovery_scale and "
+                       "key_token_fill are given together or not at all",
+                       il, ih);
+          if (!hp.key_recovery_scale.empty()) {
+            KVTRIM_CHECK(hp.key_recovery_scale.size() == static_cast<size_t>(d) &&
+                             hp.key_token_fill.size() == rows,
+                         "compression plan (layer %d, kv head %d): key_recovery_scale holds %zu "
+                         "floats (expected head_dim_k %d), key_token_fill %zu (expected %zu)",
+                         il, ih, hp.key_recovery_scale.size(), d, hp.key_token_fill.size(), rows);
+            for (float x : hp.key_recovery_scale)
+              KVTRIM_CHECK(std::isfinite(x),
+                           "compression plan (layer %d, kv head %d): key_recovery_scale is not "
+                           "finite",
+                           il, ih);
+            for (float x : hp.key_token_fill)
+              KVTRIM_CHECK(std::isfinite(x),
+                           "compression plan (layer %d, kv head %d): key_token_fill is not finite",
+                           il, ih);
+          }
+        }
+      }
       if (!hp.anchors.empty()) {
-        KVTRIM_CHECK(hp.has_basis(),
+        KVTRIM_CHECK(hp.has_basis() || hp.has_channels(),
                      "compression plan (layer %d, kv head %d): anchors are given without a basis "
-                     "(anchors are the tokens a basis leaves dense)",
+                     "or key channels (anchors are the tokens a basis leaves dense)",
                      il, ih);
         const std::vector<std::pair<int, int64_t>> ord =
             H.cur ? order(H) : std::vector<std::pair<int, int64_t>>();
@@ -823,7 +1052,7 @@ void TokenCache::apply(const CompressionPlan& plan) {
     for (int ih = 0; ih < nkv; ++ih) {
       const HeadPlan& hp = plan.at(il, ih);
       any = any || hp.planned();
-      same = same && !hp.has_basis() && hp.keep_all == h0.keep_all &&
+      same = same && !hp.has_basis() && !hp.has_channels() && hp.keep_all == h0.keep_all &&
              (hp.keep_all || hp.keep == h0.keep);
     }
     if (!any) continue;
@@ -835,7 +1064,7 @@ void TokenCache::apply(const CompressionPlan& plan) {
     for (int ih = 0; ih < nkv; ++ih) {
       const HeadPlan& hp = plan.at(il, ih);
       Head& H = L.heads[static_cast<size_t>(ih)];
-      if (H.cur || hp.has_basis()) {  // the layer is unshared here (a basis is never shared)
+      if (H.cur || hp.has_basis() || hp.has_channels()) {  // the layer is unshared here
         if (hp.planned()) apply_basis_head(H, hp);
         continue;
       }
@@ -874,11 +1103,27 @@ void TokenCache::apply_basis_head(Head& H, const HeadPlan& hp) {
     b->uk = hp.basis_k;
     b->uv = hp.basis_v;
     nb = std::move(b);
+  } else if (!hp.key_channels.empty()) {
+    auto b = std::make_shared<Basis>();
+    b->id = next_epoch_++;
+    b->rk = static_cast<int>(hp.key_channels.size());
+    b->rv = dv;
+    b->kch.assign(hp.key_channels.begin(), hp.key_channels.end());
+    nb = std::move(b);
+  } else if (hp.has_channels()) {  // per-token channels
+    auto b = std::make_shared<Basis>();
+    b->id = next_epoch_++;
+    b->rk = hp.key_topk;
+    b->rv = dv;
+    b->topk = true;
+    b->rec = hp.key_recovery_scale;
+    nb = std::move(b);
   }
   const std::vector<std::pair<int, int64_t>> ord = order(H);
-  std::vector<int32_t> keep_dense, reenc;
+  std::vector<int32_t> keep_dense, reenc, reenc_row;  // reenc_row: the plan row of each
   std::vector<std::vector<int32_t>> keep_seg(H.segs.size());
   size_t ia = 0;
+  int32_t prow = 0;  // plan row of the token being taken (keep order)
   auto take = [&](int64_t g) {
     const bool anchor = ia < hp.anchors.size() && hp.anchors[ia] == g;
     if (anchor) ++ia;
@@ -889,7 +1134,9 @@ void TokenCache::apply_basis_head(Head& H, const HeadPlan& hp) {
       keep_dense.push_back(static_cast<int32_t>(j));
     } else {
       reenc.push_back(static_cast<int32_t>(j));
+      reenc_row.push_back(prow);
     }
+    ++prow;
   };
   if (hp.keep_all) {
     for (int64_t g = 0; g < static_cast<int64_t>(ord.size()); ++g) take(g);
@@ -901,6 +1148,10 @@ void TokenCache::apply_basis_head(Head& H, const HeadPlan& hp) {
     ns.b = nb;
     ns.s.dk = nb->rk;
     ns.s.dv = nb->rv;
+    if (nb->topk) {
+      ns.s.sp_isz = dk <= 256 ? 1 : 2;
+      ns.s.sp_sb = nb->rec.empty() ? 0 : (dk - nb->rk + 7) / 8;
+    }
     const int64_t n = static_cast<int64_t>(reenc.size());
     realloc_head(ns.s, (n + kv::kKeyTile - 1) / kv::kKeyTile * kv::kKeyTile, /*grow=*/true,
                  nullptr, 0);
@@ -909,7 +1160,15 @@ void TokenCache::apply_basis_head(Head& H, const HeadPlan& hp) {
     ns.s.pos.resize(static_cast<size_t>(n));
     for (int64_t r = 0; r < n; ++r) {
       get_row(H, reenc[static_cast<size_t>(r)], kf.data(), vf.data());
-      project(nb->uk, dk, nb->rk, kf.data(), ck.data());
+      if (nb->topk) {
+        const size_t pr = static_cast<size_t>(reenc_row[static_cast<size_t>(r)]);
+        put_sparse_row(ns.s, r, *nb, kf.data(), vf.data(),
+                       hp.key_token_channels.data() + pr * static_cast<size_t>(nb->rk),
+                       nb->rec.empty() ? 0.f : hp.key_token_fill[pr]);
+        ns.s.pos[static_cast<size_t>(r)] = H.pos[static_cast<size_t>(reenc[static_cast<size_t>(r)])];
+        continue;
+      }
+      project_key(*nb, dk, kf.data(), ck.data());
       project(nb->uv, dv, nb->rv, vf.data(), cv.data());
       put_row(ns.s, r, ck.data(), cv.data());
       ns.s.pos[static_cast<size_t>(r)] = H.pos[static_cast<size_t>(reenc[static_cast<size_t>(r)])];
@@ -947,7 +1206,27 @@ void TokenCache::read_head(int il, int ih, std::vector<float>* k, std::vector<fl
       }
       const Seg& G = H.segs[static_cast<size_t>(sg)];
       get_row(G.s, j, kt ? ck.data() : nullptr, vt ? cv.data() : nullptr);
-      if (kt) lift(G.b->uk, dk, G.b->rk, ck.data(), kt);
+      if (kt && G.b->topk) {  // kept values; pruned: ±fill·r[c] with recovery, else 0
+        const Store& S = G.s;
+        const int T = S.dk;
+        const uint8_t* ix = S.kidx.p.get() + static_cast<size_t>(j * T) * static_cast<size_t>(S.sp_isz);
+        const uint8_t* sg = S.sp_sb ? S.ksign.p.get() + static_cast<size_t>(j) * S.sp_sb : nullptr;
+        int jj = 0, ord = 0;
+        for (int c = 0; c < dk; ++c) {
+          const int cj = jj < T ? (S.sp_isz == 1 ? ix[jj] : reinterpret_cast<const uint16_t*>(ix)[jj]) : -1;
+          if (cj == c) {
+            kt[c] = ck[static_cast<size_t>(jj++)];
+          } else if (sg) {
+            const float f = S.kfill.as<float>()[j] * G.b->rec[static_cast<size_t>(c)];
+            kt[c] = ((sg[ord >> 3] >> (ord & 7)) & 1) ? -f : f;
+            ++ord;
+          } else {
+            kt[c] = 0.f;
+          }
+        }
+      } else if (kt) {
+        lift_key(*G.b, dk, ck.data(), kt);
+      }
       if (vt) lift(G.b->uv, dv, G.b->rv, cv.data(), vt);
       if (pos) (*pos)[static_cast<size_t>(t)] = G.s.pos[static_cast<size_t>(j)];
     }
@@ -990,7 +1269,8 @@ KvBytes TokenCache::bytes() const {
   const size_t es = esize_;
   for (size_t il = 0; il < layers_.size(); ++il) {
     const Layer& L = layers_[il];
-    size_t keys = 0, values = 0, positions = 0, scales = 0, bases = 0, other = 0;
+    size_t keys = 0, values = 0, positions = 0, scales = 0, bases = 0, indices = 0, bitmasks = 0,
+           other = 0;
     if (L.shared) positions = L.pos.size() * sizeof(int32_t);
     auto add = [&](const Store& S) {
       const size_t n = static_cast<size_t>(S.n_tok);
@@ -998,6 +1278,11 @@ KvBytes TokenCache::bytes() const {
       values += n * static_cast<size_t>(S.dv) * es;
       if (!L.shared) positions += n * sizeof(int32_t);
       if (cfg_.dtype == KvDtype::kQ8) scales += 2 * n * sizeof(float);  // one key + one value scale
+      if (S.sp_isz) {  // per-token channels: indices, sign bits and fills
+        indices += n * static_cast<size_t>(S.dk) * static_cast<size_t>(S.sp_isz);
+        bitmasks += n * static_cast<size_t>(S.sp_sb);
+        if (S.sp_sb) scales += n * sizeof(float);
+      }
     };
     for (const Head& H : L.heads) {
       add(H);
@@ -1010,15 +1295,21 @@ KvBytes TokenCache::bytes() const {
       }
       std::sort(held.begin(), held.end());
       held.erase(std::unique(held.begin(), held.end()), held.end());
-      for (const Basis* B : held) bases += (B->uk.size() + B->uv.size()) * sizeof(float);
+      for (const Basis* B : held) {
+        bases += (B->uk.size() + B->uv.size()) * sizeof(float);
+        indices += B->kch.size() * sizeof(uint16_t);
+        scales += B->rec.size() * sizeof(float);
+      }
     }
     b.keys += keys;
     b.values += values;
     b.positions += positions;
     b.scales += scales;
     b.bases += bases;
+    b.indices += indices;
+    b.bitmasks += bitmasks;
     b.other += other;
-    b.per_layer[il] = keys + values + positions + scales + bases + other;
+    b.per_layer[il] = keys + values + positions + scales + bases + indices + bitmasks + other;
   }
   return b;
 }
