@@ -1,11 +1,13 @@
 #include "eval/jsonl.h"
 
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "core/error.h"
+#include "core/log.h"
 
 namespace kvtrim::eval {
 
@@ -110,6 +112,30 @@ void write_samples_jsonl(const std::string& path, const std::vector<EvalSample>&
     }
   }
   KVTRIM_CHECK(f.good(), "error writing '%s'", path.c_str());
+}
+
+std::string read_results_for_resume(const std::string& path, const char* what, bool* torn) {
+  if (torn) *torn = false;
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return {};
+  std::string text;
+  {
+    std::ifstream f(path, std::ios::binary);
+    KVTRIM_CHECK(f.good(), "cannot read results file '%s'", path.c_str());
+    std::ostringstream ss;
+    ss << f.rdbuf();
+    text = ss.str();
+  }
+  if (!text.empty() && text.back() != '\n') {
+    const size_t nl = text.rfind('\n');
+    const size_t keep = nl == std::string::npos ? 0 : nl + 1;
+    std::filesystem::resize_file(path, keep, ec);
+    KVTRIM_CHECK(!ec, "cannot cut the torn last line of '%s': %s", path.c_str(), ec.message().c_str());
+    KVTRIM_LOG_WARN("%s: dropped an incomplete last line (an interrupted run); that %s runs again", path.c_str(), what);
+    text.resize(keep);
+    if (torn) *torn = true;
+  }
+  return text;
 }
 
 }  // namespace kvtrim::eval

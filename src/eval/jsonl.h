@@ -15,6 +15,11 @@ namespace kvtrim::eval {
 
 // Throws Error "<path>:<line>: <problem>" for a malformed line; blank lines are skipped.
 std::vector<EvalSample> load_samples_jsonl(const std::string& path);
+
+// The complete lines of a results JSONL being resumed ("" if the file does not exist). A last
+// line without '\n' is a torn write from an interrupted run: it is cut off the file (and a
+// warning names `what` runs again); *torn (may be nullptr) tells whether that happened.
+std::string read_results_for_resume(const std::string& path, const char* what, bool* torn = nullptr);
 std::vector<EvalSample> parse_samples_jsonl(const std::string& text, const std::string& source);
 // Writes samples in the same format (to reproduce a generated set elsewhere).
 void write_samples_jsonl(const std::string& path, const std::vector<EvalSample>& samples);

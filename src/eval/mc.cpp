@@ -1,4 +1,5 @@
 #include "eval/mc.h"
+#include "eval/jsonl.h"
 
 #include <bzlib.h>
 
@@ -481,18 +482,8 @@ McResult from_json(const json& j) {
 
 McResultsFile::McResultsFile(std::string path, std::string config_hash)
     : path_(std::move(path)), config_(std::move(config_hash)) {
-  std::error_code ec;
-  if (!fs::exists(path_, ec)) return;
-  std::string text = slurp(path_, "results file");
-  size_t keep = text.size();
-  if (!text.empty() && text.back() != '\n') {  // a torn write
-    keep = text.rfind('\n');
-    keep = keep == std::string::npos ? 0 : keep + 1;
-    fs::resize_file(path_, keep, ec);
-    KVTRIM_CHECK(!ec, "cannot cut the torn last line of '%s': %s", path_.c_str(), ec.message().c_str());
-    KVTRIM_LOG_WARN("%s: dropped an incomplete last line (an interrupted run); that item runs again", path_.c_str());
-  }
-  std::istringstream in(text.substr(0, keep));
+  const std::string text = read_results_for_resume(path_, "item");
+  std::istringstream in(text);
   int64_t line_no = 0;
   for (std::string line; std::getline(in, line);) {
     ++line_no;

@@ -1,4 +1,5 @@
 #include "eval/ppl.h"
+#include "eval/jsonl.h"
 
 #include <algorithm>
 #include <cmath>
@@ -186,23 +187,8 @@ PplWindow from_json(const json& j) {
 
 PplResultsFile::PplResultsFile(std::string path, std::string config_hash)
     : path_(std::move(path)), config_(std::move(config_hash)) {
-  std::error_code ec;
-  if (!fs::exists(path_, ec)) return;
-  std::ifstream f(path_, std::ios::binary);
-  KVTRIM_CHECK(f.good(), "cannot read results file '%s'", path_.c_str());
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  f.close();
-  const std::string text = ss.str();
-  size_t keep = text.size();
-  if (!text.empty() && text.back() != '\n') {  // a torn write
-    keep = text.rfind('\n');
-    keep = keep == std::string::npos ? 0 : keep + 1;
-    fs::resize_file(path_, keep, ec);
-    KVTRIM_CHECK(!ec, "cannot cut the torn last line of '%s': %s", path_.c_str(), ec.message().c_str());
-    KVTRIM_LOG_WARN("%s: dropped an incomplete last line (an interrupted run); that window runs again", path_.c_str());
-  }
-  std::istringstream in(text.substr(0, keep));
+  const std::string text = read_results_for_resume(path_, "window");
+  std::istringstream in(text);
   int64_t line_no = 0;
   for (std::string line; std::getline(in, line);) {
     ++line_no;

@@ -1,4 +1,5 @@
 #include "eval/runner.h"
+#include "eval/jsonl.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -190,28 +191,10 @@ QuestionResult from_json(const json& j) {
 }  // namespace
 
 ResultsFile::ResultsFile(std::string path, std::string config_hash) : path_(std::move(path)), config_(std::move(config_hash)) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (!fs::exists(path_, ec)) return;
-  std::string text;
-  {
-    std::ifstream f(path_, std::ios::binary);
-    KVTRIM_CHECK(f.good(), "cannot read results file '%s'", path_.c_str());
-    std::ostringstream ss;
-    ss << f.rdbuf();
-    text = ss.str();
-  }
-  // Only complete lines count; a last line without '\n' is a torn write and is cut off.
-  size_t keep = text.size();
-  if (!text.empty() && text.back() != '\n') {
-    keep = text.rfind('\n');
-    keep = keep == std::string::npos ? 0 : keep + 1;
-    n_torn_ = 1;
-    fs::resize_file(path_, keep, ec);
-    KVTRIM_CHECK(!ec, "cannot cut the torn last line of '%s': %s", path_.c_str(), ec.message().c_str());
-    KVTRIM_LOG_WARN("%s: dropped an incomplete last line (an interrupted run); that question runs again", path_.c_str());
-  }
-  std::istringstream in(text.substr(0, keep));
+  bool torn = false;
+  const std::string text = read_results_for_resume(path_, "question", &torn);
+  n_torn_ = torn ? 1 : 0;
+  std::istringstream in(text);
   std::string line;
   int64_t line_no = 0;
   while (std::getline(in, line)) {
