@@ -17,18 +17,12 @@
 #include "core/thread_pool.h"
 #include "kv/attention_reference.h"
 #include "kv/kv_cache.h"
+#include "kv_test_util.h"
 
 namespace kvtrim {
 namespace {
 
-const KvDtype kAllDtypes[] = {KvDtype::kF32, KvDtype::kF16, KvDtype::kBF16, KvDtype::kQ8};
-
-std::vector<float> randn(size_t n, std::mt19937& rng, float sd = 1.f) {
-  std::normal_distribution<float> nd(0.f, sd);
-  std::vector<float> v(n);
-  for (float& x : v) x = nd(rng);
-  return v;
-}
+using namespace kvtest;  // NOLINT: shared fixtures (kv_test_util.h)
 
 // A random [d, r] (row-major) matrix with orthonormal columns: QR (Gram-Schmidt, twice) of a
 // Gaussian matrix.
@@ -50,50 +44,6 @@ std::vector<float> random_basis(int d, int r, std::mt19937& rng) {
     for (int i = 0; i < d; ++i) a[i * r + j] /= nrm;
   }
   return std::vector<float>(a.begin(), a.end());
-}
-
-KvCacheConfig make_cfg(int n_layer, int n_head_kv, int hdk, int hdv, KvDtype t, int window = 0) {
-  KvCacheConfig cfg;
-  cfg.n_layer = n_layer;
-  cfg.n_head_kv = n_head_kv;
-  cfg.head_dim_k = hdk;
-  cfg.head_dim_v = hdv;
-  cfg.n_ctx = 1 << 16;
-  cfg.dtype = t;
-  cfg.sliding_window.assign(static_cast<size_t>(n_layer), 0);
-  if (window > 0) cfg.sliding_window[0] = window;
-  return cfg;
-}
-
-// Appends n random tokens at positions pos0.. to every layer of each cache (the same data).
-void fill(const std::vector<KvCache*>& cs, int64_t n, int32_t pos0, std::mt19937& rng) {
-  const KvCacheConfig& cfg = cs[0]->config();
-  for (int64_t i = 0; i < n;) {
-    const int64_t m = std::min<int64_t>(n - i, 1 + (i * 13) % 200);
-    std::vector<int32_t> pos(static_cast<size_t>(m));
-    for (int64_t j = 0; j < m; ++j) pos[j] = static_cast<int32_t>(pos0 + i + j);
-    for (int il = 0; il < cfg.n_layer; ++il) {
-      const auto k = randn(static_cast<size_t>(m * cfg.n_head_kv * cfg.head_dim_k), rng, 1.5f);
-      const auto v = randn(static_cast<size_t>(m * cfg.n_head_kv * cfg.head_dim_v), rng);
-      for (KvCache* c : cs) c->append(il, m, k.data(), v.data(), pos.data());
-    }
-    i += m;
-  }
-  for (KvCache* c : cs) c->advance(pos0 + static_cast<int32_t>(n));
-}
-
-std::vector<int32_t> random_keep(int64_t n, double frac, std::mt19937& rng) {
-  std::bernoulli_distribution keep(frac);
-  std::vector<int32_t> r;
-  for (int64_t i = 0; i < n; ++i)
-    if (keep(rng)) r.push_back(static_cast<int32_t>(i));
-  return r;
-}
-
-double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double m = 0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(double(a[i]) - b[i]));
-  return m;
 }
 
 void set_basis(HeadPlan& hp, int dk, int rk, int dv, int rv, std::mt19937& rng) {

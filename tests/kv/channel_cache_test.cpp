@@ -17,47 +17,12 @@
 #include "core/thread_pool.h"
 #include "kv/attention_reference.h"
 #include "kv/kv_cache.h"
+#include "kv_test_util.h"
 
 namespace kvtrim {
 namespace {
 
-const KvDtype kAllDtypes[] = {KvDtype::kF32, KvDtype::kF16, KvDtype::kBF16, KvDtype::kQ8};
-
-std::vector<float> randn(size_t n, std::mt19937& rng, float sd = 1.f) {
-  std::normal_distribution<float> nd(0.f, sd);
-  std::vector<float> v(n);
-  for (float& x : v) x = nd(rng);
-  return v;
-}
-
-KvCacheConfig make_cfg(int n_layer, int n_head_kv, int hdk, int hdv, KvDtype t, int window = 0) {
-  KvCacheConfig cfg;
-  cfg.n_layer = n_layer;
-  cfg.n_head_kv = n_head_kv;
-  cfg.head_dim_k = hdk;
-  cfg.head_dim_v = hdv;
-  cfg.n_ctx = 1 << 16;
-  cfg.dtype = t;
-  cfg.sliding_window.assign(static_cast<size_t>(n_layer), 0);
-  if (window > 0) cfg.sliding_window[0] = window;
-  return cfg;
-}
-
-void fill(KvCache& c, int64_t n, int32_t pos0, std::mt19937& rng) {
-  const KvCacheConfig& cfg = c.config();
-  for (int64_t i = 0; i < n;) {
-    const int64_t m = std::min<int64_t>(n - i, 1 + (i * 13) % 200);
-    std::vector<int32_t> pos(static_cast<size_t>(m));
-    for (int64_t j = 0; j < m; ++j) pos[j] = static_cast<int32_t>(pos0 + i + j);
-    for (int il = 0; il < cfg.n_layer; ++il) {
-      const auto k = randn(static_cast<size_t>(m * cfg.n_head_kv * cfg.head_dim_k), rng, 1.5f);
-      const auto v = randn(static_cast<size_t>(m * cfg.n_head_kv * cfg.head_dim_v), rng);
-      c.append(il, m, k.data(), v.data(), pos.data());
-    }
-    i += m;
-  }
-  c.advance(pos0 + static_cast<int32_t>(n));
-}
+using namespace kvtest;  // NOLINT: shared fixtures (kv_test_util.h)
 
 std::vector<int32_t> random_channels(int d, double frac, std::mt19937& rng) {
   std::bernoulli_distribution keep(frac);
@@ -66,20 +31,6 @@ std::vector<int32_t> random_channels(int d, double frac, std::mt19937& rng) {
     if (keep(rng)) r.push_back(i);
   if (r.empty()) r.push_back(d / 2);
   return r;
-}
-
-std::vector<int32_t> random_keep(int64_t n, double frac, std::mt19937& rng) {
-  std::bernoulli_distribution keep(frac);
-  std::vector<int32_t> r;
-  for (int64_t i = 0; i < n; ++i)
-    if (keep(rng)) r.push_back(static_cast<int32_t>(i));
-  return r;
-}
-
-double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double m = 0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(double(a[i]) - b[i]));
-  return m;
 }
 
 struct Snapshot {  // every head's read_head output, per layer

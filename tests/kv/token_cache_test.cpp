@@ -17,57 +17,12 @@
 #include "kv/attention_reference.h"
 #include "core/memory.h"
 #include "kv/kv_cache.h"
+#include "kv_test_util.h"
 
 namespace kvtrim {
 namespace {
 
-const KvDtype kAllDtypes[] = {KvDtype::kF32, KvDtype::kF16, KvDtype::kBF16, KvDtype::kQ8};
-
-std::vector<float> randn(size_t n, std::mt19937& rng, float sd = 1.f) {
-  std::normal_distribution<float> nd(0.f, sd);
-  std::vector<float> v(n);
-  for (float& x : v) x = nd(rng);
-  return v;
-}
-
-KvCacheConfig make_cfg(int n_layer, int n_head_kv, int hdk, int hdv, KvDtype t, int window = 0) {
-  KvCacheConfig cfg;
-  cfg.n_layer = n_layer;
-  cfg.n_head_kv = n_head_kv;
-  cfg.head_dim_k = hdk;
-  cfg.head_dim_v = hdv;
-  cfg.n_ctx = 1 << 16;
-  cfg.dtype = t;
-  cfg.sliding_window.assign(static_cast<size_t>(n_layer), 0);
-  if (window > 0) cfg.sliding_window[0] = window;
-  return cfg;
-}
-
-// Appends n tokens at positions pos0, pos0 + 1, ... to every layer (random K/V), in chunks.
-void fill(KvCache& c, int64_t n, int32_t pos0, std::mt19937& rng) {
-  const KvCacheConfig& cfg = c.config();
-  for (int64_t i = 0; i < n;) {
-    const int64_t m = std::min<int64_t>(n - i, 1 + (i * 13) % 200);
-    std::vector<int32_t> pos(static_cast<size_t>(m));
-    for (int64_t j = 0; j < m; ++j) pos[j] = static_cast<int32_t>(pos0 + i + j);
-    for (int il = 0; il < cfg.n_layer; ++il) {
-      const auto k = randn(static_cast<size_t>(m * cfg.n_head_kv * cfg.head_dim_k), rng, 1.5f);
-      const auto v = randn(static_cast<size_t>(m * cfg.n_head_kv * cfg.head_dim_v), rng);
-      c.append(il, m, k.data(), v.data(), pos.data());
-    }
-    i += m;
-  }
-  c.advance(pos0 + static_cast<int32_t>(n));
-}
-
-// A random subset of [0, n) (sorted), each index kept with probability frac.
-std::vector<int32_t> random_keep(int64_t n, double frac, std::mt19937& rng) {
-  std::bernoulli_distribution keep(frac);
-  std::vector<int32_t> r;
-  for (int64_t i = 0; i < n; ++i)
-    if (keep(rng)) r.push_back(static_cast<int32_t>(i));
-  return r;
-}
+using namespace kvtest;  // NOLINT: shared fixtures (kv_test_util.h)
 
 // Layer 0: different tokens per head (one head may be emptied); layer 1: the same tokens in
 // every head (structured); layer 2 (if any): untouched; further layers: per-head, one head
@@ -94,12 +49,6 @@ CompressionPlan random_plan(const KvCache& c, std::mt19937& rng, bool allow_empt
     }
   }
   return plan;
-}
-
-double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double m = 0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(double(a[i]) - b[i]));
-  return m;
 }
 
 struct Shape {

@@ -1,0 +1,70 @@
+// Fixtures shared by the KV cache tests: random K/V, cache configs, random plans.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "kv/kv_cache.h"
+
+namespace kvtrim::kvtest {
+
+inline constexpr KvDtype kAllDtypes[] = {KvDtype::kF32, KvDtype::kF16, KvDtype::kBF16, KvDtype::kQ8};
+
+inline std::vector<float> randn(size_t n, std::mt19937& rng, float sd = 1.f) {
+  std::normal_distribution<float> nd(0.f, sd);
+  std::vector<float> v(n);
+  for (float& x : v) x = nd(rng);
+  return v;
+}
+
+// n_ctx 65536; layer 0 gets the sliding window when window > 0.
+inline KvCacheConfig make_cfg(int n_layer, int n_head_kv, int hdk, int hdv, KvDtype t, int window = 0) {
+  KvCacheConfig cfg;
+  cfg.n_layer = n_layer;
+  cfg.n_head_kv = n_head_kv;
+  cfg.head_dim_k = hdk;
+  cfg.head_dim_v = hdv;
+  cfg.n_ctx = 1 << 16;
+  cfg.dtype = t;
+  cfg.sliding_window.assign(static_cast<size_t>(n_layer), 0);
+  if (window > 0) cfg.sliding_window[0] = window;
+  return cfg;
+}
+
+// Appends n random tokens at positions pos0, pos0 + 1, ... to every layer of each cache (the
+// same data), in chunks of varying size.
+inline void fill(const std::vector<KvCache*>& cs, int64_t n, int32_t pos0, std::mt19937& rng) {
+  const KvCacheConfig& cfg = cs[0]->config();
+  for (int64_t i = 0; i < n;) {
+    const int64_t m = std::min<int64_t>(n - i, 1 + (i * 13) % 200);
+    std::vector<int32_t> pos(static_cast<size_t>(m));
+    for (int64_t j = 0; j < m; ++j) pos[static_cast<size_t>(j)] = static_cast<int32_t>(pos0 + i + j);
+    for (int il = 0; il < cfg.n_layer; ++il) {
+      const auto k = randn(static_cast<size_t>(m * cfg.n_head_kv * cfg.head_dim_k), rng, 1.5f);
+      const auto v = randn(static_cast<size_t>(m * cfg.n_head_kv * cfg.head_dim_v), rng);
+      for (KvCache* c : cs) c->append(il, m, k.data(), v.data(), pos.data());
+    }
+    i += m;
+  }
+  for (KvCache* c : cs) c->advance(pos0 + static_cast<int32_t>(n));
+}
+inline void fill(KvCache& c, int64_t n, int32_t pos0, std::mt19937& rng) { fill(std::vector<KvCache*>{&c}, n, pos0, rng); }
+
+// A random subset of [0, n) (sorted), each index kept with probability frac.
+inline std::vector<int32_t> random_keep(int64_t n, double frac, std::mt19937& rng) {
+  std::bernoulli_distribution keep(frac);
+  std::vector<int32_t> r;
+  for (int64_t i = 0; i < n; ++i)
+    if (keep(rng)) r.push_back(static_cast<int32_t>(i));
+  return r;
+}
+
+inline double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(static_cast<double>(a[i]) - b[i]));
+  return m;
+}
+
+}  // namespace kvtrim::kvtest
