@@ -3,6 +3,7 @@
 //   scores:  s[g][t] = Σ_i q[g][i] · k[t][i]   (k in transposed tiles, lanes over tokens)
 //   accum:   acc[g][i] += Σ_t p[g][t] · v[t][i]   (gemma.cpp's WeightedSumV)
 #include "kv/attn_kernels.h"
+#include "ops/nn.h"
 
 #include <algorithm>
 #include <cmath>
@@ -170,25 +171,6 @@ void AccumQ8(const float* p, int n_g, int64_t ld_p, const int8_t* v, int64_t n_t
   accum_impl(p, n_g, ld_p, v, n_t, dv, acc);
 }
 
-float ExpSubSum(float* x, int64_t n, float m) {
-  const hn::ScalableTag<float> df;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
-  const auto vm = hn::Set(df, m);
-  auto sum = hn::Zero(df);
-  int64_t i = 0;
-  for (; i + N <= n; i += N) {
-    const auto e = hn::Exp(df, hn::Sub(hn::LoadU(df, x + i), vm));
-    hn::StoreU(e, df, x + i);
-    sum = hn::Add(sum, e);
-  }
-  float r = hn::GetLane(hn::SumOfLanes(df, sum));
-  for (; i < n; ++i) {
-    x[i] = std::exp(x[i] - m);
-    r += x[i];
-  }
-  return r;
-}
-
 void F32ToF16Row(const float* x, uint16_t* y, int64_t n) {
   const hn::ScalableTag<float> df;
   const hn::Rebind<hwy::float16_t, decltype(df)> dh;
@@ -216,7 +198,6 @@ HWY_EXPORT(ScoresBF16);
 HWY_EXPORT(ScoresQ8);
 HWY_EXPORT(AccumBF16);
 HWY_EXPORT(AccumQ8);
-HWY_EXPORT(ExpSubSum);
 HWY_EXPORT(F32ToF16Row);
 
 void attn_scores_f32(const float* q, int n_g, int64_t d, const float* k, int64_t t0, int64_t n_t,
@@ -251,9 +232,7 @@ void attn_accum_q8(const float* p, int n_g, int64_t ld_p, const int8_t* v, int64
                    float* acc) {
   HWY_DYNAMIC_DISPATCH(AccumQ8)(p, n_g, ld_p, v, n_t, dv, acc);
 }
-float exp_sub_sum(float* x, int64_t n, float m) {
-  return HWY_DYNAMIC_DISPATCH(ExpSubSum)(x, n, m);
-}
+float exp_sub_sum(float* x, int64_t n, float m) { return kvtrim::exp_sub_sum(x, n, m); }  // ops/nn.h
 void f32_to_f16_row(const float* x, uint16_t* y, int64_t n) {
   HWY_DYNAMIC_DISPATCH(F32ToF16Row)(x, y, n);
 }

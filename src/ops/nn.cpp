@@ -215,6 +215,10 @@ void layer_norm(const float* x, const float* w, const float* b, float* y, int64_
   HWY_DYNAMIC_DISPATCH(ScaleRow)(x, w, b, y, n, mean, s);
 }
 
+float exp_sub_sum(float* x, int64_t n, float m) {
+  return n > 0 ? HWY_DYNAMIC_DISPATCH(ExpSub)(x, n, m) : 0.0f;
+}
+
 void softmax(float* x, int64_t n) {
   if (n <= 0) return;
   const float mx = HWY_DYNAMIC_DISPATCH(MaxOf)(x, n);

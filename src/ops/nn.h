@@ -9,6 +9,8 @@ namespace kvtrim {
 void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps);
 // y = (x - mean) / sqrt(var + eps) * w + b (w, b may be nullptr).
 void layer_norm(const float* x, const float* w, const float* b, float* y, int64_t n, float eps);
+// x[i] = exp(x[i] - m) in place; returns the sum (the inner step of an online softmax).
+float exp_sub_sum(float* x, int64_t n, float m);
 // In-place numerically stable softmax over x[n]; returns nothing.
 void softmax(float* x, int64_t n);
 // y[i] = silu(g[i]) * u[i]  (SwiGLU), y may alias g or u.
