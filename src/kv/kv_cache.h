@@ -180,6 +180,10 @@ class KvCache {
 
   virtual std::string describe() const = 0;
 
+  // A deep copy: same tokens, bases (immutable, shared), positions, n_past(). Lets one
+  // prefill be compressed several ways (eval sweeps) without running the model again.
+  virtual std::unique_ptr<KvCache> clone() const = 0;
+
  protected:
   explicit KvCache(KvCacheConfig cfg) : cfg_(std::move(cfg)) {}
   KvCacheConfig cfg_;

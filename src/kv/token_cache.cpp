@@ -71,6 +71,17 @@ constexpr size_t kTrimBytes = size_t{8} << 20;  // malloc_trim after an apply fr
 struct Buf {
   std::unique_ptr<uint8_t[]> p;
   size_t n = 0;
+  Buf() = default;
+  Buf(const Buf& o) { *this = o; }  // deep copy (KvCache::clone)
+  Buf& operator=(const Buf& o) {
+    if (this != &o) {
+      alloc(o.n);
+      if (o.n) std::memcpy(p.get(), o.p.get(), o.n);
+    }
+    return *this;
+  }
+  Buf(Buf&&) noexcept = default;
+  Buf& operator=(Buf&&) noexcept = default;
   void alloc(size_t bytes) {
     p = bytes ? std::make_unique_for_overwrite<uint8_t[]>(bytes) : nullptr;
     n = bytes;
@@ -265,6 +276,7 @@ class TokenCache final : public KvCache {
   KvBytes bytes() const override;
   void truncate(int32_t pos) override;
   std::string describe() const override;
+  std::unique_ptr<KvCache> clone() const override { return std::make_unique<TokenCache>(*this); }
 
  private:
   // Rows of one segment of a head: dk / dv elements a key / value row (the head dims for the

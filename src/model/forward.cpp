@@ -27,6 +27,7 @@ struct Workspace {
   std::vector<float> gate;   // [n, n_ff]
   std::vector<float> up;     // [n, n_ff]
   std::vector<int32_t> pos;  // [n] positions
+  std::vector<float> x_in;   // [n, n_embd] a layer's input (only for ForwardObserver::on_layer_io)
 };
 
 // y[n, n_rows] = x[n, n_cols] · Wᵀ: matvec for one token, matmul for a chunk.
@@ -115,6 +116,8 @@ void Model::forward(const int32_t* tokens, int64_t n, int32_t pos0, KvCache& cac
     const float rope_base = window > 0 ? hp.rope_base_swa : hp.rope_base;
     const float rope_scale = window > 0 ? 1.f : hp.rope_freq_scale;
 
+    const bool layer_io = observer && observer->wants_layer_io();
+    if (layer_io) ws.x_in.assign(x, x + n * n_embd);
     // --- attention: xb = rmsnorm(x); q, k, v = xb·Wqᵀ (+b), ...
     rms_norm_rows(x, w.attn_norm, xb, n, n_embd, hp.norm_eps);
     project(w.wq, xb, n, ws.q.data(), pool);
@@ -128,6 +131,7 @@ void Model::forward(const int32_t* tokens, int64_t n, int32_t pos0, KvCache& cac
       rms_norm_rows(ws.q.data(), w.q_norm, ws.q.data(), n * hp.n_head, hdk, hp.norm_eps);
     if (w.k_norm.data)
       rms_norm_rows(ws.k.data(), w.k_norm, ws.k.data(), n * hp.n_head_kv, hdk, hp.norm_eps);
+    if (observer && observer->wants_pre_rope()) observer->on_qk_pre_rope(il, n, ws.q.data(), ws.k.data());
     // RoPE at the original positions
     for (int64_t i = 0; i < n; ++i) {
       for (int ih = 0; ih < hp.n_head; ++ih) {
@@ -142,6 +146,7 @@ void Model::forward(const int32_t* tokens, int64_t n, int32_t pos0, KvCache& cac
     if (observer) observer->on_qkv(il, n, ws.q.data(), ws.k.data(), ws.v.data(), ws.pos.data());
     // the cache stores k, v, then attends over everything it holds for this layer
     cache.append(il, n, ws.k.data(), ws.v.data(), ws.pos.data());
+    if (observer) observer->after_append(il, cache);
     AttnParams ap;
     ap.n_head = hp.n_head;
     ap.scale = hp.attn_scale;
@@ -164,6 +169,7 @@ void Model::forward(const int32_t* tokens, int64_t n, int32_t pos0, KvCache& cac
     project(w.ffn_down, ws.gate.data(), n, xb, pool);
     if (w.post_ffn_norm.data) rms_norm_rows(xb, w.post_ffn_norm, xb, n, n_embd, hp.norm_eps);
     add(x, xb, n * n_embd);
+    if (layer_io) observer->on_layer_io(il, n, ws.x_in.data(), x);
   }
 
   // final norm and logits (all tokens, or only the last)

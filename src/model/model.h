@@ -67,6 +67,19 @@ class ForwardObserver {
   // pos: [n]. Called once per layer per forward call, on the calling thread.
   virtual void on_qkv(int il, int64_t n, const float* q, const float* k, const float* v,
                       const int32_t* pos) = 0;
+
+  // Optional taps (calibration, later methods); each costs nothing unless wanted.
+  // Pre-RoPE queries and keys of layer il (after bias and QK-norm): q [n, n_head, head_dim_k],
+  // k [n, n_head_kv, head_dim_k]. Called before on_qkv.
+  virtual bool wants_pre_rope() const { return false; }
+  virtual void on_qk_pre_rope(int il, int64_t n, const float* q, const float* k) {}
+  // The residual stream entering layer il and leaving it: x_in, x_out [n, n_embd].
+  virtual bool wants_layer_io() const { return false; }
+  virtual void on_layer_io(int il, int64_t n, const float* x_in, const float* x_out) {}
+  // Called after layer il's new keys / values were appended to the cache and before attention
+  // reads it: a press may re-encode them here (e.g. OjaKV compressing during prefill, so the
+  // prefill's own attention reads the compressed cache).
+  virtual void after_append(int il, KvCache& cache) {}
 };
 
 class Model {
