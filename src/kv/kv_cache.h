@@ -89,18 +89,29 @@ struct KvBytes {
 // a pruned channel c of token t then contributes q_c · sign(k_tc) · key_token_fill[t] · r[c]
 // (the sign bit is taken from the stored key); without them a pruned channel contributes zero
 // (the ablation). Both are given or neither.
+//
+// Oblique bases (KQ-SVD; optional): decoder_k [head_dim_k, rank_k] makes scores (q·D_k)·k̃ while
+// tokens are still encoded k̃ = basis_kᵀ k; decoder_v [head_dim_v, rank_v] makes outputs
+// (Σ a ṽ)·D_vᵀ (reconstruction for read_head: D·c). Empty = the basis itself; with a decoder the
+// side's basis need not be orthonormal (both must be finite).
+// appends_dense (with a basis): tokens appended after this plan stay dense (full rank) until a
+// later plan re-encodes them (OjaKV's decode buffer and recent window); false = appended tokens
+// are encoded with the head's current basis at once (compressed throughout).
 struct HeadPlan {
   bool keep_all = true;
   std::vector<int32_t> keep;
   int rank_k = 0, rank_v = 0;
   std::vector<float> basis_k, basis_v;
+  std::vector<float> decoder_k, decoder_v;
+  bool appends_dense = false;
   std::vector<int32_t> anchors;
   std::vector<int32_t> key_channels;
   int key_topk = 0;
   std::vector<int32_t> key_token_channels;
   std::vector<float> key_recovery_scale, key_token_fill;
   bool has_basis() const {
-    return rank_k != 0 || rank_v != 0 || !basis_k.empty() || !basis_v.empty();
+    return rank_k != 0 || rank_v != 0 || !basis_k.empty() || !basis_v.empty() ||
+           !decoder_k.empty() || !decoder_v.empty();
   }
   bool has_channels() const {
     return !key_channels.empty() || key_topk != 0 || !key_token_channels.empty() ||
@@ -165,6 +176,19 @@ class KvCache {
   // head's worth of memory: scoring never doubles the cache.
   virtual void read_head(int il, int ih, std::vector<float>* k, std::vector<float>* v,
                          std::vector<int32_t>* pos) const = 0;
+  // How one head's tokens are stored (presses that build on earlier plans, e.g. OjaKV's
+  // periodic updates): per stored token in position order, the epoch it is encoded in
+  // (-1 = dense / full rank, else the id of its basis or channel epoch); the head's current
+  // basis (the one new tokens are encoded with or will be, with appends_dense) as encoders.
+  struct HeadLayout {
+    std::vector<int32_t> epoch;        // [n_tokens(il, ih)]
+    int32_t current_epoch = -1;        // -1: no basis
+    bool appends_dense = false;        // the current epoch's appends_dense
+    int rank_k = 0, rank_v = 0;        // current basis ranks (0: that side is full)
+    std::vector<float> basis_k, basis_v;  // current encoders [d, r] (empty: none)
+  };
+  virtual HeadLayout head_layout(int il, int ih) const = 0;
+
   virtual KvBytes bytes() const = 0;
   // Bytes the same tokens would take uncompressed (f16 K and V for all n_past() positions).
   size_t dense_bytes_f16() const;

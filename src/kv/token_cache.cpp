@@ -277,6 +277,7 @@ class TokenCache final : public KvCache {
   void truncate(int32_t pos) override;
   std::string describe() const override;
   std::unique_ptr<KvCache> clone() const override { return std::make_unique<TokenCache>(*this); }
+  HeadLayout head_layout(int il, int ih) const override;
 
  private:
   // Rows of one segment of a head: dk / dv elements a key / value row (the head dims for the
@@ -1193,6 +1194,31 @@ void TokenCache::apply_basis_head(Head& H, const HeadPlan& hp) {
   std::erase_if(H.segs, [](const Seg& g) { return g.s.n_tok == 0; });
   if (ns.s.n_tok > 0) H.segs.push_back(std::move(ns));
   if (nb) H.cur = std::move(nb);
+}
+
+KvCache::HeadLayout TokenCache::head_layout(int il, int ih) const {
+  KVTRIM_CHECK(il >= 0 && il < cfg_.n_layer && ih >= 0 && ih < cfg_.n_head_kv,
+               "head_layout: (layer %d, kv head %d) out of range", il, ih);
+  const Head& H = layers_[static_cast<size_t>(il)].heads[static_cast<size_t>(ih)];
+  HeadLayout out;
+  if (!H.cur) {  // no basis / channel epoch: every token dense
+    out.epoch.assign(static_cast<size_t>(H.n_tok), -1);
+    return out;
+  }
+  for (const auto& [seg, row] : order(H))
+    out.epoch.push_back(seg < 0 ? -1 : H.segs[static_cast<size_t>(seg)].b->id);
+  const Basis& b = *H.cur;
+  out.current_epoch = b.id;
+  out.appends_dense = b.appends_dense();
+  if (!b.uk.empty()) {
+    out.rank_k = b.rk;
+    out.basis_k = b.uk;
+  }
+  if (!b.uv.empty()) {
+    out.rank_v = b.rv;
+    out.basis_v = b.uv;
+  }
+  return out;
 }
 
 void TokenCache::read_head(int il, int ih, std::vector<float>* k, std::vector<float>* v,
