@@ -12,6 +12,11 @@
 // read per second by the compressed call. The reported time is the compressed call's.
 // KvAttnDtype/<model>/ctx:<n>/<dtype>_vs_f16/threads:1: the same with equal tokens (no
 // eviction), dtype storage against f16 (ratio = dtype_us / f16_us).
+// KvAttnBasis/<model>/ctx:<n>/keepdims:0.5/threads:<t>: the basis axis (DESIGN.md §7, low-rank
+// methods): every (layer, kv head) gets its own random orthonormal basis with
+// rank_k = rank_v = head_dim / 2 and every token is encoded (f16 coefficients); the same
+// interleaved pair against the dense f16 cache. kv_bytes_ratio is measured by bytes() and
+// includes the bases and per-head positions (target: ratio <= 0.6).
 //
 // Shapes (one attention layer; query heads / kv heads, head dim): SmolLM2-135M 9/3 x 64,
 // Qwen2.5-1.5B 12/2 x 128, Gemma3-270M 4/1 x 256. Each cache holds several layers and the
@@ -90,6 +95,46 @@ void evict(KvCache& c, double keep, uint32_t seed) {
       hp.keep_all = false;
       std::sample(all.begin(), all.end(), std::back_inserter(hp.keep),
                   static_cast<size_t>(std::llround(keep * static_cast<double>(n))), rng);
+    }
+  }
+  c.apply(plan);
+}
+
+// A random [d, r] row-major matrix with orthonormal columns (Gram-Schmidt, twice).
+std::vector<float> random_basis(int d, int r, std::mt19937& rng) {
+  std::normal_distribution<double> nd;
+  std::vector<double> a(static_cast<size_t>(d) * r);
+  for (double& x : a) x = nd(rng);
+  for (int j = 0; j < r; ++j) {
+    for (int pass = 0; pass < 2; ++pass) {
+      for (int c = 0; c < j; ++c) {
+        double dot = 0;
+        for (int i = 0; i < d; ++i) dot += a[i * r + j] * a[i * r + c];
+        for (int i = 0; i < d; ++i) a[i * r + j] -= dot * a[i * r + c];
+      }
+    }
+    double nrm = 0;
+    for (int i = 0; i < d; ++i) nrm += a[i * r + j] * a[i * r + j];
+    for (int i = 0; i < d; ++i) a[i * r + j] /= std::sqrt(nrm);
+  }
+  return std::vector<float>(a.begin(), a.end());
+}
+
+// Encodes every token of every (layer, kv head) in its own random orthonormal basis of rank
+// round(keepdims * head_dim) on both sides.
+void low_rank(KvCache& c, double keepdims, uint32_t seed) {
+  const KvCacheConfig& cfg = c.config();
+  CompressionPlan plan(cfg.n_layer, cfg.n_head_kv);
+  std::mt19937 rng(seed);
+  const int rk = static_cast<int>(std::lround(keepdims * cfg.head_dim_k));
+  const int rv = static_cast<int>(std::lround(keepdims * cfg.head_dim_v));
+  for (int il = 0; il < cfg.n_layer; ++il) {
+    for (int ih = 0; ih < cfg.n_head_kv; ++ih) {
+      HeadPlan& hp = plan.at(il, ih);
+      hp.rank_k = rk;
+      hp.basis_k = random_basis(cfg.head_dim_k, rk, rng);
+      hp.rank_v = rv;
+      hp.basis_v = random_basis(cfg.head_dim_v, rv, rng);
     }
   }
   c.apply(plan);
@@ -183,6 +228,25 @@ void register_all() {
               ->UseManualTime()
               ->Unit(benchmark::kMicrosecond);
         }
+      }
+      for (int nth : {1, 2}) {
+        const std::string name = std::string("KvAttnBasis/") + s.name +
+                                 "/ctx:" + std::to_string(ctx) +
+                                 "/keepdims:0.5/threads:" + std::to_string(nth);
+        benchmark::RegisterBenchmark(
+            name.c_str(),
+            [=](benchmark::State& st) {
+              const KvCache& base =
+                  g_base.get(dense_key, [&] { return build_cache(s, ctx, KvDtype::kF16, nl); });
+              const KvCache& test = g_test.get(dense_key + "/basis0.5", [&] {
+                auto c = build_cache(s, ctx, KvDtype::kF16, nl);
+                low_rank(*c, 0.5, 11);
+                return c;
+              });
+              run_pair(st, s, base, test, nth);
+            })
+            ->UseManualTime()
+            ->Unit(benchmark::kMicrosecond);
       }
       for (KvDtype t : {KvDtype::kQ8, KvDtype::kBF16, KvDtype::kF32}) {
         const std::string name = std::string("KvAttnDtype/") + s.name +

@@ -37,6 +37,16 @@ expect 1 "version" inspect "$tmp/bad_version.gguf"
 expect 1 "length|truncated|exceeds" inspect "$tmp/huge_key.gguf"
 expect 1 "magic" run -m "$tmp/wrong_magic.gguf" -p hi
 expect 1 "cannot read file" ppl -m "$tmp/wrong_magic.gguf" -f "$tmp/no_such_text.txt"
+# eval sweep: a bad grid fails before any model loads
+expect 1 "unknown press 'nosuchpress'" eval sweep ruler --presses snapkv,nosuchpress --out-dir "$tmp/sweep"
+expect 1 "--ratios '0.5,1.5': '1.5' is not a compression ratio" eval sweep ruler --presses snapkv --ratios 0.5,1.5 --out-dir "$tmp/sweep"
+expect 1 "composition" eval sweep mc --bench piqa --presses snapkv+knorm --out-dir "$tmp/sweep"
+expect 2 "" eval sweep ruler --presses snapkv
+# calibrate: a missing model, a damaged calibration file, an unknown method
+echo "some calibration text" > "$tmp/calib.txt"
+expect 1 "model file '.*missing.gguf' does not exist" calibrate -m "$tmp/missing.gguf" -f "$tmp/calib.txt"
+expect 1 "calibration file '.*wrong_magic.gguf' is not a readable GGUF" calibrate --report --calib "$tmp/wrong_magic.gguf" -m "$tmp/missing.gguf" -f "$tmp/calib.txt"
+expect 1 "unknown basis method 'nosuch'" calibrate --methods ksvd,nosuch -m "$tmp/missing.gguf" -f "$tmp/calib.txt"
 
 echo "$pass passed, $failed failed"
 [ "$failed" -eq 0 ]

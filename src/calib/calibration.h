@@ -42,6 +42,11 @@ struct SideFit {
   std::vector<float> dec_cols(int r) const;  // = enc_cols(r) for orthonormal fits
 };
 
+// Rank kept for a target KV ratio: ratio = kept fraction of a head's dimensions, as the KV
+// ratio of DESIGN.md §4.3 ((r_k + r_v) / (2·d_h) with r_k = r_v), so ratio 0.5 keeps d/2
+// directions. r = round(ratio·d) clamped to [1, d]; throws Error unless ratio is in (0, 1].
+int rank_for_ratio(double ratio, int d);
+
 struct HeadFit {
   SideFit k, v;
 };
@@ -55,7 +60,16 @@ struct HeadStats {
   std::vector<double> gram_k, gram_q, gram_v;          // post-RoPE keys / queries, values
   std::vector<double> gram_k_pre, gram_q_pre;          // pre-RoPE keys / queries
   std::vector<double> sum_k, sum_v, sum_k_pre;         // [d] sums (means = sum / n_tokens)
-  std::vector<double> gram_vo;  // [dv, dv] Σ_h W_O^h W_O^hᵀ over the group (KQ-SVD values)
+  std::vector<double> gram_vo;  // [dv, dv] Σ_h W_O^h W_O^hᵀ over the group (KQ-SVD values);
+                                // W_O^h [dv, n_embd] = head h's columns of W_O, transposed
+};
+
+// A deterministic uniform sample (seeded reservoir) of token rows of one layer's residual
+// stream: the layer's input and its output for the same tokens (StiefAttention's layer
+// objective, DESIGN.md §4.3).
+struct LayerIoSample {
+  int n_rows = 0, n_embd = 0;
+  std::vector<float> x_in, x_out;  // [n_rows, n_embd] each
 };
 
 // Identifies the model a calibration belongs to. Two models match iff every field is equal.
@@ -82,6 +96,10 @@ class Calibration {
   // Writes atomically (temporary file, then rename).
   void save(const std::string& path) const;
 
+  // Throws the same error as load(path, &model) when the file was made for another model
+  // (lets a tool check a file before loading the model, then match it once loaded).
+  void check_model(const Model& model, const std::string& path) const;
+
   const ModelFingerprint& fingerprint() const { return fp_; }
   int n_layer() const { return n_layer_; }
   int n_head_kv() const { return n_head_kv_; }
@@ -95,6 +113,12 @@ class Calibration {
   const HeadStats& stats(int il, int ih) const;
   void set_stats(std::vector<HeadStats> stats);  // [n_layer * n_head_kv]
 
+  bool has_layer_io() const { return !layer_io_.empty(); }
+  const LayerIoSample& layer_io(int il) const;    // throws Error if the file holds none
+  void set_layer_io(std::vector<LayerIoSample> io);  // [n_layer] (empty: none)
+
+  std::vector<BasisMethod> methods() const;  // the methods with fits, in enum order
+
   // Free-form provenance: calibration text, sequences x length, kvtrim version, date.
   std::map<std::string, std::string> meta;
 
@@ -103,6 +127,7 @@ class Calibration {
   int n_layer_ = 0, n_head_kv_ = 0;
   std::map<BasisMethod, std::vector<HeadFit>> fits_;
   std::vector<HeadStats> stats_;
+  std::vector<LayerIoSample> layer_io_;
 };
 
 }  // namespace kvtrim

@@ -189,6 +189,17 @@ void PressObserver::accumulate_attention(int il, int64_t n, const float* q, cons
   }
 }
 
+void PressObserver::after_append(int il, KvCache& cache) {
+  if (!hook_press_ || !hooks_ || question_mode_) return;
+  PressContext ctx(cache, model_.hparams(), &obs_, pool_);
+  ctx.set_model(&model_);
+  ctx.set_new_from(cache.n_past());  // the engine advances n_past only after the whole forward call
+  const CompressionPlan plan = hook_press_->plan_after_append(ctx, il);
+  if (!plan_is_planned(plan)) return;
+  cache.apply(plan);
+  on_apply(plan);
+}
+
 void PressObserver::on_apply(const CompressionPlan& plan) {
   // Rows of `width` floats per stored token: keep the rows of the kept tokens.
   auto keep_rows = [](std::vector<float>* vec, const HeadPlan& h, size_t width) {
@@ -266,9 +277,7 @@ CompressStats run_press(const Press& press, KvCache& cache, const Model& model, 
   ctx.set_model(&model);
   if (budget_override) ctx.set_budget_override(*budget_override);
   const CompressionPlan plan = press.plan(ctx);
-  bool noop = true;
-  for (const auto& h : plan.heads) noop = noop && h.keep_all;
-  if (!noop) {
+  if (plan_is_planned(plan)) {  // token selections, and basis / channel plans that keep every token
     cache.apply(plan);
     if (obs) obs->on_apply(plan);
   }

@@ -38,11 +38,25 @@ class PressObserver : public ForwardObserver {
   void begin_question();  // the next forward calls are the question: capture its queries
   void end_question();
   void clear_question();
+  // Prefill-time compression (Press::plans_after_append): while a press is set here and hooks
+  // are on, after each layer's append the press plans that layer (ctx.new_from() = the chunk's
+  // first position, the observations captured so far, this chunk's queries included) and the
+  // plan is applied before attention reads the cache. Off in question mode.
+  void after_append(int il, KvCache& cache) override;
+  void set_after_append_press(const Press* press) { hook_press_ = press; }
+  void set_hooks(bool on) { hooks_ = on; }
+  bool hooks() const { return hooks_; }
   // Keeps the observations aligned with the cache after it applied `plan`.
   void on_apply(const CompressionPlan& plan);
   // After cache.truncate(pos): drops what belonged to positions >= pos.
   void on_truncate(int32_t pos);
   void reset();
+  // Replaces what was captured (Session::restore_state: observations saved with the cache
+  // they are aligned with).
+  void restore(Observations obs) {
+    obs_ = std::move(obs);
+    question_mode_ = false;
+  }
 
  private:
   void accumulate_attention(int il, int64_t n, const float* q, const float* k, const int32_t* pos);
@@ -54,6 +68,8 @@ class PressObserver : public ForwardObserver {
   ThreadPool* pool_ = nullptr;
   bool question_mode_ = false;
   bool accumulate_ = true;
+  const Press* hook_press_ = nullptr;
+  bool hooks_ = true;
   std::vector<char> question_started_;  // per layer: first chunk of the current question seen
 };
 

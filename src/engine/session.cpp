@@ -60,6 +60,8 @@ const std::vector<float>& Session::prefill(const std::vector<int32_t>& tokens) {
     const int64_t n = std::min<int64_t>(p_.n_batch, static_cast<int64_t>(tokens.size() - i));
     model_.forward(tokens.data() + i, n, n_past(), *cache_, logits_.data(), false, &pool_, observer_.get());
   }
+  update_from_ = n_past();  // the press has seen the prompt (after-append plans, or compress())
+  decode_steps_ = 0;
   return logits_;
 }
 
@@ -68,9 +70,38 @@ const std::vector<float>& Session::decode(int32_t token) {
   KVTRIM_CHECK(token >= 0 && token < model_.hparams().n_vocab, "token id %d out of range", token);
   // Attention statistics of decode tokens matter only if decoding itself compresses.
   if (observer_) observer_->set_accumulate(sched_.decode_every > 0);
+  // Decode steps are planned by plan_decode below, never by the after-append hook.
+  if (observer_) observer_->set_hooks(false);
   model_.forward(&token, 1, n_past(), *cache_, logits_.data(), false, &pool_, observer_.get());
-  if (observer_) observer_->set_accumulate(true);
+  if (observer_) {
+    observer_->set_accumulate(true);
+    observer_->set_hooks(hooks_);
+  }
+  if (press_ && hooks_) {
+    const int every = press_->decode_interval();
+    if (every > 0 && ++decode_steps_ % every == 0) decode_update();
+  }
   return logits_;
+}
+
+// The press's periodic decode-time plan (OjaKV: Oja step on the buffer, new basis epoch).
+void Session::decode_update() {
+  PressContext ctx(*cache_, model_.hparams(), observer_ ? &observer_->observations() : nullptr, &pool_);
+  ctx.set_model(&model_);
+  ctx.set_new_from(update_from_);
+  ctx.set_decode_step(decode_steps_);
+  const CompressionPlan plan = press_->plan_decode(ctx);
+  if (plan_is_planned(plan)) {
+    cache_->apply(plan);
+    if (observer_) observer_->on_apply(plan);
+  }
+  update_from_ = n_past();
+  ++n_updates_;
+}
+
+void Session::set_press_hooks(bool on) {
+  hooks_ = on;
+  if (observer_) observer_->set_hooks(on);
 }
 
 void Session::eval_all(const int32_t* tokens, int64_t n, float* logits) {
@@ -81,12 +112,35 @@ void Session::eval_all(const int32_t* tokens, int64_t n, float* logits) {
     model_.forward(tokens + i, m, n_past(), *cache_, logits + static_cast<size_t>(i) * n_vocab, true, &pool_,
                    observer_.get());
   }
+  update_from_ = n_past();
+  decode_steps_ = 0;
 }
 
 void Session::reset() {
-  cache_->clear();
+  // clear() keeps each head's current basis / channel epoch (KvCache::truncate), which the
+  // next context must not inherit (OjaKV's basis adapted to the last context; a static basis
+  // would encode the full-cache pass of eval ppl): such a cache is replaced by a fresh one.
+  bool has_epochs = false;
+  for (int il = 0; il < cache_->config().n_layer && !has_epochs; ++il)
+    for (int ih = 0; ih < cache_->config().n_head_kv && !has_epochs; ++ih)
+      has_epochs = cache_->head_layout(il, ih).current_epoch >= 0;
+  if (has_epochs) {
+    cache_ = make_kv_cache(cache_->config());
+    if (observer_) {  // the observer refers to the cache it observes: rebuild it over the new one
+      auto obs = std::make_unique<PressObserver>(model_, *cache_, observer_->needs());
+      obs->set_pool(&pool_);
+      if (press_ && press_->plans_after_append()) obs->set_after_append_press(press_.get());
+      obs->set_hooks(hooks_);
+      observer_ = std::move(obs);
+    }
+  } else {
+    cache_->clear();
+  }
   if (observer_) observer_->reset();
   compress_log_.clear();
+  decode_steps_ = 0;
+  update_from_ = 0;
+  n_updates_ = 0;
 }
 
 void Session::set_press(std::unique_ptr<Press> press, PressSchedule sched) {
@@ -100,7 +154,11 @@ void Session::set_press(std::unique_ptr<Press> press, PressSchedule sched) {
     PressNeeds needs = press_->needs();
     observer_ = std::make_unique<PressObserver>(model_, *cache_, needs);
     observer_->set_pool(&pool_);
+    if (press_->plans_after_append()) observer_->set_after_append_press(press_.get());
+    observer_->set_hooks(hooks_);
   }
+  decode_steps_ = 0;
+  update_from_ = n_past();
 }
 
 CompressStats Session::compress() {
@@ -144,6 +202,7 @@ const Observations* Session::observations() const { return observer_ ? &observer
 void Session::truncate(int32_t pos) {
   cache_->truncate(pos);
   if (observer_) observer_->on_truncate(pos);
+  update_from_ = std::min(update_from_, pos);
 }
 
 GenerateResult Session::generate(const std::vector<int32_t>& prompt, const GenerateParams& gp,
@@ -201,6 +260,59 @@ GenerateResult Session::generate(const std::vector<int32_t>& prompt, const Gener
   }
   r.decode_s = now_seconds() - t0;
   return r;
+}
+
+}  // namespace kvtrim
+
+// ---- Sweeps (Session::State) ----
+namespace kvtrim {
+
+void Session::set_observer(const PressNeeds& needs) {
+  press_.reset();
+  sched_ = PressSchedule{};
+  observer_ = std::make_unique<PressObserver>(model_, *cache_, needs);
+  observer_->set_pool(&pool_);
+  observer_->set_hooks(hooks_);
+}
+
+CompressStats Session::compress_with(const Press& press) {
+  CompressStats st = run_press(press, *cache_, model_, observer_.get(), &pool_);
+  compress_log_.push_back(st);
+  return st;
+}
+
+Session::State Session::save_state() const {
+  State st;
+  st.cache = cache_->clone();
+  st.has_observer = observer_ != nullptr;
+  if (observer_) st.observations = observer_->observations();
+  st.logits = logits_;
+  st.decode_steps = decode_steps_;
+  st.update_from = update_from_;
+  return st;
+}
+
+void Session::restore_state(const State& st) {
+  KVTRIM_CHECK(st.cache != nullptr, "restore_state: the state holds no cache");
+  KVTRIM_CHECK(st.has_observer == (observer_ != nullptr),
+               "restore_state: the state was saved %s an observer, the session has %s", st.has_observer ? "with" : "without",
+               observer_ ? "one" : "none");
+  std::unique_ptr<KvCache> c = st.cache->clone();
+  if (observer_) {
+    // The observer keeps a reference to the cache it observes: rebuild it over the new one.
+    // Set up as set_press does.
+    auto obs = std::make_unique<PressObserver>(model_, *c, observer_->needs());
+    obs->set_pool(&pool_);
+    if (press_ && press_->plans_after_append()) obs->set_after_append_press(press_.get());
+    obs->set_hooks(hooks_);
+    obs->restore(st.observations);
+    observer_ = std::move(obs);
+  }
+  cache_ = std::move(c);
+  logits_ = st.logits;
+  compress_log_.clear();
+  decode_steps_ = st.decode_steps;
+  update_from_ = st.update_from;
 }
 
 }  // namespace kvtrim

@@ -75,7 +75,9 @@ class Session {
   const std::vector<float>& decode(int32_t token);
   // Appends tokens and writes the logits of every one: logits[n, n_vocab] (perplexity).
   void eval_all(const int32_t* tokens, int64_t n, float* logits);
-  // Drops the context (the cache keeps no tokens).
+  // Drops the context (the cache keeps no tokens). A cache that holds basis / channel epochs is
+  // replaced by a fresh one (a new context must not inherit a press's basis): take cache()
+  // again after reset().
   void reset();
 
   // Prefills `prompt` (may be empty when continuing the current context, in which case
@@ -99,6 +101,15 @@ class Session {
   void truncate(int32_t pos);
   // Stats of every compress() since the last reset (generate's included).
   const std::vector<CompressStats>& compress_log() const { return compress_log_; }
+  // The press's own hooks: its after-append plans during prefill / eval_all
+  // (Press::plans_after_append) and its decode-time updates (Press::plan_decode, every
+  // decode_interval() decode steps, applied by decode() independently of PressSchedule). On by
+  // default; off runs the model over the uncompressed cache with the press installed (the
+  // full-cache reference pass of `kvtrim eval ppl`).
+  void set_press_hooks(bool on);
+  bool press_hooks() const { return hooks_; }
+  // Decode-time updates applied since the last reset.
+  int64_t press_updates() const { return n_updates_; }
   // What the press's observer captured so far (nullptr without a press): for tests and tools
   // that plan without applying (PressContext).
   const Observations* observations() const;
@@ -118,6 +129,38 @@ class Session {
   PressSchedule sched_;
   std::unique_ptr<PressObserver> observer_;
   std::vector<CompressStats> compress_log_;
+  // Press hooks (set_press_hooks): decode steps since the prefill, the first position not yet
+  // seen by the press's last plan (OjaKV's buffer starts there), updates applied.
+  void decode_update();
+  bool hooks_ = true;
+  int64_t decode_steps_ = 0;
+  int32_t update_from_ = 0;
+  int64_t n_updates_ = 0;
+
+ public:
+  // ---- Sweeps: one prefill compressed several ways (kvtrim eval sweep, src/eval/sweep.h) ----
+  // A saved context: a deep copy of the cache, what the observer had captured, the last logits.
+  struct State {
+    std::unique_ptr<KvCache> cache;
+    bool has_observer = false;
+    Observations observations;
+    std::vector<float> logits;
+    int64_t decode_steps = 0;  // the press hooks' decode counter and first unplanned position
+    int32_t update_from = 0;
+  };
+  // Installs an observer capturing `needs` (e.g. the PressNeeds::merge of every press of a
+  // sweep) without a press: presses are then given to compress_with. Removes any press. Set
+  // it before prefill, like set_press.
+  void set_observer(const PressNeeds& needs);
+  // Compresses the cache now with `press` (not the session's) against what the observer
+  // captured; logged like compress(). A press needing more than the observer captures throws.
+  CompressStats compress_with(const Press& press);
+  State save_state() const;
+  // Back to `st`: the cache becomes a copy of the saved one (st stays usable for the next
+  // restore) and the observer (which refers to the cache) is rebuilt over it with the saved
+  // observations; the compress log is cleared. The observer's needs are the session's current
+  // ones: restore into the session (or one set up the same way) that saved.
+  void restore_state(const State& st);
 };
 
 // Resolves -m: an existing file path, or an installed model name / alias (smollm2,

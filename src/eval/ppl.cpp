@@ -82,7 +82,20 @@ void check_ppl_config(const Session& s, const PplConfig& c) {
   KVTRIM_CHECK(p >= 1 && p <= c.ctx - 2, "--prefix %lld must be in [1, %lld]", static_cast<long long>(p),
                static_cast<long long>(c.ctx - 2));
   KVTRIM_CHECK(c.chunk >= 1, "--chunk must be positive (got %lld)", static_cast<long long>(c.chunk));
-  if (c.mode == PplMode::kThroughout) scorer_of(s);
+  if (c.mode == PplMode::kThroughout) {
+    if (s.press()->plans_after_append()) {
+      // Low-rank presses compress throughout by themselves (after-append plans); token eviction
+      // composed with them would only act at a compress() that this mode never calls.
+      if (const auto* cp = dynamic_cast<const ComposedPress*>(s.press()))
+        for (const auto& p : cp->presses())
+          KVTRIM_CHECK(p->plans_after_append(),
+                       "ppl --mode throughout: '%s' composes '%s', which does not compress during the forward pass, "
+                       "with a low-rank press; use --mode pcc",
+                       s.press()->spec().c_str(), p->spec().c_str());
+    } else {
+      scorer_of(s);
+    }
+  }
 }
 
 PplWindow score_ppl_window(Session& s, const std::vector<int32_t>& win, int64_t index, const PplConfig& c) {
@@ -97,11 +110,18 @@ PplWindow score_ppl_window(Session& s, const std::vector<int32_t>& win, int64_t 
   r.n_scored = C - 1 - P;
   std::vector<double> full(static_cast<size_t>(r.n_scored)), press(static_cast<size_t>(r.n_scored));
 
-  // Full cache.
+  // Full cache (the press's own hooks off: low-rank presses would compress during eval_all).
   {
     std::vector<float> logits(static_cast<size_t>(C) * n_vocab);
     s.reset();
-    s.eval_all(win.data(), C, logits.data());
+    s.set_press_hooks(false);
+    try {
+      s.eval_all(win.data(), C, logits.data());
+    } catch (...) {
+      s.set_press_hooks(true);
+      throw;
+    }
+    s.set_press_hooks(true);
     for (int64_t j = P; j < C - 1; ++j)
       full[static_cast<size_t>(j - P)] = token_nll(logits.data() + static_cast<size_t>(j) * n_vocab, n_vocab, win[static_cast<size_t>(j + 1)]);
   }
@@ -123,6 +143,26 @@ PplWindow score_ppl_window(Session& s, const std::vector<int32_t>& win, int64_t 
     for (int64_t j = P; j < C - 1; ++j) {
       r.kv_bytes += static_cast<double>(st.bytes_after) + per_tok * static_cast<double>(j - P + 1);
       r.kv_dense += dense_per_token * static_cast<double>(j + 1);
+    }
+  } else if (s.press()->plans_after_append()) {
+    // Low-rank presses: the window runs through the session in its batches (--batch tokens per
+    // forward call) with the press's after-append hook on, so every token is written into the
+    // compressed cache before any attention reads it (exact for every chunk size; a chunk is
+    // one prefill update of OjaKV). Bytes: measured after each chunk's forward.
+    const int64_t chunk = s.params().n_batch;
+    std::vector<float> logits(static_cast<size_t>(chunk) * n_vocab);
+    s.reset();
+    for (int64_t i = 0; i < C; i += chunk) {
+      const int64_t m = std::min<int64_t>(chunk, C - i);
+      s.eval_all(win.data() + i, m, logits.data());
+      ++r.n_compress;
+      const double held = static_cast<double>(s.cache().bytes().total());
+      for (int64_t j = std::max(i, P); j < std::min(i + m, C - 1); ++j) {
+        press[static_cast<size_t>(j - P)] =
+            token_nll(logits.data() + static_cast<size_t>(j - i) * n_vocab, n_vocab, win[static_cast<size_t>(j + 1)]);
+        r.kv_bytes += held;
+        r.kv_dense += dense_per_token * static_cast<double>(i + m);
+      }
     }
   } else {
     const Budget own = scorer_of(s).budget();

@@ -95,9 +95,13 @@ std::vector<QuestionResult> run_sample(Session& s, const PromptBuilder& pb, cons
   size_t kv_bytes = 0, kv_dense = 0;
   // Prefills the context alone (and compresses it through the hook).
   auto prepare = [&](const std::vector<int32_t>* question) {
-    s.reset();
     const double t0 = now_seconds();
-    s.prefill(ctx);
+    if (opt.prefill_context) {
+      opt.prefill_context(s, ctx);
+    } else {
+      s.reset();
+      s.prefill(ctx);
+    }
     prefill_s = now_seconds() - t0;
     if (opt.after_context) opt.after_context(s, question);
     n_context = s.n_past();

@@ -74,6 +74,9 @@ struct RunnerOptions {
   // nullptr unless query_aware. Empty = no compression.
   std::function<void(Session&, const std::vector<int32_t>* question)> after_context;
   bool query_aware = false;
+  // Replaces "reset, then prefill the context tokens" (a sweep restores a saved prefill of
+  // the same tokens instead: src/eval/sweep.h). Empty = prefill.
+  std::function<void(Session&, const std::vector<int32_t>& context)> prefill_context;
 };
 
 // Runs every question of `sample` not in `skip` (question indices). The session is reset first.

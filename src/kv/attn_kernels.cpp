@@ -171,6 +171,33 @@ void AccumQ8(const float* p, int n_g, int64_t ld_p, const int8_t* v, int64_t n_t
   accum_impl(p, n_g, ld_p, v, n_t, dv, acc);
 }
 
+// y[g][i] = m[i] · x[g] over rows i of a row-major [rows, cols] matrix (the basis lift x·mᵀ):
+// lanes over cols, the group's queries share each row load, one horizontal sum per (g, i).
+void RowsDotF32(const float* m, int64_t rows, int64_t cols, const float* x, int n_g,
+                int64_t ld_x, float* y, int64_t ld_y) {
+  const hn::ScalableTag<float> df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  const int64_t c_vec = cols / N * N;
+  for (int g0 = 0; g0 < n_g; g0 += kMaxG) {
+    const int ng = std::min(kMaxG, n_g - g0);
+    for (int64_t i = 0; i < rows; ++i) {
+      const float* mi = m + i * cols;
+      hn::Vec<decltype(df)> acc[kMaxG];
+      for (int g = 0; g < ng; ++g) acc[g] = hn::Zero(df);
+      for (int64_t j = 0; j < c_vec; j += N) {
+        const auto mv = hn::LoadU(df, mi + j);
+        for (int g = 0; g < ng; ++g)
+          acc[g] = hn::MulAdd(mv, hn::LoadU(df, x + (g0 + g) * ld_x + j), acc[g]);
+      }
+      for (int g = 0; g < ng; ++g) {
+        float r = hn::GetLane(hn::SumOfLanes(df, acc[g]));
+        for (int64_t j = c_vec; j < cols; ++j) r += mi[j] * x[(g0 + g) * ld_x + j];
+        y[(g0 + g) * ld_y + i] = r;
+      }
+    }
+  }
+}
+
 void F32ToF16Row(const float* x, uint16_t* y, int64_t n) {
   const hn::ScalableTag<float> df;
   const hn::Rebind<hwy::float16_t, decltype(df)> dh;
@@ -199,6 +226,7 @@ HWY_EXPORT(ScoresQ8);
 HWY_EXPORT(AccumBF16);
 HWY_EXPORT(AccumQ8);
 HWY_EXPORT(F32ToF16Row);
+HWY_EXPORT(RowsDotF32);
 
 void attn_scores_f32(const float* q, int n_g, int64_t d, const float* k, int64_t t0, int64_t n_t,
                      float* s, int64_t ld_s) {
@@ -231,6 +259,10 @@ void attn_accum_bf16(const float* p, int n_g, int64_t ld_p, const uint16_t* v, i
 void attn_accum_q8(const float* p, int n_g, int64_t ld_p, const int8_t* v, int64_t n_t, int64_t dv,
                    float* acc) {
   HWY_DYNAMIC_DISPATCH(AccumQ8)(p, n_g, ld_p, v, n_t, dv, acc);
+}
+void rows_dot_f32(const float* m, int64_t rows, int64_t cols, const float* x, int n_g,
+                  int64_t ld_x, float* y, int64_t ld_y) {
+  HWY_DYNAMIC_DISPATCH(RowsDotF32)(m, rows, cols, x, n_g, ld_x, y, ld_y);
 }
 float exp_sub_sum(float* x, int64_t n, float m) { return kvtrim::exp_sub_sum(x, n, m); }  // ops/nn.h
 void f32_to_f16_row(const float* x, uint16_t* y, int64_t n) {

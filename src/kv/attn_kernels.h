@@ -41,6 +41,12 @@ void attn_accum_bf16(const float* p, int n_g, int64_t ld_p, const uint16_t* v, i
 void attn_accum_q8(const float* p, int n_g, int64_t ld_p, const int8_t* v, int64_t n_t, int64_t dv,
                    float* acc);
 
+// y[g * ld_y + i] = Σ_j m[i * cols + j] · x[g * ld_x + j]   for i < rows, g < n_g.
+// m: row-major f32 [rows, cols]; x: [n_g, ld_x]. The basis axis lifts coefficient vectors with
+// it (x·Dᵀ, D [d, r]); the projection x·U is attn_accum_f32 with U as the "values".
+void rows_dot_f32(const float* m, int64_t rows, int64_t cols, const float* x, int n_g,
+                  int64_t ld_x, float* y, int64_t ld_y);
+
 // x[i] = exp(x[i] - m) for i < n; returns Σ x[i] (after the update).
 float exp_sub_sum(float* x, int64_t n, float m);
 

@@ -38,8 +38,9 @@ struct KvCacheConfig {
 
 // Bytes held, by part: keys / values (the stored elements: full vectors, or basis
 // coefficients), positions (int32 original positions), scales (q8: one f32 per stored key
-// vector and one per value vector), bases (f32 basis matrices, each stored basis counted
-// once), indices (channel indices of the channel axis: per-head subsets as uint16, one per kept
+// vector and one per value vector), bases (f32 basis matrices, encoders and decoders, each
+// stored basis counted once per head that holds it), indices (channel indices of the channel
+// axis: per-head subsets as uint16, one per kept
 // key channel of each stored channel epoch, counted once; per-token subsets: one uint8 per kept
 // channel of each stored token, uint16 when head_dim_k > 256), bitmasks (per-token subsets with
 // recovery: the sign bits of each token's pruned channels, ceil((head_dim_k - T) / 8) bytes per
@@ -90,13 +91,20 @@ struct KvBytes {
 // (the sign bit is taken from the stored key); without them a pruned channel contributes zero
 // (the ablation). Both are given or neither.
 //
-// Oblique bases (KQ-SVD; optional): decoder_k [head_dim_k, rank_k] makes scores (q·D_k)·k̃ while
-// tokens are still encoded k̃ = basis_kᵀ k; decoder_v [head_dim_v, rank_v] makes outputs
-// (Σ a ṽ)·D_vᵀ (reconstruction for read_head: D·c). Empty = the basis itself; with a decoder the
-// side's basis need not be orthonormal (both must be finite).
-// appends_dense (with a basis): tokens appended after this plan stay dense (full rank) until a
-// later plan re-encodes them (OjaKV's decode buffer and recent window); false = appended tokens
-// are encoded with the head's current basis at once (compressed throughout).
+// Oblique bases (KQ-SVD; optional): decoder_k [head_dim_k, rank_k] (row-major, the basis_k's
+// shape; only with basis_k) makes scores (q·D_k)·k̃ while tokens are still encoded
+// k̃ = E_kᵀ k (E_k = basis_k), i.e. the key attention sees is D_k E_kᵀ k; decoder_v
+// [head_dim_v, rank_v] (only with basis_v) makes outputs (Σ a ṽ)·D_vᵀ, i.e. the value is
+// D_v E_vᵀ v. read_head reconstructs D·c. Empty = the basis itself (D = E). With a decoder the
+// side's basis need not be orthonormal; both matrices must be finite. Decoders belong to the
+// epoch: tokens of an epoch are always decoded with that epoch's decoder.
+// appends_dense (only with a basis or key channels): tokens appended after this plan stay dense
+// (full rank, exact, epoch -1 in head_layout) until a later plan with a basis re-encodes them into
+// its new epoch (OjaKV's decode buffer and recent window); tokens already in an epoch keep it.
+// false = appended tokens are encoded with the head's current basis at once (compressed
+// throughout). Channel epochs always append dense. A basis plan on a head that holds no tokens
+// yet (before prefill) is valid: it only sets the head's current basis, so with appends_dense
+// false every token appended later is encoded before any attention reads it.
 struct HeadPlan {
   bool keep_all = true;
   std::vector<int32_t> keep;
@@ -171,7 +179,8 @@ class KvCache {
   virtual void apply(const CompressionPlan& plan) = 0;
 
   // f32 copies of one head's stored tokens (in position order; tokens stored in a basis are
-  // reconstructed with the basis of their epoch, U·k̃), for scoring: k [n_tok, head_dim_k] (RoPE applied),
+  // reconstructed with the basis of their epoch, U·k̃, or its decoder, D·k̃, when oblique), for
+  // scoring: k [n_tok, head_dim_k] (RoPE applied),
   // v [n_tok, head_dim_v], pos [n_tok] (any pointer may be nullptr when not needed). Costs one
   // head's worth of memory: scoring never doubles the cache.
   virtual void read_head(int il, int ih, std::vector<float>* k, std::vector<float>* v,
@@ -179,13 +188,15 @@ class KvCache {
   // How one head's tokens are stored (presses that build on earlier plans, e.g. OjaKV's
   // periodic updates): per stored token in position order, the epoch it is encoded in
   // (-1 = dense / full rank, else the id of its basis or channel epoch); the head's current
-  // basis (the one new tokens are encoded with or will be, with appends_dense) as encoders.
+  // basis (the one new tokens are encoded with or will be, with appends_dense) as encoders,
+  // plus its decoders when oblique. Bytes of the decoders count under KvBytes::bases.
   struct HeadLayout {
     std::vector<int32_t> epoch;        // [n_tokens(il, ih)]
     int32_t current_epoch = -1;        // -1: no basis
     bool appends_dense = false;        // the current epoch's appends_dense
     int rank_k = 0, rank_v = 0;        // current basis ranks (0: that side is full)
     std::vector<float> basis_k, basis_v;  // current encoders [d, r] (empty: none)
+    std::vector<float> decoder_k, decoder_v;  // current decoders [d, r] (empty: the encoder)
   };
   virtual HeadLayout head_layout(int il, int ih) const = 0;
 

@@ -28,9 +28,20 @@
 // mode: its dense rows keep only the full-rank anchors, and each basis epoch's tokens live in
 // a segment {basis, coefficient rows [n, r_k] / [n, r_v] in the same tiled / row-major dtype
 // layout, positions}. Appends go to the current basis's segment. A work item over such a head
-// walks every segment's visible run (split s of n_split of each), projecting the queries once
-// per epoch (q·U_k) and lifting the coefficient-space accumulator once ((Σ a ṽ)·U_vᵀ), merged
-// by the online softmax. Heads without a basis take the original path unchanged.
+// walks every segment's visible run (split s of n_split of each), scoring the queries projected
+// per epoch (q·U_k) and accumulating in coefficient space (Σ a ṽ), with the dense kernels at
+// d = r. Unsplit, the item lifts each segment's accumulator ((Σ a ṽ)·U_vᵀ) and merges them by
+// the online softmax; split (decode), attend() projects the queries once per (query, segment)
+// before the items and, after merging each segment's splits in coefficient space, lifts once
+// per (query, segment), so the basis matrices are read once per query, not once per split.
+// Heads without a basis take the original path unchanged.
+// Oblique epochs (HeadPlan::decoder_k / decoder_v, KQ-SVD) store the same coefficients
+// (encoded with the basis, Eᵀx) and only swap the matrix used on the way out: the queries are
+// projected with D_k and the coefficient-space accumulator lifted with D_v (Basis::dec_k /
+// dec_v). An epoch with appends_dense (OjaKV's decode buffer) sends later appends to the head's
+// dense rows, as channel epochs do, until the next plan with a basis re-encodes them. A basis
+// plan on a head with no tokens only sets its current basis (and unshares the layer), so every
+// later append is encoded at once.
 //
 // Channel axis, keys (HeadPlan::key_channels, ThinK): an epoch like a basis epoch whose
 // "basis" is the channel subset S (Basis::kch, |S| = rk): its segment's key rows hold only
@@ -173,46 +184,43 @@ void gather_keys(const uint8_t* src, uint8_t* dst, int64_t d, const int32_t* kee
   }
 }
 
-// One basis epoch of a head: U_k [dk, rk] and U_v [dv, rv], row-major f32 with orthonormal
-// columns; an empty matrix is the identity (that side stays full-rank, rk = dk / rv = dv).
+// One basis epoch of a head: encoders U_k [dk, rk] and U_v [dv, rv], row-major f32 (orthonormal
+// columns unless the side has a decoder); an empty matrix is the identity (that side stays
+// full-rank, rk = dk / rv = dv). Oblique sides (KQ-SVD) add a decoder D [d, r]: tokens are still
+// encoded c = Uᵀx, but queries are projected with it (q·D_k), value outputs lifted with it
+// ((Σ a ṽ)·D_vᵀ) and read_head reconstructs D·c. Without a decoder D = U.
 struct Basis {
   int32_t id = 0;  // epoch id (unique in the cache)
   int rk = 0, rv = 0;
   std::vector<float> uk, uv;
+  std::vector<float> dk, dv;  // decoders (empty: the encoder itself)
   std::vector<uint16_t> kch;  // channel epoch: the kept key channels (rk of them); uk empty
   bool topk = false;          // per-token channel epoch: rk = T channels per token (own lists)
   std::vector<float> rec;     // per-token recovery scale r [dk] (empty: zero-fill)
-  bool appends_dense() const { return !kch.empty() || topk; }
+  bool dense = false;         // HeadPlan::appends_dense given with the basis
+  bool appends_dense() const { return !kch.empty() || topk || dense; }
+  const std::vector<float>& dec_k() const { return dk.empty() ? uk : dk; }
+  const std::vector<float>& dec_v() const { return dv.empty() ? uv : dv; }
 };
 
-
-
-// c[j] = Σ_i x[i] U[i, j]: x [d] -> coefficients c [r] (U empty: c = x).
-void project(const std::vector<float>& U, int d, int r, const float* x, float* c) {
+// c[g, j] = Σ_i x[g, i] U[i, j]: n vectors x [n, d] -> coefficients c [n, r] (U empty: c = x).
+// The SIMD weighted-sum kernel with U's rows as the "values".
+void project(const std::vector<float>& U, int d, int r, const float* x, float* c, int n = 1) {
   if (U.empty()) {
-    std::copy(x, x + d, c);
+    std::copy(x, x + static_cast<int64_t>(n) * d, c);
     return;
   }
-  std::fill(c, c + r, 0.f);
-  for (int i = 0; i < d; ++i) {
-    const float xi = x[i];
-    const float* u = U.data() + static_cast<size_t>(i) * r;
-    for (int j = 0; j < r; ++j) c[j] += xi * u[j];
-  }
+  std::fill(c, c + static_cast<int64_t>(n) * r, 0.f);
+  kv::attn_accum_f32(x, n, d, U.data(), d, r, c);
 }
 
-// x[i] = Σ_j U[i, j] c[j]: coefficients c [r] -> x [d] (U empty: x = c).
-void lift(const std::vector<float>& U, int d, int r, const float* c, float* x) {
+// x[g, i] = Σ_j U[i, j] c[g, j]: coefficients c [n, r] -> x [n, d] (U empty: x = c).
+void lift(const std::vector<float>& U, int d, int r, const float* c, float* x, int n = 1) {
   if (U.empty()) {
-    std::copy(c, c + d, x);
+    std::copy(c, c + static_cast<int64_t>(n) * d, x);
     return;
   }
-  for (int i = 0; i < d; ++i) {
-    const float* u = U.data() + static_cast<size_t>(i) * r;
-    float acc = 0;
-    for (int j = 0; j < r; ++j) acc += u[j] * c[j];
-    x[i] = acc;
-  }
+  kv::rows_dot_f32(U.data(), d, r, c, n, r, x, d);
 }
 
 // Key coefficients of x [d] in epoch b: the kept channels (channel epoch) or x·U_k.
@@ -224,19 +232,35 @@ void project_key(const Basis& b, int d, const float* x, float* c) {
   project(b.uk, d, b.rk, x, c);
 }
 
-// Key of epoch b from its coefficients c: scattered with zeros (channel epoch) or U_k·c.
+// Query of epoch b in coefficient space: the kept channels (channel epoch) or q·D_k (D_k = U_k
+// without a decoder), so that the score is q̃·k̃.
+void project_query(const Basis& b, int d, const float* q, float* c) {
+  if (!b.kch.empty()) {
+    project_key(b, d, q, c);
+    return;
+  }
+  project(b.dec_k(), d, b.rk, q, c);
+}
+
+// Key of epoch b from its coefficients c: scattered with zeros (channel epoch) or D_k·c.
 void lift_key(const Basis& b, int d, const float* c, float* x) {
   if (!b.kch.empty()) {
     std::fill(x, x + d, 0.f);
     for (size_t j = 0; j < b.kch.size(); ++j) x[b.kch[j]] = c[j];
     return;
   }
-  lift(b.uk, d, b.rk, c, x);
+  lift(b.dec_k(), d, b.rk, c, x);
 }
 
-// Checks one side of a plan's basis: none (rank 0, empty), or U [d, r] with 1 <= r <= d and
-// orthonormal columns (|UᵀU - I| <= 1e-4 elementwise).
-void check_basis(const std::vector<float>& U, int r, int d, const char* side, int il, int ih) {
+// Checks one side of a plan's basis: none (rank 0, empty, no decoder), or U [d, r] with
+// 1 <= r <= d and orthonormal columns (|UᵀU - I| <= 1e-4 elementwise); with a decoder D (an
+// oblique side) U need not be orthonormal, and both U and D [d, r] must be finite.
+void check_basis(const std::vector<float>& U, const std::vector<float>& D, int r, int d,
+                 const char* side, int il, int ih) {
+  KVTRIM_CHECK(D.empty() || !U.empty(),
+               "compression plan (layer %d, kv head %d): %s decoder given without a %s basis "
+               "(the encoder)",
+               il, ih, side, side);
   if (r == 0 && U.empty()) return;
   KVTRIM_CHECK(r >= 1 && r <= d,
                "compression plan (layer %d, kv head %d): %s basis rank %d is out of range [1, %d]",
@@ -245,6 +269,19 @@ void check_basis(const std::vector<float>& U, int r, int d, const char* side, in
                "compression plan (layer %d, kv head %d): %s basis holds %zu floats, expected "
                "head_dim %d x rank %d = %d",
                il, ih, side, U.size(), d, r, d * r);
+  if (!D.empty()) {
+    KVTRIM_CHECK(D.size() == U.size(),
+                 "compression plan (layer %d, kv head %d): %s decoder holds %zu floats, expected "
+                 "head_dim %d x rank %d = %d (the basis's shape)",
+                 il, ih, side, D.size(), d, r, d * r);
+    for (const std::vector<float>* m : {&U, &D}) {
+      for (size_t i = 0; i < m->size(); ++i)
+        KVTRIM_CHECK(std::isfinite((*m)[i]),
+                     "compression plan (layer %d, kv head %d): %s %s element %zu is not finite",
+                     il, ih, side, m == &U ? "basis" : "decoder", i);
+    }
+    return;  // oblique: no orthonormality required
+  }
   double worst = 0;
   for (int a = 0; a < r; ++a) {
     for (int b = a; b < r; ++b) {
@@ -332,11 +369,29 @@ class TokenCache final : public KvCache {
   void put_sparse_row(Store& S, int64_t row, const Basis& b, const float* k, const float* v,
                       const int32_t* ch, float fill) const;
   // A work item over a basis-mode head: split s of n_split of every segment's visible run,
-  // merged into acc [n_group, head_dim_v], m, l (output space).
+  // each left in its slot, in the segment's own coefficient space (slots_floats floats: the
+  // dense rows, then each segment: acc [n_group, d_slot], m [n_group], l [n_group]; d_slot the
+  // slot's stored value width). qproj: the group's queries already projected for each segment
+  // with an encoder ([n_group, r_k] after another, qproj_floats), or nullptr to project here.
   template <KvDtype D>
-  void attend_basis(const Head& H, int n_group, const float* q_group, const AttnParams& p,
-                    int32_t q_pos, int64_t s, int64_t n_split, float* acc, float* m,
-                    float* l) const;
+  void attend_basis(const Head& H, int n_group, const float* q_group, const float* qproj,
+                    const AttnParams& p, int32_t q_pos, int64_t s, int64_t n_split,
+                    float* slots) const;
+  // Lifts each slot's accumulator to the output space (·D_vᵀ, once per slot) and merges the
+  // slots by the online softmax into acc [n_group, head_dim_v], m, l.
+  void merge_slots(const Head& H, int n_group, const float* slots, float* acc, float* m,
+                   float* l) const;
+  static int64_t slots_floats(const Head& H, int n_group, int dv) {
+    int64_t n = static_cast<int64_t>(n_group) * (dv + 2);
+    for (const Seg& g : H.segs) n += static_cast<int64_t>(n_group) * (g.s.dv + 2);
+    return n;
+  }
+  static int64_t qproj_floats(const Head& H, int n_group) {
+    int64_t n = 0;
+    for (const Seg& g : H.segs)
+      if (!g.b->uk.empty()) n += static_cast<int64_t>(n_group) * g.b->rk;
+    return n;
+  }
   void reserve(Store& H, int64_t need) const;  // capacity >= need tokens
   void realloc_head(Store& H, int64_t cap, bool grow, const int32_t* keep, int64_t n_keep) const;
   void put_row(Store& S, int64_t row, const float* k, const float* v) const;
@@ -498,12 +553,22 @@ void TokenCache::append(int il, int64_t n, const float* k, const float* v, const
         S->dv = B.rv;
       }
       reserve(*S, S->n_tok + n);
-      std::vector<float> ck(static_cast<size_t>(B.rk)), cv(static_cast<size_t>(B.rv));
-      for (int64_t j = 0; j < n; ++j) {
-        project(B.uk, static_cast<int>(dk), B.rk, k + (j * nkv + ih) * dk, ck.data());
-        project(B.uv, static_cast<int>(dv), B.rv, v + (j * nkv + ih) * dv, cv.data());
-        put_row(*S, S->n_tok + j, ck.data(), cv.data());
-      }
+      // coefficients of all n tokens at once: c [n, r] = x [n, d] (rows nkv·d apart) · U
+      std::vector<float> ck(static_cast<size_t>(n * B.rk)), cv(static_cast<size_t>(n * B.rv));
+      auto encode_all = [n, nkv, ih](const std::vector<float>& U, int64_t d, int r,
+                                     const float* x, float* c) {
+        if (U.empty()) {
+          for (int64_t j = 0; j < n; ++j)
+            std::copy(x + (j * nkv + ih) * d, x + (j * nkv + ih + 1) * d, c + j * d);
+          return;
+        }
+        std::fill(c, c + n * r, 0.f);
+        kv::attn_accum_f32(x + ih * d, static_cast<int>(n), nkv * d, U.data(), d, r, c);
+      };
+      encode_all(B.uk, dk, B.rk, k, ck.data());
+      encode_all(B.uv, dv, B.rv, v, cv.data());
+      for (int64_t j = 0; j < n; ++j)
+        put_row(*S, S->n_tok + j, ck.data() + j * B.rk, cv.data() + j * B.rv);
       S->n_tok += n;
       S->pos.insert(S->pos.end(), pos, pos + n);  // basis-mode layers are never shared
       continue;
@@ -654,17 +719,27 @@ void TokenCache::put_sparse_row(Store& S, int64_t row, const Basis& b, const flo
 
 template <KvDtype D>
 void TokenCache::attend_basis(const Head& H, int n_group, const float* q_group,
-                              const AttnParams& p, int32_t q_pos, int64_t s, int64_t n_split,
-                              float* acc, float* m, float* l) const {
+                              const float* qproj, const AttnParams& p, int32_t q_pos, int64_t s,
+                              int64_t n_split, float* slots) const {
   const int dk = cfg_.head_dim_k, dv = cfg_.head_dim_v;
-  thread_local std::vector<float> qb, acc_s, ml, w;
-  std::fill(acc, acc + static_cast<int64_t>(n_group) * dv, 0.f);
-  for (int g = 0; g < n_group; ++g) {
-    m[g] = -std::numeric_limits<float>::infinity();
-    l[g] = 0;
-  }
-  w.resize(static_cast<size_t>(dv));
-  auto part = [&](const Store& S, const Basis* b) {
+  thread_local std::vector<float> qb;
+  float* sl = slots;
+  const float* qp = qproj;
+  auto part = [&](const Store& S, const Basis* b, int dslot) {
+    float* acc = sl;
+    float* m = sl + static_cast<int64_t>(n_group) * dslot;
+    float* l = m + n_group;
+    sl = l + n_group;
+    const float* qpre = nullptr;  // this segment's projected queries, when given
+    if (qp && b && !b->uk.empty()) {
+      qpre = qp;
+      qp += static_cast<int64_t>(n_group) * b->rk;
+    }
+    std::fill(acc, acc + static_cast<int64_t>(n_group) * dslot, 0.f);
+    for (int g = 0; g < n_group; ++g) {
+      m[g] = -std::numeric_limits<float>::infinity();
+      l[g] = 0;
+    }
     if (S.n_tok == 0) return;
     // the visible run of this segment (its own sorted positions), and this item's split of it
     const int32_t* pb = S.pos.data();
@@ -676,41 +751,67 @@ void TokenCache::attend_basis(const Head& H, int n_group, const float* q_group,
     const int64_t len = hi - lo;
     const int64_t t0 = lo + len * s / n_split, t1 = lo + len * (s + 1) / n_split;
     if (t0 >= t1) return;
-    const float* qq = q_group;  // scores in the epoch's coordinates: (q·U_k)·k̃
-    if (b && (!b->uk.empty() || !b->kch.empty())) {  // q·U_k, or q[S] in a channel epoch
+    const float* qq = q_group;  // scores in the epoch's coordinates: (q·D_k)·k̃
+    if (qpre) {
+      qq = qpre;
+    } else if (b && (!b->uk.empty() || !b->kch.empty())) {  // q·D_k, or q[S] in a channel epoch
       qb.resize(static_cast<size_t>(n_group) * static_cast<size_t>(b->rk));
-      for (int g = 0; g < n_group; ++g)
-        project_key(*b, dk, q_group + static_cast<int64_t>(g) * dk,
-                    qb.data() + static_cast<int64_t>(g) * b->rk);
+      if (b->kch.empty()) {  // the whole group at once (one SIMD pass over D_k)
+        project(b->dec_k(), dk, b->rk, q_group, qb.data(), n_group);
+      } else {
+        for (int g = 0; g < n_group; ++g)
+          project_query(*b, dk, q_group + static_cast<int64_t>(g) * dk,
+                        qb.data() + static_cast<int64_t>(g) * b->rk);
+      }
       qq = qb.data();
     }
-    acc_s.resize(static_cast<size_t>(n_group) * static_cast<size_t>(S.dv));
-    ml.resize(2 * static_cast<size_t>(n_group));
     if (b && b->topk) {
-      attend_range<D, true>(S, n_group, qq, p.scale, p.softcap, t0, t1, acc_s.data(), ml.data(),
-                            ml.data() + n_group, b);
+      attend_range<D, true>(S, n_group, qq, p.scale, p.softcap, t0, t1, acc, m, l, b);
     } else {
-      attend_range<D>(S, n_group, qq, p.scale, p.softcap, t0, t1, acc_s.data(), ml.data(),
-                      ml.data() + n_group);
+      attend_range<D>(S, n_group, qq, p.scale, p.softcap, t0, t1, acc, m, l);
+    }
+  };
+  part(H, nullptr, dv);  // dense rows (anchors, buffered appends)
+  for (const Seg& g : H.segs) part(g.s, g.b.get(), g.s.dv);
+}
+
+void TokenCache::merge_slots(const Head& H, int n_group, const float* slots, float* acc,
+                             float* m, float* l) const {
+  const int dv = cfg_.head_dim_v;
+  thread_local std::vector<float> w;
+  w.resize(static_cast<size_t>(n_group) * static_cast<size_t>(dv));
+  std::fill(acc, acc + static_cast<int64_t>(n_group) * dv, 0.f);
+  for (int g = 0; g < n_group; ++g) {
+    m[g] = -std::numeric_limits<float>::infinity();
+    l[g] = 0;
+  }
+  const float* sl = slots;
+  auto one = [&](const Basis* b, int dslot) {
+    const float* as = sl;
+    const float* ms = sl + static_cast<int64_t>(n_group) * dslot;
+    const float* ls = ms + n_group;
+    sl = ls + n_group;
+    bool any = false;
+    for (int g = 0; g < n_group; ++g) any = any || !std::isinf(ms[g]);
+    if (!any) return;
+    const float* lifted = as;  // [n_group, dv]
+    if (b && !b->uv.empty()) {  // (Σ_t a_t ṽ_t)·D_vᵀ (D_v = U_v without a decoder), all g
+      lift(b->dec_v(), dv, b->rv, as, w.data(), n_group);
+      lifted = w.data();
     }
     for (int g = 0; g < n_group; ++g) {
-      const float ms = ml[static_cast<size_t>(g)];
-      if (std::isinf(ms)) continue;
-      const float M = std::max(m[g], ms);
-      const float fa = std::isinf(m[g]) ? 0.f : std::exp(m[g] - M), fs = std::exp(ms - M);
-      const float* as = acc_s.data() + static_cast<int64_t>(g) * S.dv;
-      if (b && !b->uv.empty()) {  // (Σ_t a_t ṽ_t)·U_vᵀ
-        lift(b->uv, dv, b->rv, as, w.data());
-        as = w.data();
-      }
+      if (std::isinf(ms[g])) continue;
+      const float M = std::max(m[g], ms[g]);
+      const float fa = std::isinf(m[g]) ? 0.f : std::exp(m[g] - M), fs = std::exp(ms[g] - M);
+      const float* ag_s = lifted + static_cast<int64_t>(g) * dv;
       float* ag = acc + static_cast<int64_t>(g) * dv;
-      for (int i = 0; i < dv; ++i) ag[i] = ag[i] * fa + as[i] * fs;
-      l[g] = l[g] * fa + ml[static_cast<size_t>(n_group + g)] * fs;
+      for (int i = 0; i < dv; ++i) ag[i] = ag[i] * fa + ag_s[i] * fs;
+      l[g] = l[g] * fa + ls[g] * fs;
       m[g] = M;
     }
   };
-  part(H, nullptr);  // dense anchors
-  for (const Seg& g : H.segs) part(g.s, g.b.get());
+  one(nullptr, dv);
+  for (const Seg& g : H.segs) one(g.b.get(), g.s.dv);
 }
 
 template <KvDtype D, bool Sp>
@@ -844,13 +945,50 @@ void TokenCache::attend(int il, int64_t n_q, const float* q, const int32_t* q_po
   if (n_base < 2 * nth) {
     n_split = std::min((2 * nth + n_base - 1) / n_base, std::max<int64_t>(1, max_len / kMinSplit));
   }
-  const int64_t part_stride =
+  int64_t part_stride =
       static_cast<int64_t>(n_group) * (dv + 2);  // acc [G, dv], m [G], l [G]
+  // Basis-mode heads split across items keep each segment's partial result in coefficient
+  // space (slots, lifted once per query after the splits are merged) and get their queries
+  // projected once per (query, segment) here rather than once per split.
+  thread_local std::vector<float> qproj_buf;
+  thread_local std::vector<int64_t> qproj_off;
+  const float* qproj_data = nullptr;
+  const int64_t* qproj_at = nullptr;
+  if (n_split > 1) {
+    int64_t nq_f = 0;
+    qproj_off.assign(static_cast<size_t>(n_base), -1);
+    for (int ihk = 0; ihk < nkv; ++ihk) {
+      const Head& H = L.heads[static_cast<size_t>(ihk)];
+      if (!H.cur) continue;
+      part_stride = std::max(part_stride, slots_floats(H, n_group, dv));
+      for (int64_t iq = 0; iq < n_q; ++iq) {
+        qproj_off[static_cast<size_t>(iq * nkv + ihk)] = nq_f;
+        nq_f += qproj_floats(H, n_group);
+      }
+    }
+    qproj_buf.resize(static_cast<size_t>(nq_f));
+    for (int64_t iq = 0; iq < n_q; ++iq) {
+      for (int ihk = 0; ihk < nkv; ++ihk) {
+        const Head& H = L.heads[static_cast<size_t>(ihk)];
+        if (!H.cur) continue;
+        float* dst = qproj_buf.data() + qproj_off[static_cast<size_t>(iq * nkv + ihk)];
+        const float* q_group = q + (iq * p.n_head + static_cast<int64_t>(ihk) * n_group) * dk;
+        for (const Seg& g : H.segs) {
+          if (g.b->uk.empty()) continue;
+          project(g.b->dec_k(), dk, g.b->rk, q_group, dst, n_group);
+          dst += static_cast<int64_t>(n_group) * g.b->rk;
+        }
+      }
+    }
+    qproj_data = qproj_buf.data();
+    qproj_at = qproj_off.data();
+  }
   thread_local std::vector<float> parts;
   parts.resize(static_cast<size_t>(n_base * n_split * part_stride));
   float* parts_data = parts.data();
 
   auto run_items = [&](int64_t b, int64_t e) {
+    std::vector<float> scratch;  // basis-mode slots of an unsplit item (this thread's)
     for (int64_t item = b; item < e; ++item) {
       const int64_t s = item % n_split;
       const int64_t iq = item / n_split / nkv;
@@ -864,21 +1002,30 @@ void TokenCache::attend(int il, int64_t n_q, const float* q, const int32_t* q_po
       const float* q_group = q + (iq * p.n_head + static_cast<int64_t>(ihk) * n_group) * dk;
       const Head& H = L.heads[static_cast<size_t>(ihk)];
       if (H.cur) {
+        // one split: the item lifts and merges its slots itself (in parallel); several: the
+        // slots stay in the part and are merged across splits below, then lifted once
+        const float* qp = qproj_at ? qproj_data + qproj_at[iq * nkv + ihk] : nullptr;
+        float* slots = part;
+        if (n_split == 1) {
+          scratch.resize(static_cast<size_t>(slots_floats(H, n_group, dv)));
+          slots = scratch.data();
+        }
         switch (cfg_.dtype) {
           case KvDtype::kF32:
-            attend_basis<KvDtype::kF32>(H, n_group, q_group, p, q_pos[iq], s, n_split, acc, m, l);
+            attend_basis<KvDtype::kF32>(H, n_group, q_group, qp, p, q_pos[iq], s, n_split, slots);
             break;
           case KvDtype::kF16:
-            attend_basis<KvDtype::kF16>(H, n_group, q_group, p, q_pos[iq], s, n_split, acc, m, l);
+            attend_basis<KvDtype::kF16>(H, n_group, q_group, qp, p, q_pos[iq], s, n_split, slots);
             break;
           case KvDtype::kBF16:
-            attend_basis<KvDtype::kBF16>(H, n_group, q_group, p, q_pos[iq], s, n_split, acc, m,
-                                         l);
+            attend_basis<KvDtype::kBF16>(H, n_group, q_group, qp, p, q_pos[iq], s, n_split,
+                                         slots);
             break;
           case KvDtype::kQ8:
-            attend_basis<KvDtype::kQ8>(H, n_group, q_group, p, q_pos[iq], s, n_split, acc, m, l);
+            attend_basis<KvDtype::kQ8>(H, n_group, q_group, qp, p, q_pos[iq], s, n_split, slots);
             break;
         }
+        if (n_split == 1) merge_slots(H, n_group, slots, acc, m, l);
         continue;
       }
       switch (cfg_.dtype) {
@@ -905,8 +1052,58 @@ void TokenCache::attend(int il, int64_t n_q, const float* q, const int32_t* q_po
   }
 
   // Merge the splits of each (query, head): out = Σ_s e^{m_s-M} acc_s / Σ_s e^{m_s-M} l_s.
+  thread_local std::vector<float> bslots, bout;
   for (int64_t iq = 0; iq < n_q; ++iq) {
     for (int ihk = 0; ihk < nkv; ++ihk) {
+      const Head& Hb = L.heads[static_cast<size_t>(ihk)];
+      if (n_split > 1 && Hb.cur) {  // basis mode: merge each slot's splits, lift, merge slots
+        const int64_t item0 = (iq * nkv + ihk) * n_split;
+        bslots.resize(static_cast<size_t>(slots_floats(Hb, n_group, dv)));
+        int64_t off = 0;  // the slot's offset in a part and in bslots
+        auto merge_slot = [&](int dslot) {
+          const int64_t a_n = static_cast<int64_t>(n_group) * dslot;
+          float* acc = bslots.data() + off;
+          float* m = acc + a_n;
+          float* l = m + n_group;
+          for (int g = 0; g < n_group; ++g) {
+            float M = -std::numeric_limits<float>::infinity();
+            for (int64_t s = 0; s < n_split; ++s)
+              M = std::max(M, parts_data[(item0 + s) * part_stride + off + a_n + g]);
+            float* ag = acc + static_cast<int64_t>(g) * dslot;
+            std::fill(ag, ag + dslot, 0.f);
+            m[g] = M;
+            l[g] = 0;
+            if (std::isinf(M)) continue;
+            for (int64_t s = 0; s < n_split; ++s) {
+              const float* part = parts_data + (item0 + s) * part_stride + off;
+              const float ms = part[a_n + g];
+              if (std::isinf(ms)) continue;
+              const float f = std::exp(ms - M);
+              l[g] += f * part[a_n + n_group + g];
+              const float* a = part + static_cast<int64_t>(g) * dslot;
+              for (int i = 0; i < dslot; ++i) ag[i] += f * a[i];
+            }
+          }
+          off += a_n + 2 * n_group;
+        };
+        merge_slot(dv);
+        for (const Seg& sg : Hb.segs) merge_slot(sg.s.dv);
+        bout.resize(static_cast<size_t>(n_group) * (dv + 2));
+        float* acc = bout.data();
+        float* m = acc + static_cast<int64_t>(n_group) * dv;
+        float* l = m + n_group;
+        merge_slots(Hb, n_group, bslots.data(), acc, m, l);
+        for (int g = 0; g < n_group; ++g) {
+          float* o = out + (iq * p.n_head + static_cast<int64_t>(ihk) * n_group + g) * dv;
+          if (std::isinf(m[g])) {  // no visible key
+            std::fill(o, o + dv, 0.f);
+            continue;
+          }
+          const float inv = 1.f / l[g];
+          for (int i = 0; i < dv; ++i) o[i] = acc[static_cast<int64_t>(g) * dv + i] * inv;
+        }
+        continue;
+      }
       for (int g = 0; g < n_group; ++g) {
         float* o = out + (iq * p.n_head + static_cast<int64_t>(ihk) * n_group + g) * dv;
         const int64_t item0 = (iq * nkv + ihk) * n_split;
@@ -948,8 +1145,12 @@ void TokenCache::apply(const CompressionPlan& plan) {
       const HeadPlan& hp = plan.at(il, ih);
       const Head& H = layers_[il].heads[static_cast<size_t>(ih)];
       const int64_t n = head_tokens(H);
-      check_basis(hp.basis_k, hp.rank_k, cfg_.head_dim_k, "key", il, ih);
-      check_basis(hp.basis_v, hp.rank_v, cfg_.head_dim_v, "value", il, ih);
+      check_basis(hp.basis_k, hp.decoder_k, hp.rank_k, cfg_.head_dim_k, "key", il, ih);
+      check_basis(hp.basis_v, hp.decoder_v, hp.rank_v, cfg_.head_dim_v, "value", il, ih);
+      KVTRIM_CHECK(!hp.appends_dense || hp.has_basis() || hp.has_channels(),
+                   "compression plan (layer %d, kv head %d): appends_dense is given without a "
+                   "basis (it says how tokens appended after the plan's basis are stored)",
+                   il, ih);
       if (hp.has_channels()) {
         KVTRIM_CHECK(hp.key_channels.empty() || (hp.key_topk == 0 && hp.key_token_channels.empty() &&
                                                  hp.key_recovery_scale.empty() &&
@@ -1115,6 +1316,9 @@ void TokenCache::apply_basis_head(Head& H, const HeadPlan& hp) {
     b->rv = hp.basis_v.empty() ? dv : hp.rank_v;
     b->uk = hp.basis_k;
     b->uv = hp.basis_v;
+    b->dk = hp.decoder_k;
+    b->dv = hp.decoder_v;
+    b->dense = hp.appends_dense;
     nb = std::move(b);
   } else if (!hp.key_channels.empty()) {
     auto b = std::make_shared<Basis>();
@@ -1213,10 +1417,12 @@ KvCache::HeadLayout TokenCache::head_layout(int il, int ih) const {
   if (!b.uk.empty()) {
     out.rank_k = b.rk;
     out.basis_k = b.uk;
+    out.decoder_k = b.dk;
   }
   if (!b.uv.empty()) {
     out.rank_v = b.rv;
     out.basis_v = b.uv;
+    out.decoder_v = b.dv;
   }
   return out;
 }
@@ -1265,7 +1471,7 @@ void TokenCache::read_head(int il, int ih, std::vector<float>* k, std::vector<fl
       } else if (kt) {
         lift_key(*G.b, dk, ck.data(), kt);
       }
-      if (vt) lift(G.b->uv, dv, G.b->rv, cv.data(), vt);
+      if (vt) lift(G.b->dec_v(), dv, G.b->rv, cv.data(), vt);
       if (pos) (*pos)[static_cast<size_t>(t)] = G.s.pos[static_cast<size_t>(j)];
     }
     return;
@@ -1334,7 +1540,7 @@ KvBytes TokenCache::bytes() const {
       std::sort(held.begin(), held.end());
       held.erase(std::unique(held.begin(), held.end()), held.end());
       for (const Basis* B : held) {
-        bases += (B->uk.size() + B->uv.size()) * sizeof(float);
+        bases += (B->uk.size() + B->uv.size() + B->dk.size() + B->dv.size()) * sizeof(float);
         indices += B->kch.size() * sizeof(uint16_t);
         scales += B->rec.size() * sizeof(float);
       }
@@ -1369,6 +1575,17 @@ void TokenCache::truncate(int32_t pos) {
         cut(H);
         for (Seg& g : H.segs) cut(g.s);
         std::erase_if(H.segs, [](const Seg& g) { return g.s.n_tok == 0; });
+      }
+      // An emptied layer whose heads hold no basis shares positions again, so a new context
+      // after clear() is stored (and counted) like the first one: 4 bytes per position, not
+      // per (position, head).
+      const bool empty = std::all_of(L.heads.begin(), L.heads.end(), [](const Head& H) {
+        return H.n_tok == 0 && H.segs.empty() && !H.cur;
+      });
+      if (empty) {
+        L.shared = true;
+        L.pos.clear();
+        for (Head& H : L.heads) std::vector<int32_t>().swap(H.pos);
       }
     }
   }

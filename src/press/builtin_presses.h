@@ -17,6 +17,11 @@ PressInfo knorm_press_info();         // token/knorm.cpp
 PressInfo random_press_info();        // token/random.cpp
 PressInfo adakv_press_info();         // token/adakv.cpp (wrapper)
 PressInfo kvcompose_press_info();     // token/kvcompose.cpp
+PressInfo ksvd_press_info();           // basis/static_bases.cpp
+PressInfo eigenattention_press_info(); // basis/static_bases.cpp
+PressInfo kqsvd_press_info();          // basis/static_bases.cpp
+PressInfo staticpca_press_info();      // basis/static_bases.cpp
+PressInfo ojakv_press_info();          // basis/ojakv.cpp
 
 std::vector<PressInfo> builtin_press_infos();
 

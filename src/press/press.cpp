@@ -205,6 +205,41 @@ int64_t plan_kept(const HeadPlan& h, int64_t n_tok) {
   return h.keep_all ? n_tok : static_cast<int64_t>(h.keep.size());
 }
 
+namespace {
+
+// Basis / channel fields of a head plan (everything but the token selection).
+bool sets_features(const HeadPlan& h) {
+  return h.has_basis() || h.has_channels() || !h.anchors.empty() || h.appends_dense;
+}
+
+void copy_features(const HeadPlan& src, HeadPlan* dst) {
+  dst->rank_k = src.rank_k;
+  dst->rank_v = src.rank_v;
+  dst->basis_k = src.basis_k;
+  dst->basis_v = src.basis_v;
+  dst->decoder_k = src.decoder_k;
+  dst->decoder_v = src.decoder_v;
+  dst->appends_dense = src.appends_dense;
+  dst->key_channels = src.key_channels;
+  dst->key_topk = src.key_topk;
+  dst->key_recovery_scale = src.key_recovery_scale;
+}
+
+// Rows [i] of a per-token array with `width` entries per row.
+template <class T>
+std::vector<T> select_rows(const std::vector<T>& rows, const std::vector<int32_t>& pick, size_t width) {
+  if (rows.empty()) return rows;
+  std::vector<T> out(pick.size() * width);
+  for (size_t j = 0; j < pick.size(); ++j) {
+    const size_t src = static_cast<size_t>(pick[j]) * width;
+    KVTRIM_CHECK(src + width <= rows.size(), "compose_plans: per-token row %d out of range", pick[j]);
+    std::copy_n(rows.begin() + static_cast<std::ptrdiff_t>(src), width, out.begin() + static_cast<std::ptrdiff_t>(j * width));
+  }
+  return out;
+}
+
+}  // namespace
+
 CompressionPlan compose_plans(const CompressionPlan& first, const CompressionPlan& second) {
   KVTRIM_CHECK(first.n_layer == second.n_layer && first.n_head_kv == second.n_head_kv,
                "compose_plans: shapes differ (%dx%d vs %dx%d)", first.n_layer, first.n_head_kv, second.n_layer,
@@ -214,10 +249,13 @@ CompressionPlan compose_plans(const CompressionPlan& first, const CompressionPla
     const HeadPlan& a = first.heads[i];
     const HeadPlan& b = second.heads[i];
     HeadPlan& o = out.heads[i];
+    // Token axis.
     if (b.keep_all) {
-      o = a;
+      o.keep_all = a.keep_all;
+      o.keep = a.keep;
     } else if (a.keep_all) {
-      o = b;
+      o.keep_all = false;
+      o.keep = b.keep;
     } else {
       o.keep_all = false;
       o.keep.resize(b.keep.size());
@@ -228,8 +266,57 @@ CompressionPlan compose_plans(const CompressionPlan& first, const CompressionPla
         o.keep[j] = a.keep[static_cast<size_t>(t)];
       }
     }
+    // Feature axes: from the one plan that sets them.
+    const bool fa = sets_features(a), fb = sets_features(b);
+    KVTRIM_CHECK(!(fa && fb),
+                 "compose_plans: two presses both set a basis or channels for layer %zu kv head %zu (feature-axis "
+                 "presses do not compose with each other)",
+                 i / static_cast<size_t>(std::max(1, first.n_head_kv)), i % static_cast<size_t>(std::max(1, first.n_head_kv)));
+    const size_t kt = static_cast<size_t>(std::max(0, fa ? a.key_topk : b.key_topk));
+    if (fb) {
+      copy_features(b, &o);
+      // b's anchors index the tokens as seen through a.
+      o.anchors.resize(b.anchors.size());
+      for (size_t j = 0; j < b.anchors.size(); ++j) {
+        const int32_t t = b.anchors[j];
+        if (a.keep_all) {
+          o.anchors[j] = t;
+        } else {
+          KVTRIM_CHECK(t >= 0 && static_cast<size_t>(t) < a.keep.size(),
+                       "compose_plans: anchor %d out of range (%zu tokens after the first plan)", t, a.keep.size());
+          o.anchors[j] = a.keep[static_cast<size_t>(t)];
+        }
+      }
+      // Per-token rows follow b's keep order, which is o's.
+      o.key_token_channels = b.key_token_channels;
+      o.key_token_fill = b.key_token_fill;
+    } else if (fa) {
+      copy_features(a, &o);
+      if (b.keep_all) {
+        o.anchors = a.anchors;
+        o.key_token_channels = a.key_token_channels;
+        o.key_token_fill = a.key_token_fill;
+      } else {
+        // Anchors (cache indices) that are still kept; per-token rows of the kept tokens.
+        std::vector<char> kept_mask;
+        int32_t mx = 0;
+        for (int32_t t : o.keep) mx = std::max(mx, t);
+        kept_mask.assign(static_cast<size_t>(mx) + 1, 0);
+        for (int32_t t : o.keep) kept_mask[static_cast<size_t>(t)] = 1;
+        for (int32_t t : a.anchors)
+          if (t >= 0 && t <= mx && kept_mask[static_cast<size_t>(t)]) o.anchors.push_back(t);
+        o.key_token_channels = select_rows(a.key_token_channels, b.keep, kt);
+        o.key_token_fill = select_rows(a.key_token_fill, b.keep, 1);
+      }
+    }
   }
   return out;
+}
+
+bool plan_is_planned(const CompressionPlan& plan) {
+  for (const auto& h : plan.heads)
+    if (h.planned()) return true;
+  return false;
 }
 
 void attention_probs(const PressContext& ctx, int il, int ih, const HeadData& head, const ObservedQueries& q,
@@ -322,6 +409,44 @@ CompressionPlan ComposedPress::plan(const PressContext& ctx) const {
     total = compose_plans(total, presses_[i]->plan(view));
   }
   return total;
+}
+
+int ComposedPress::decode_interval() const {
+  int g = 0;
+  for (const auto& p : presses_) g = std::gcd(g, std::max(0, p->decode_interval()));
+  return g;
+}
+
+CompressionPlan ComposedPress::plan_decode(const PressContext& ctx) const {
+  CompressionPlan total(ctx.n_layer(), ctx.n_head_kv());
+  for (const auto& p : presses_) {
+    const int t = p->decode_interval();
+    if (t <= 0 || (ctx.decode_step() > 0 && ctx.decode_step() % t != 0)) continue;
+    total = compose_plans(total, p->plan_decode(ctx.with_view(total)));
+  }
+  return total;
+}
+
+bool ComposedPress::plans_after_append() const {
+  for (const auto& p : presses_)
+    if (p->plans_after_append()) return true;
+  return false;
+}
+
+CompressionPlan ComposedPress::plan_after_append(const PressContext& ctx, int il) const {
+  CompressionPlan total(ctx.n_layer(), ctx.n_head_kv());
+  for (const auto& p : presses_) {
+    if (!p->plans_after_append()) continue;
+    total = compose_plans(total, p->plan_after_append(ctx.with_view(total), il));
+  }
+  return total;
+}
+
+CompressionPlan Press::plan_decode(const PressContext& ctx) const { return CompressionPlan(ctx.n_layer(), ctx.n_head_kv()); }
+
+CompressionPlan Press::plan_after_append(const PressContext& ctx, int il) const {
+  (void)il;
+  return CompressionPlan(ctx.n_layer(), ctx.n_head_kv());
 }
 
 }  // namespace kvtrim

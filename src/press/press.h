@@ -158,6 +158,16 @@ class PressContext {
   const Model* model() const { return model_; }
   void set_model(const Model* m) { model_ = m; }
 
+  // Where the tokens not yet seen by the press begin (low-rank presses, DESIGN.md §4.5): every
+  // stored token at a position >= new_from() was appended since the press last planned (the
+  // chunk of a forward call in plan_after_append, OjaKV's decode buffer in plan_decode); -1 =
+  // unknown (plan(): the press decides from the cache alone). decode_step(): decode steps since
+  // the prefill when the session calls plan_decode (0 otherwise).
+  int32_t new_from() const { return new_from_; }
+  void set_new_from(int32_t pos) { new_from_ = pos; }
+  int64_t decode_step() const { return decode_step_; }
+  void set_decode_step(int64_t s) { decode_step_ = s; }
+
   // A budget that replaces every press's own (decode-time compression to a target size).
   const Budget* budget_override() const { return override_.n_keep > 0 || override_.ratio > 0 ? &override_ : nullptr; }
   void set_budget_override(const Budget& b) { override_ = b; }
@@ -175,6 +185,8 @@ class PressContext {
   ThreadPool* pool_;
   const Model* model_ = nullptr;
   Budget override_;
+  int32_t new_from_ = -1;
+  int64_t decode_step_ = 0;
   CompressionPlan view_;  // empty heads = no view
 };
 
@@ -191,6 +203,19 @@ class Press {
   virtual PressNeeds needs() const { return {}; }
   // The plan for the whole cache (as seen through ctx's view). Must not modify anything.
   virtual CompressionPlan plan(const PressContext& ctx) const = 0;
+
+  // Decode-time updates (OjaKV's periodic basis update): the session calls plan_decode every
+  // decode_interval() decode steps (0 = never; independent of PressSchedule::decode_every)
+  // and applies the plan. Default: no decode behaviour (an unplanned plan).
+  virtual int decode_interval() const { return 0; }
+  virtual CompressionPlan plan_decode(const PressContext& ctx) const;
+  // Prefill-time compression: when plans_after_append(), the session's observer calls
+  // plan_after_append for layer il after each forward call appended that layer's new tokens
+  // and before attention reads them, and applies the plan at once (so the prefill's own
+  // attention reads the compressed cache: low-rank presses compressed throughout). The plan
+  // must leave every other layer unplanned. ctx.new_from() = the first position of the chunk.
+  virtual bool plans_after_append() const { return false; }
+  virtual CompressionPlan plan_after_append(const PressContext& ctx, int il) const;
 
  private:
   std::string spec_;
@@ -226,6 +251,13 @@ class ComposedPress : public Press {
   std::string name() const override { return "composed"; }
   PressNeeds needs() const override;
   CompressionPlan plan(const PressContext& ctx) const override;
+  // Forwarded to the children that have them (each on what the earlier ones planned); the
+  // others contribute nothing (snapkv does not re-evict at every OjaKV update). The interval
+  // is the gcd of the children's; a child with interval T is asked when decode_step % T == 0.
+  int decode_interval() const override;
+  CompressionPlan plan_decode(const PressContext& ctx) const override;
+  bool plans_after_append() const override;
+  CompressionPlan plan_after_append(const PressContext& ctx, int il) const override;
   const std::vector<std::unique_ptr<Press>>& presses() const { return presses_; }
 
  private:
@@ -244,7 +276,13 @@ HeadPlan head_plan_from_scores(const std::vector<float>& scores, int64_t k);
 // Sets +inf on the first n_sinks tokens and the last n_recent tokens (by stored order).
 void protect_sinks_recent(std::vector<float>* scores, int64_t n_sinks, int64_t n_recent);
 // `second` refers to tokens as seen through `first`; the result refers to the cache's tokens.
+// Token axis: second's selection of first's selection. Basis / channel fields (at most one of
+// the two plans may set them for a head, else Error): taken from the plan that sets them, its
+// anchors (and per-token channel rows) mapped to the cache's tokens and restricted to the
+// tokens kept.
 CompressionPlan compose_plans(const CompressionPlan& first, const CompressionPlan& second);
+// True if any head of the plan is planned (HeadPlan::planned()).
+bool plan_is_planned(const CompressionPlan& plan);
 // Tokens kept by a plan for a head holding n_tok tokens.
 int64_t plan_kept(const HeadPlan& h, int64_t n_tok);
 
@@ -297,6 +335,9 @@ struct PressInfo {
   std::string paper;        // "Li et al. 2024, SnapKV: LLM Knows What You are Looking for Before Generation"
   std::vector<PressOption> options;  // first option = the one a bare value sets (normally ratio)
   bool wrapper = false;     // takes an inner press: name(inner):opts
+  // Feature-axis press (low-rank bases, src/press/basis/): keeps every token and changes how
+  // they are stored; the token-count sweep (press_sweep_test) leaves it to basis_sweep_test.
+  bool feature_axis = false;
   std::function<std::unique_ptr<Press>(const PressArgs&)> make;
 };
 

@@ -305,6 +305,13 @@ TEST(TokenCache, TruncateAndAppendAfterApply) {
     EXPECT_THROW(c->append(0, 1, kv.data(), kv.data(), &stale), Error);
     c->clear();
     EXPECT_EQ(c->bytes().total(), 0u);
+    // a new context after clear() is stored like the first one (positions shared again)
+    auto fresh = make_kv_cache(make_cfg(4, 3, 16, 16, t));
+    std::mt19937 r1(5), r2(5);
+    fill(*c, 100, 0, r1);
+    fill(*fresh, 100, 0, r2);
+    EXPECT_EQ(c->bytes().positions, fresh->bytes().positions);
+    EXPECT_EQ(c->bytes().total(), fresh->bytes().total());
   }
 }
 

@@ -43,6 +43,9 @@ std::string human_bytes(size_t n);
 std::string kv_bytes_line(const KvCache& c);
 // Reads a whole file; throws Error naming the path if it cannot be read.
 std::string read_file(const std::string& path);
+// <rel> under ../shared/data ($KVTRIM_SHARED_DATA, then the parents of the working and the
+// executable's directories); throws Error naming `option` (how to give it) if not found.
+std::string default_shared_path(const std::string& rel, const char* option);
 
 void register_run(CLI::App& app);
 void register_chat(CLI::App& app);
@@ -51,5 +54,6 @@ void register_inspect(CLI::App& app);
 void register_bench(CLI::App& app);
 void register_eval(CLI::App& app);
 void register_presses(CLI::App& app);
+void register_calibrate(CLI::App& app);
 
 }  // namespace kvtrim::cli

@@ -21,6 +21,7 @@
 #include "eval/rng.h"
 #include "eval/ruler.h"
 #include "eval/runner.h"
+#include "eval/sweep.h"
 #include "model/tokenizer.h"
 #include "press/press.h"
 
@@ -49,8 +50,10 @@ struct EvalRulerOptions {
   bool dry_run = false;
 };
 
+}  // namespace
+
 // <rel> under ../shared/data: $KVTRIM_SHARED_DATA, the working directory's parents, then the
-// executable's parents.
+// executable's parents (declared in cli.h; kvtrim calibrate uses it too).
 std::string default_shared_path(const std::string& rel, const char* option) {
   std::vector<std::string> tried;
   if (const char* d = std::getenv("KVTRIM_SHARED_DATA")) {
@@ -73,6 +76,8 @@ std::string default_shared_path(const std::string& rel, const char* option) {
        tried.empty() ? "" : tried.front().c_str(), tried.size() > 1 ? " and the parents of the working and executable directories" : "");
 }
 
+namespace {
+
 // The Paul Graham essays.
 std::string default_haystack_dir() { return default_shared_path("haystack/paul_graham", "--haystack DIR"); }
 
@@ -82,40 +87,14 @@ std::string file_identity(const std::string& path) {
   return fs::path(path).filename().string() + ":" + std::to_string(ec ? 0 : size);
 }
 
-void run_ruler(const EvalRulerOptions& o) {
-  KVTRIM_CHECK(o.samples > 0, "--samples must be positive");
-  auto model = load_model(o.common);
-  const eval::PromptFormat format = eval::resolve_prompt_format(o.format, *model);
-  const eval::PromptBuilder pb(*model, format);
-  SessionParams sp = session_params(o.common);
-  Session s(*model, sp);
-  // The press compresses once after the context (not after each question's prefill).
-  eval::RunnerOptions ro;
-  ro.query_aware = o.query_aware;
-  KVTRIM_CHECK(!o.query_aware || !o.press.spec.empty(), "--query-aware needs --press");
-  std::string press_desc = "none";
-  if (!o.press.spec.empty()) {
-    PressSchedule sched;
-    sched.after_prefill = false;
-    sched.decode_every = o.press.decode_every;
-    sched.decode_target = o.press.decode_target;
-    auto p = make_press(o.press.spec);
-    press_desc = p->spec() + (o.query_aware ? " (query-aware)" : "") +
-                 (sched.decode_every ? strprintf(" every=%d target=%lld", sched.decode_every,
-                                                 static_cast<long long>(sched.decode_target))
-                                     : "");
-    std::fprintf(stderr, "press: %s\n", press_desc.c_str());
-    s.set_press(std::move(p), sched);
-    ro.after_context = [](Session& ss, const std::vector<int32_t>* question) {
-      if (question) ss.observe_question(*question);
-      ss.compress();
-    };
-  }
-
-  // Samples: generated, or from a JSONL file.
+// The samples of `eval ruler` (and `eval sweep ruler`): generated with the model's token
+// counts, or loaded from --data and filtered by --tasks / --samples. *source: what identifies
+// them in a config hash.
+std::vector<eval::EvalSample> ruler_samples(const EvalRulerOptions& o, const eval::PromptBuilder& pb, int64_t n_ctx,
+                                            std::vector<std::string>* task_order_out, std::string* source_out) {
   std::vector<eval::EvalSample> samples;
-  std::vector<std::string> task_order;
-  std::string source;
+  std::vector<std::string>& task_order = *task_order_out;
+  std::string& source = *source_out;
   const double t_gen = now_seconds();
   if (!o.data.empty()) {
     samples = eval::load_samples_jsonl(o.data);
@@ -149,8 +128,8 @@ void run_ruler(const EvalRulerOptions& o) {
     rc.haystack_dir = o.haystack.empty() ? default_haystack_dir() : o.haystack;
     rc.wordnet_dir = o.wordnet_dir;
     rc.scowl_dir = o.scowl_dir;
-    KVTRIM_CHECK(o.ctx_len <= s.n_ctx(), "--ctx-len %lld exceeds the session's context limit of %lld (see -c)",
-                 static_cast<long long>(o.ctx_len), static_cast<long long>(s.n_ctx()));
+    KVTRIM_CHECK(o.ctx_len <= n_ctx, "--ctx-len %lld exceeds the session's context limit of %lld (see -c)",
+                 static_cast<long long>(o.ctx_len), static_cast<long long>(n_ctx));
     const eval::RulerGenerator gen(rc, [&pb](const std::string& t, bool is_ctx) { return pb.count(t, is_ctx); });
     source = gen.fingerprint();
     ProgressBar bar("generate", static_cast<int64_t>(task_order.size()) * o.samples, "samples");
@@ -164,7 +143,44 @@ void run_ruler(const EvalRulerOptions& o) {
   }
   std::fprintf(stderr, "samples: %zu from %s in %.1f s; prompt format: %s\n", samples.size(),
                o.data.empty() ? "the RULER generator" : o.data.c_str(), now_seconds() - t_gen,
-               eval::prompt_format_name(format));
+               eval::prompt_format_name(pb.format()));
+  return samples;
+}
+
+void run_ruler(const EvalRulerOptions& o) {
+  KVTRIM_CHECK(o.samples > 0, "--samples must be positive");
+  auto model = load_model(o.common);
+  const eval::PromptFormat format = eval::resolve_prompt_format(o.format, *model);
+  const eval::PromptBuilder pb(*model, format);
+  SessionParams sp = session_params(o.common);
+  Session s(*model, sp);
+  // The press compresses once after the context (not after each question's prefill).
+  eval::RunnerOptions ro;
+  ro.query_aware = o.query_aware;
+  KVTRIM_CHECK(!o.query_aware || !o.press.spec.empty(), "--query-aware needs --press");
+  std::string press_desc = "none";
+  if (!o.press.spec.empty()) {
+    PressSchedule sched;
+    sched.after_prefill = false;
+    sched.decode_every = o.press.decode_every;
+    sched.decode_target = o.press.decode_target;
+    auto p = make_press(o.press.spec);
+    press_desc = p->spec() + (o.query_aware ? " (query-aware)" : "") +
+                 (sched.decode_every ? strprintf(" every=%d target=%lld", sched.decode_every,
+                                                 static_cast<long long>(sched.decode_target))
+                                     : "");
+    std::fprintf(stderr, "press: %s\n", press_desc.c_str());
+    s.set_press(std::move(p), sched);
+    ro.after_context = [](Session& ss, const std::vector<int32_t>* question) {
+      if (question) ss.observe_question(*question);
+      ss.compress();
+    };
+  }
+
+  // Samples: generated, or from a JSONL file.
+  std::vector<std::string> task_order;
+  std::string source;
+  const std::vector<eval::EvalSample> samples = ruler_samples(o, pb, s.n_ctx(), &task_order, &source);
   if (!o.dump_samples.empty()) {
     eval::write_samples_jsonl(o.dump_samples, samples);
     std::fprintf(stderr, "wrote the samples to %s\n", o.dump_samples.c_str());
@@ -217,11 +233,13 @@ struct EvalMcOptions {
   PressOptions press;
 };
 
-// kvtrim eval mc: multiple choice by log-likelihood, context compressed once (src/eval/mc.h).
-void run_mc(const EvalMcOptions& o) {
+// The items of `eval mc` (and `eval sweep mc`): --bench from --data (default shared/data),
+// the first --limit. *source: what identifies them in a config hash.
+std::vector<eval::McItem> mc_items(const EvalMcOptions& o, std::string* source_out) {
   const double t_load = now_seconds();
   std::vector<eval::McItem> items;
-  std::string data = o.data, source;
+  std::string data = o.data;
+  std::string& source = *source_out;
   if (o.bench == "hellaswag") {
     if (data.empty()) data = default_shared_path("hellaswag/hellaswag_val_full.txt.bz2", "--data FILE");
     items = eval::load_hellaswag(data);
@@ -239,6 +257,13 @@ void run_mc(const EvalMcOptions& o) {
   if (o.limit > 0 && static_cast<int64_t>(items.size()) > o.limit) items.resize(static_cast<size_t>(o.limit));
   std::fprintf(stderr, "%s: %zu items from %s in %.1f s\n", o.bench.c_str(), items.size(), data.c_str(),
                now_seconds() - t_load);
+  return items;
+}
+
+// kvtrim eval mc: multiple choice by log-likelihood, context compressed once (src/eval/mc.h).
+void run_mc(const EvalMcOptions& o) {
+  std::string source;
+  const std::vector<eval::McItem> items = mc_items(o, &source);
 
   auto model = load_model(o.common);
   Session s(*model, session_params(o.common));
@@ -401,6 +426,214 @@ void run_ppl(const EvalPplOptions& o) {
   std::fflush(stdout);
 }
 
+struct EvalSweepOptions {
+  CommonOptions common;  // its model is replaced by `models`
+  std::vector<std::string> models;
+  std::vector<std::string> presses;  // each a comma-separated list (repeatable)
+  std::string ratios = "0.25,0.5,0.75,0.9";
+  std::string out_dir;
+  bool summary_only = false;
+  EvalRulerOptions ruler;  // the benchmark's own options (their common / press / out unused)
+  EvalMcOptions mc;
+};
+
+// "-m smollm2" -> "smollm2"; "-m dir/x.gguf" -> "x".
+std::string model_label(const std::string& arg) {
+  std::error_code ec;
+  if (fs::is_regular_file(arg, ec)) return fs::path(arg).stem().string();
+  return arg;
+}
+
+// kvtrim eval sweep ruler|mc: the benchmark over presses x ratios (x models), one results
+// file, resumable, with the summaries of src/eval/sweep.h (docs/eval.md "Sweeps").
+void run_sweep(const EvalSweepOptions& o, const std::string& bench) {
+  const bool ruler = bench == "ruler";
+  // The grid first: a bad press or ratio fails before any model loads.
+  std::vector<std::string> entries;
+  for (const std::string& p : o.presses)
+    for (const std::string& e : eval::split_press_list(p)) entries.push_back(e);
+  const std::vector<double> ratios = eval::parse_ratio_list(o.ratios);
+  const std::vector<eval::SweepCell> grid = eval::sweep_cells(entries, ratios);
+  if (ruler) KVTRIM_CHECK(o.ruler.samples > 0, "--samples must be positive");
+  const std::vector<std::string> models = o.models.empty() ? std::vector<std::string>{o.common.model} : o.models;
+  {
+    std::set<std::string> seen;
+    for (const auto& m : models) KVTRIM_CHECK(seen.insert(model_label(m)).second, "-m %s is given twice", m.c_str());
+  }
+  std::error_code ec;
+  fs::create_directories(o.out_dir, ec);
+  KVTRIM_CHECK(!ec && fs::is_directory(o.out_dir), "cannot create --out-dir '%s'%s%s", o.out_dir.c_str(),
+               ec ? ": " : "", ec ? ec.message().c_str() : "");
+  std::fprintf(stderr, "sweep: %zu presses x %zu ratios + the uncompressed baseline = %zu cells per sample, %zu model(s)\n",
+               entries.size(), ratios.size(), grid.size(), models.size());
+
+  struct Job {
+    std::string label;
+    std::unique_ptr<Model> model;
+    std::unique_ptr<Session> session;
+    std::unique_ptr<eval::PromptBuilder> pb;
+    std::vector<eval::EvalSample> samples;
+    std::vector<eval::SweepCell> cells;
+  };
+  std::vector<Job> jobs;
+  std::vector<eval::McItem> items;
+  std::string mc_source;
+  if (!ruler) items = mc_items(o.mc, &mc_source);
+  std::vector<std::string> task_order;
+  std::set<std::string> configs;
+  for (const std::string& m : models) {
+    Job j;
+    j.label = model_label(m);
+    CommonOptions co = o.common;
+    co.model = m;
+    j.model = load_model(co);
+    j.session = std::make_unique<Session>(*j.model, session_params(co));
+    j.cells = grid;
+    std::vector<std::string> base = {"model=" + file_identity(j.model->gguf().path()), "kv=" + o.common.kv_type,
+                                     "batch=" + std::to_string(o.common.batch)};
+    if (ruler) {
+      const eval::PromptFormat format = eval::resolve_prompt_format(o.ruler.format, *j.model);
+      j.pb = std::make_unique<eval::PromptBuilder>(*j.model, format);
+      std::string source;
+      task_order.clear();
+      j.samples = ruler_samples(o.ruler, *j.pb, j.session->n_ctx(), &task_order, &source);
+      base.push_back("format=" + std::string(eval::prompt_format_name(format)));
+      base.push_back(source);
+      eval::set_cell_configs(&j.cells, base, o.ruler.query_aware ? "sweep-ruler-query-aware-v1" : "sweep-ruler-v1");
+    } else {
+      base.push_back("bench=" + o.mc.bench);
+      base.push_back(mc_source);
+      eval::set_cell_configs(&j.cells, base, "sweep-mc-loglik-v1");
+    }
+    for (const auto& c : j.cells) configs.insert(c.config);
+    jobs.push_back(std::move(j));
+  }
+
+  const std::string results_path = (fs::path(o.out_dir) / "results.jsonl").string();
+  eval::SweepResultsFile results(results_path, configs);
+  int64_t pending = 0;
+  for (const Job& j : jobs)
+    pending += ruler ? eval::sweep_ruler_pending(j.samples, j.cells, results)
+                     : eval::sweep_mc_pending(o.mc.bench, items, j.cells, results);
+  std::fprintf(stderr, "results: %s: %lld rows to run, %zu already there%s\n", results_path.c_str(),
+               static_cast<long long>(pending), results.rows().size(),
+               results.n_other_config()
+                   ? strprintf(", %lld lines of other configs kept", static_cast<long long>(results.n_other_config())).c_str()
+                   : "");
+  if (ruler)
+    std::fprintf(stderr, "prefill: %s\n",
+                 o.ruler.query_aware ? "fresh per cell and question (--query-aware: the press sees the question)"
+                                     : "one per sample, shared by every cell (the observer captures every press's needs)");
+  else
+    std::fprintf(stderr, "prefill: fresh per cell (mc scores each item through eval mc's own path)\n");
+
+  // The rows this command's summaries cover: its cells on its samples / items.
+  auto summarize = [&]() {
+    std::set<std::string> ids;
+    if (ruler) {
+      for (const Job& j : jobs)
+        for (const auto& smp : j.samples) ids.insert(smp.id());
+    } else {
+      for (const auto& it : items) ids.insert(eval::mc_row_id(o.mc.bench, it));
+    }
+    std::vector<eval::SweepRow> rows;
+    for (const auto& r : results.rows())
+      if (ids.count(r.id)) rows.push_back(r);
+    const std::string title =
+        ruler ? (o.ruler.data.empty()
+                     ? strprintf("RULER sweep: ctx-len %lld, seed %llu, tasks %s, %d sample(s) per task%s",
+                                 static_cast<long long>(o.ruler.ctx_len), static_cast<unsigned long long>(o.ruler.seed),
+                                 o.ruler.tasks.c_str(), o.ruler.samples, o.ruler.query_aware ? ", query-aware" : "")
+                     : strprintf("RULER sweep: %s, tasks %s", o.ruler.data.c_str(), o.ruler.tasks.c_str()))
+              : strprintf("%s sweep: %zu items (%s)", o.mc.bench.c_str(), items.size(),
+                          o.mc.bench == "mmlu" ? "acc" : "acc_norm");
+    return eval::write_sweep_summaries(o.out_dir, rows, title,
+                                       ruler ? "RULER score (0-100)" : (o.mc.bench == "mmlu" ? "accuracy (%)" : "acc_norm (%)"));
+  };
+
+  if (!o.summary_only) {
+    const double t0 = now_seconds();
+    ProgressBar bar("sweep", pending, "rows");
+    int64_t done = 0;
+    try {
+      for (const Job& j : jobs) {
+        eval::SweepRunOptions ro;
+        ro.model = j.label;
+        ro.query_aware = ruler && o.ruler.query_aware;
+        ro.on_row = [&](const eval::SweepRow& r) {
+          ++done;
+          bar.update(done, strprintf("%s %s@%g %s", r.model.c_str(), r.press.c_str(), r.ratio, r.id.c_str()));
+        };
+        if (ruler) {
+          eval::sweep_ruler(*j.session, *j.pb, j.samples, j.cells, results, ro);
+        } else {
+          eval::sweep_mc(*j.session, o.mc.bench, items, j.cells, results, ro);
+        }
+      }
+    } catch (...) {
+      bar.finish("interrupted");
+      summarize();  // what is there so far; a rerun resumes
+      throw;
+    }
+    bar.finish();
+    std::fprintf(stderr, "ran %lld rows in %.1f s\n", static_cast<long long>(done), now_seconds() - t0);
+  }
+  const std::string md = summarize();
+  std::fprintf(stderr, "wrote %s/{summary.md, summary.csv, curves.csv, plot.svg}\n", o.out_dir.c_str());
+  std::fputs(md.c_str(), stdout);
+  std::fflush(stdout);
+}
+
+// Adds `eval sweep <bench>`'s options: the common ones with -m repeatable, the grid, and the
+// benchmark's own (shared with `eval <bench>`).
+CLI::App* add_sweep_command(CLI::App* sw, const std::string& bench, const std::shared_ptr<EvalSweepOptions>& o,
+                            const std::string& help) {
+  CLI::App* c = sw->add_subcommand(bench, help);
+  add_common_options(c, o->common);
+  c->remove_option(c->get_option("--model"));
+  c->add_option("-m,--model", o->models,
+                "model(s): installed name (smollm2, qwen2.5-coder-1.5b, gemma3-270m) or a .gguf path; repeat for "
+                "several (default smollm2)");
+  c->add_option("--presses", o->presses,
+                "press entries, comma-separated (repeatable); each gets ratio set per cell, e.g. "
+                "snapkv,streamingllm or snapkv:window=16,tova (`kvtrim presses` lists them)")
+      ->required();
+  c->add_option("--ratios", o->ratios, "compression ratios in (0, 1), comma-separated; 0 (uncompressed) is always run")
+      ->capture_default_str();
+  c->add_option("--out-dir", o->out_dir, "directory for results.jsonl (appended per row; rerun to resume), summary.md, "
+                                         "summary.csv, curves.csv and plot.svg")
+      ->required();
+  c->add_flag("--summary-only", o->summary_only, "run nothing: rewrite the summaries from results.jsonl");
+  return c;
+}
+
+// The benchmark's own options, shared by `eval ruler` and `eval sweep ruler` (declared once).
+void add_ruler_options(CLI::App* c, EvalRulerOptions& o) {
+  c->add_option("--ctx-len", o.ctx_len, "token budget of one sample (context + question + generation)")
+      ->capture_default_str()->check(CLI::Range(int64_t{256}, int64_t{1} << 24));
+  c->add_option("--samples", o.samples, "samples per task")->capture_default_str()->check(CLI::PositiveNumber);
+  c->add_option("--tasks", o.tasks, "'all' or a comma-separated list of tasks")->capture_default_str();
+  c->add_option("--seed", o.seed, "generator seed (same seed: same samples and results)")->capture_default_str();
+  c->add_option("--data", o.data, "load samples from a JSONL file (task, context, question, answer_prefix, answers, max_new_tokens) instead of generating");
+  c->add_option("--format", o.format, "prompt format: auto (chat if the model has a chat template), chat, base")
+      ->capture_default_str()->check(CLI::IsMember({"auto", "chat", "base"}));
+  c->add_option("--haystack", o.haystack, "directory of .txt essays for the haystacks (default: shared/data/haystack/paul_graham)");
+  c->add_option("--wordnet-dir", o.wordnet_dir, "WordNet index files (Debian wordnet-base)")->capture_default_str();
+  c->add_option("--scowl-dir", o.scowl_dir, "SCOWL word lists (Debian scowl)")->capture_default_str();
+  c->add_option("--depth", o.depths, "needle depth in percent, repeatable (default: RULER's random depths)")
+      ->check(CLI::Range(0.0, 100.0));
+  c->add_flag("--query-aware", o.query_aware, "let the press see the question (context prefilled again per question)");
+}
+
+// The same for `eval mc` and `eval sweep mc`.
+void add_mc_options(CLI::App* mc, EvalMcOptions& m) {
+  mc->add_option("--bench", m.bench, "hellaswag, piqa or mmlu")->required()->check(CLI::IsMember({"hellaswag", "piqa", "mmlu"}));
+  mc->add_option("--limit", m.limit, "score the first N items only (0 = all)")->capture_default_str()->check(CLI::NonNegativeNumber);
+  mc->add_option("--shots", m.shots, "mmlu: examples from the subject's dev set before each question")
+      ->capture_default_str()->check(CLI::Range(0, 5));
+  mc->add_option("--data", m.data, "data file (hellaswag) or directory (piqa, mmlu); default: shared/data/<bench>");
+}
+
 }  // namespace
 
 void register_eval(CLI::App& app) {
@@ -409,22 +642,9 @@ void register_eval(CLI::App& app) {
   auto o = std::make_shared<EvalRulerOptions>();
   CLI::App* c = e->add_subcommand("ruler", "RULER-style tasks, kvpress protocol: context prefilled alone, then each question");
   add_common_options(c, o->common);
-  c->add_option("--ctx-len", o->ctx_len, "token budget of one sample (context + question + generation)")
-      ->capture_default_str()->check(CLI::Range(int64_t{256}, int64_t{1} << 24));
-  c->add_option("--samples", o->samples, "samples per task")->capture_default_str()->check(CLI::PositiveNumber);
-  c->add_option("--tasks", o->tasks, "'all' or a comma-separated list of tasks")->capture_default_str();
-  c->add_option("--seed", o->seed, "generator seed (same seed: same samples and results)")->capture_default_str();
+  add_ruler_options(c, *o);
   c->add_option("--out", o->out, "results JSONL: one line per question, appended as it finishes; rerun to resume");
-  c->add_option("--data", o->data, "load samples from a JSONL file (task, context, question, answer_prefix, answers, max_new_tokens) instead of generating");
-  c->add_option("--format", o->format, "prompt format: auto (chat if the model has a chat template), chat, base")
-      ->capture_default_str()->check(CLI::IsMember({"auto", "chat", "base"}));
-  c->add_option("--haystack", o->haystack, "directory of .txt essays for the haystacks (default: shared/data/haystack/paul_graham)");
-  c->add_option("--wordnet-dir", o->wordnet_dir, "WordNet index files (Debian wordnet-base)")->capture_default_str();
-  c->add_option("--scowl-dir", o->scowl_dir, "SCOWL word lists (Debian scowl)")->capture_default_str();
-  c->add_option("--depth", o->depths, "needle depth in percent, repeatable (default: RULER's random depths)")
-      ->check(CLI::Range(0.0, 100.0));
   add_press_options(c, o->press);
-  c->add_flag("--query-aware", o->query_aware, "let the press see the question (context prefilled again per question)");
   c->add_flag("--dry-run", o->dry_run, "generate (and --dump-samples) only; run nothing");
   c->add_option("--dump-samples", o->dump_samples, "also write the samples as JSONL (the --data format)");
   c->callback([o] { run_ruler(*o); });
@@ -432,11 +652,7 @@ void register_eval(CLI::App& app) {
   auto m = std::make_shared<EvalMcOptions>();
   CLI::App* mc = e->add_subcommand("mc", "multiple choice by log-likelihood (HellaSwag, PIQA, MMLU), context compressed once");
   add_common_options(mc, m->common);
-  mc->add_option("--bench", m->bench, "hellaswag, piqa or mmlu")->required()->check(CLI::IsMember({"hellaswag", "piqa", "mmlu"}));
-  mc->add_option("--limit", m->limit, "score the first N items only (0 = all)")->capture_default_str()->check(CLI::NonNegativeNumber);
-  mc->add_option("--shots", m->shots, "mmlu: examples from the subject's dev set before each question")
-      ->capture_default_str()->check(CLI::Range(0, 5));
-  mc->add_option("--data", m->data, "data file (hellaswag) or directory (piqa, mmlu); default: shared/data/<bench>");
+  add_mc_options(mc, *m);
   mc->add_option("--out", m->out, "results JSONL: one line per item, appended as it finishes; rerun to resume");
   add_press_options(mc, m->press);
   mc->callback([m] { run_mc(*m); });
@@ -458,6 +674,18 @@ void register_eval(CLI::App& app) {
       ->capture_default_str()->check(CLI::PositiveNumber);
   pc->add_option("--out", pp->out, "results JSONL: one line per window, appended as it finishes; rerun to resume");
   pc->callback([pp] { run_ppl(*pp); });
+
+  CLI::App* sw = e->add_subcommand(
+      "sweep", "a benchmark over presses x compression ratios (x models): results, summary table, plot, AUC");
+  sw->require_subcommand(1);
+  auto sr = std::make_shared<EvalSweepOptions>();
+  CLI::App* swr = add_sweep_command(sw, "ruler", sr, "RULER-style tasks; one context prefill per sample shared by every cell");
+  add_ruler_options(swr, sr->ruler);
+  swr->callback([sr] { run_sweep(*sr, "ruler"); });
+  auto sm = std::make_shared<EvalSweepOptions>();
+  CLI::App* swm = add_sweep_command(sw, "mc", sm, "multiple choice by log-likelihood (HellaSwag, PIQA, MMLU)");
+  add_mc_options(swm, sm->mc);
+  swm->callback([sm] { run_sweep(*sm, "mc"); });
 }
 
 }  // namespace kvtrim::cli

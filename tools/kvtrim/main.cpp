@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   kvtrim::cli::register_bench(app);
   kvtrim::cli::register_presses(app);
   kvtrim::cli::register_eval(app);
+  kvtrim::cli::register_calibrate(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

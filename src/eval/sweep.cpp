@@ -1,0 +1,804 @@
+#include "eval/sweep.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/timer.h"
+#include "engine/press_runner.h"
+#include "engine/session.h"
+#include "eval/jsonl.h"
+#include "eval/plot_svg.h"
+#include "model/model.h"
+
+namespace kvtrim::eval {
+
+using nlohmann::json;
+
+// ---------------------------------------------------------------------------------------
+// The grid
+
+namespace {
+
+std::string trim(const std::string& s) {
+  const size_t b = s.find_first_not_of(" \t\r\n");
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1);
+}
+
+// Splits at `sep` outside parentheses.
+std::vector<std::string> split_top(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  int depth = 0;
+  size_t start = 0;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '(') ++depth;
+    if (s[i] == ')') --depth;
+    if (s[i] == sep && depth == 0) {
+      out.push_back(s.substr(start, i - start));
+      start = i + 1;
+    }
+  }
+  out.push_back(s.substr(start));
+  return out;
+}
+
+// "name=value" (an option continuing the previous entry), as opposed to a press entry.
+bool is_option_piece(const std::string& piece) {
+  const size_t eq = piece.find('=');
+  if (eq == std::string::npos || eq == 0) return false;
+  for (size_t i = 0; i < eq; ++i) {
+    const char c = piece[i];
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_')) return false;
+  }
+  return true;
+}
+
+// An entry cut into its head ("name" or "name(inner)") and its options (as written).
+struct EntryParts {
+  std::string name, inner, head;
+  bool has_inner = false;
+  std::vector<std::string> opts;
+};
+
+EntryParts split_entry(const std::string& entry_raw) {
+  const std::string entry = trim(entry_raw);
+  KVTRIM_CHECK(!entry.empty(), "--presses: empty press entry");
+  KVTRIM_CHECK(split_top(entry, '+').size() == 1,
+               "--presses: '%s' is a composition; a sweep sets one press's ratio per cell, so give "
+               "its presses "
+               "as separate entries",
+               entry.c_str());
+  EntryParts p;
+  size_t i = 0;
+  while (i < entry.size() && entry[i] != '(' && entry[i] != ':') ++i;
+  p.name = trim(entry.substr(0, i));
+  std::transform(p.name.begin(), p.name.end(), p.name.begin(),
+                 [](unsigned char c) { return std::tolower(c); });
+  if (i < entry.size() && entry[i] == '(') {
+    int depth = 0;
+    size_t j = i;
+    for (; j < entry.size(); ++j) {
+      if (entry[j] == '(') ++depth;
+      if (entry[j] == ')' && --depth == 0) break;
+    }
+    KVTRIM_CHECK(j < entry.size(), "--presses: unbalanced '(' in '%s'", entry.c_str());
+    p.inner = entry.substr(i + 1, j - i - 1);
+    p.has_inner = true;
+    i = j + 1;
+  }
+  p.head = entry.substr(0, i);
+  if (i < entry.size()) {
+    KVTRIM_CHECK(entry[i] == ':', "--presses: unexpected '%s' in '%s'", entry.substr(i).c_str(),
+                 entry.c_str());
+    for (const std::string& o : split_top(entry.substr(i + 1), ',')) p.opts.push_back(trim(o));
+  }
+  return p;
+}
+
+// Drops the options that set ratio (ratio=..., or a bare first value when ratio is the first
+// option).
+std::vector<std::string> without_ratio(const EntryParts& p, const PressInfo& info) {
+  std::vector<std::string> out;
+  for (size_t k = 0; k < p.opts.size(); ++k) {
+    const std::string& o = p.opts[k];
+    const size_t eq = o.find('=');
+    if (eq == std::string::npos) {
+      if (k == 0 && !info.options.empty() && info.options[0].name == "ratio") continue;
+    } else if (trim(o.substr(0, eq)) == "ratio") {
+      continue;
+    }
+    out.push_back(o);
+  }
+  return out;
+}
+
+const PressInfo& entry_info(const EntryParts& p, const std::string& entry) {
+  const PressInfo* info = find_press(p.name);
+  if (!info) make_press(entry);  // throws the registry's "unknown press" message
+  KVTRIM_CHECK(info != nullptr, "unknown press '%s'", p.name.c_str());
+  return *info;
+}
+
+std::string join(const std::vector<std::string>& v, const char* sep) {
+  std::string out;
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? sep : "") + v[i];
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> split_press_list(const std::string& list) {
+  std::vector<std::string> out;
+  for (const std::string& raw : split_top(list, ',')) {
+    const std::string piece = trim(raw);
+    KVTRIM_CHECK(!piece.empty(), "--presses '%s': empty entry (a stray ','?)", list.c_str());
+    if (is_option_piece(piece)) {
+      KVTRIM_CHECK(!out.empty(), "--presses '%s': option '%s' before any press", list.c_str(),
+                   piece.c_str());
+      out.back().append(out.back().find(':') == std::string::npos ? ":" : ",").append(piece);
+    } else {
+      out.push_back(piece);
+    }
+  }
+  return out;
+}
+
+std::vector<double> parse_ratio_list(const std::string& list) {
+  std::vector<double> out;
+  for (const std::string& raw : split_top(list, ',')) {
+    const std::string item = trim(raw);
+    char* end = nullptr;
+    errno = 0;
+    const double r = item.empty() ? NAN : std::strtod(item.c_str(), &end);
+    KVTRIM_CHECK(
+        !item.empty() && end && *end == '\0' && errno == 0 && std::isfinite(r) && r >= 0 && r < 1,
+        "--ratios '%s': '%s' is not a compression ratio in [0, 1) (the fraction of KV removed)",
+        list.c_str(), item.c_str());
+    if (r > 0) out.push_back(r);
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  KVTRIM_CHECK(!out.empty(),
+               "--ratios '%s': no ratio above 0 (0, the uncompressed baseline, is always run)",
+               list.c_str());
+  return out;
+}
+
+std::string press_label(const std::string& entry) {
+  const EntryParts p = split_entry(entry);
+  const PressInfo& info = entry_info(p, entry);
+  std::string head = p.head;
+  if (p.has_inner) head = p.head.substr(0, p.head.find('(')) + "(" + press_label(p.inner) + ")";
+  const std::vector<std::string> rest = without_ratio(p, info);
+  return rest.empty() ? head : head.append(":").append(join(rest, ","));
+}
+
+std::string spec_with_ratio(const std::string& entry, double ratio) {
+  const EntryParts p = split_entry(entry);
+  const PressInfo& info = entry_info(p, entry);
+  if (info.wrapper) {
+    // The ratio belongs to the wrapped press (adakv(snapkv) at 0.5: adakv(snapkv:ratio=0.5)).
+    KVTRIM_CHECK(
+        p.has_inner,
+        "--presses: wrapper '%s' needs its inner press in parentheses to sweep, e.g. %s(snapkv)",
+        p.name.c_str(), p.name.c_str());
+    std::string s = p.name + "(" + spec_with_ratio(p.inner, ratio) + ")";
+    if (!p.opts.empty()) s.append(":").append(join(p.opts, ","));
+    return make_press(s)->spec();
+  }
+  const bool has_ratio = std::any_of(info.options.begin(), info.options.end(),
+                                     [](const PressOption& o) { return o.name == "ratio"; });
+  KVTRIM_CHECK(has_ratio,
+               "--presses: press '%s' has no ratio option, so a sweep over ratios cannot set it",
+               p.name.c_str());
+  std::vector<std::string> opts = without_ratio(p, info);
+  opts.insert(opts.begin(), strprintf("ratio=%g", ratio));
+  std::string spec = p.head;
+  return make_press(spec.append(":").append(join(opts, ",")))->spec();
+}
+
+std::vector<SweepCell> sweep_cells(const std::vector<std::string>& entries,
+                                   const std::vector<double>& ratios) {
+  KVTRIM_CHECK(!entries.empty(), "a sweep needs at least one press");
+  std::vector<SweepCell> cells(1);  // the baseline
+  std::set<std::string> seen;
+  for (const std::string& e : entries) {
+    const std::string label = press_label(e);
+    KVTRIM_CHECK(seen.insert(label).second, "--presses: '%s' is given twice", label.c_str());
+    for (double r : ratios) {
+      SweepCell c;
+      c.press = label;
+      c.ratio = r;
+      c.spec = spec_with_ratio(e, r);
+      cells.push_back(std::move(c));
+    }
+  }
+  return cells;
+}
+
+void set_cell_configs(std::vector<SweepCell>* cells, const std::vector<std::string>& base_parts,
+                      const std::string& protocol) {
+  for (SweepCell& c : *cells) {
+    std::vector<std::string> parts = base_parts;
+    parts.push_back("press=" + c.spec);
+    parts.push_back("protocol=" + protocol);
+    c.config = config_hash(parts);
+  }
+}
+
+
+// ---------------------------------------------------------------------------------------
+// Rows and the results file
+
+namespace {
+
+json row_to_json(const SweepRow& r) {
+  json j = {{"config", r.config},
+            {"model", r.model},
+            {"bench", r.bench},
+            {"press", r.press},
+            {"ratio", r.ratio},
+            {"spec", r.spec},
+            {"group", r.group},
+            {"id", r.id},
+            {"q", r.q},
+            {"unit_hash", r.unit_hash},
+            {"score", r.score},
+            {"kv_bytes", r.kv_bytes},
+            {"kv_bytes_dense", r.kv_bytes_dense},
+            {"decode_tps", r.decode_tps},
+            {"prefill", r.shared_prefill ? "shared" : "fresh"}};
+  if (!r.extra.empty()) {
+    const json e = json::parse(r.extra);
+    for (auto it = e.begin(); it != e.end(); ++it)
+      if (!j.contains(it.key())) j[it.key()] = it.value();
+  }
+  return j;
+}
+
+SweepRow row_from_json(const json& j) {
+  SweepRow r;
+  r.config = j.at("config").get<std::string>();
+  r.model = j.at("model").get<std::string>();
+  r.bench = j.at("bench").get<std::string>();
+  r.press = j.at("press").get<std::string>();
+  r.ratio = j.at("ratio").get<double>();
+  r.spec = j.at("spec").get<std::string>();
+  r.group = j.at("group").get<std::string>();
+  r.id = j.at("id").get<std::string>();
+  r.q = j.at("q").get<int>();
+  r.unit_hash = j.at("unit_hash").get<std::string>();
+  r.score = j.at("score").get<double>();
+  r.kv_bytes = j.at("kv_bytes").get<size_t>();
+  r.kv_bytes_dense = j.at("kv_bytes_dense").get<size_t>();
+  r.decode_tps = j.at("decode_tps").get<double>();
+  r.shared_prefill = j.at("prefill").get<std::string>() == "shared";
+  json e = json::object();
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    static const std::set<std::string> common = {
+        "config", "model",     "bench", "press",    "ratio",          "spec",       "group",  "id",
+        "q",      "unit_hash", "score", "kv_bytes", "kv_bytes_dense", "decode_tps", "prefill"};
+    if (!common.count(it.key())) e[it.key()] = it.value();
+  }
+  r.extra = e.dump(-1, ' ', false, json::error_handler_t::replace);
+  return r;
+}
+
+}  // namespace
+
+SweepResultsFile::SweepResultsFile(std::string path, std::set<std::string> configs)
+    : path_(std::move(path)), configs_(std::move(configs)) {
+  const std::string text = read_results_for_resume(path_, "row");
+  std::istringstream in(text);
+  std::string line;
+  int64_t line_no = 0;
+  while (std::getline(in, line)) {
+    ++line_no;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    try {
+      const json j = json::parse(line);
+      if (!configs_.count(j.value("config", std::string()))) {
+        ++n_other_;
+        continue;
+      }
+      SweepRow r = row_from_json(j);
+      done_[{r.config, r.id, r.q}] = r.unit_hash;
+      rows_.push_back(std::move(r));
+    } catch (const json::exception& e) {
+      fail("%s:%lld: not a sweep results line (%s); use another --out-dir or fix the file",
+           path_.c_str(), static_cast<long long>(line_no), e.what());
+    }
+  }
+}
+
+bool SweepResultsFile::done(const std::string& config, const std::string& id, int q,
+                            const std::string& unit_hash) const {
+  auto it = done_.find({config, id, q});
+  if (it == done_.end()) return false;
+  KVTRIM_CHECK(it->second == unit_hash,
+               "%s: %s question %d was run on a different sample (hash %s, now %s) under the same "
+               "config; the "
+               "generator or data changed: use a new --out-dir",
+               path_.c_str(), id.c_str(), q, it->second.c_str(), unit_hash.c_str());
+  return true;
+}
+
+void SweepResultsFile::append(const SweepRow& r) {
+  std::ofstream f(path_, std::ios::binary | std::ios::app);
+  KVTRIM_CHECK(f.good(), "cannot write results file '%s'", path_.c_str());
+  f << row_to_json(r).dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
+  f.flush();
+  KVTRIM_CHECK(f.good(), "error writing results file '%s'", path_.c_str());
+  done_[{r.config, r.id, r.q}] = r.unit_hash;
+  rows_.push_back(r);
+}
+
+// ---------------------------------------------------------------------------------------
+// Running
+
+namespace {
+
+SweepRow base_row(const SweepCell& c, const SweepRunOptions& opt, const std::string& bench) {
+  SweepRow r;
+  r.config = c.config;
+  r.model = opt.model;
+  r.bench = bench;
+  r.press = c.press;
+  r.ratio = c.ratio;
+  r.spec = c.spec;
+  return r;
+}
+
+SweepRow ruler_row(const SweepCell& c, const SweepRunOptions& opt, const QuestionResult& q,
+                   bool shared) {
+  SweepRow r = base_row(c, opt, "ruler");
+  r.group = q.task;
+  r.id = q.id();
+  r.q = q.q;
+  r.unit_hash = q.sample_hash;
+  r.score = q.score;
+  r.kv_bytes = q.kv_bytes;
+  r.kv_bytes_dense = q.kv_bytes_dense;
+  r.decode_tps = q.decode_tps;
+  r.shared_prefill = shared;
+  const json e = {{"task", q.task},
+                  {"index", q.index},
+                  {"metric", q.metric == Metric::kPart ? "part" : "all"},
+                  {"output", q.output},
+                  {"answers", q.answers},
+                  {"n_context", q.n_context},
+                  {"n_question", q.n_question},
+                  {"n_generated", q.n_generated},
+                  {"context_prefill_s", q.context_prefill_s},
+                  {"stop", q.stop}};
+  r.extra = e.dump(-1, ' ', false, json::error_handler_t::replace);
+  return r;
+}
+
+// Gives the session a new, empty cache (as a new session has) with the same observer. A
+// token cache whose heads diverged (a per-head press) keeps storing positions per head after
+// truncate(0), so an uncompressed context would count more bytes after another cell's
+// compression than in a session of its own; every cell and sample starts from this instead.
+void fresh_cache(Session& s) {
+  Session::State st;
+  st.cache = make_kv_cache(s.cache().config());
+  st.has_observer = s.observations() != nullptr;
+  st.logits.assign(static_cast<size_t>(s.model().hparams().n_vocab), 0.f);
+  s.restore_state(st);
+  s.reset();  // sizes the observer's per-token rows for the empty cache
+}
+
+// A press whose whole work is one plan() of the prefilled context can share the prefill; one
+// that plans during the prefill (plans_after_append) or while decoding (decode_interval) runs
+// inside the session's loop and needs to be installed on it before the prefill.
+bool shares_prefill(const Press& p) { return !p.plans_after_append() && p.decode_interval() == 0; }
+
+std::vector<std::unique_ptr<Press>> make_presses(const std::vector<SweepCell>& cells) {
+  std::vector<std::unique_ptr<Press>> out;
+  for (const SweepCell& c : cells) out.push_back(c.baseline() ? nullptr : make_press(c.spec));
+  return out;
+}
+
+// What the shared observer captures: the union of the needs of the presses that share it.
+PressNeeds shared_needs(const std::vector<std::unique_ptr<Press>>& presses) {
+  PressNeeds n;
+  for (const auto& p : presses)
+    if (p && shares_prefill(*p)) n.merge(p->needs());
+  return n;
+}
+
+void check_cells(const std::vector<SweepCell>& cells) {
+  KVTRIM_CHECK(!cells.empty() && cells.front().baseline(),
+               "sweep: the cells must start with the baseline");
+  for (const SweepCell& c : cells)
+    KVTRIM_CHECK(!c.config.empty(), "sweep: cell %s has no config (set_cell_configs)",
+                 c.spec.c_str());
+}
+
+}  // namespace
+
+int64_t sweep_ruler_pending(const std::vector<EvalSample>& samples,
+                            const std::vector<SweepCell>& cells, const SweepResultsFile& results) {
+  int64_t n = 0;
+  for (const EvalSample& smp : samples) {
+    const std::string h = smp.content_hash();
+    for (const SweepCell& c : cells)
+      for (int q = 0; q < static_cast<int>(smp.questions.size()); ++q)
+        n += !results.done(c.config, smp.id(), q, h);
+  }
+  return n;
+}
+
+int64_t sweep_ruler(Session& s, const PromptBuilder& pb, const std::vector<EvalSample>& samples,
+                    const std::vector<SweepCell>& cells, SweepResultsFile& results,
+                    const SweepRunOptions& opt) {
+  check_cells(cells);
+  const std::vector<std::unique_ptr<Press>> presses = make_presses(cells);
+  const PressNeeds needs = shared_needs(presses);
+  int64_t n_run = 0;
+  for (const EvalSample& smp : samples) {
+    const std::string h = smp.content_hash();
+    std::unique_ptr<Session::State> saved;  // the sample's prefill, made for its first shared cell
+    bool observer_set = false;               // the session holds the union observer
+    for (size_t ci = 0; ci < cells.size(); ++ci) {
+      const SweepCell& c = cells[ci];
+      std::set<int> skip;
+      for (int q = 0; q < static_cast<int>(smp.questions.size()); ++q)
+        if (results.done(c.config, smp.id(), q, h)) skip.insert(q);
+      if (skip.size() == smp.questions.size()) continue;
+      RunnerOptions ro;
+      const Press* press = presses[ci].get();
+      const bool shared = !opt.query_aware && (!press || shares_prefill(*press));
+      if (shared) {
+        if (!observer_set) {  // the state below is saved and restored under this observer
+          s.set_observer(needs);
+          observer_set = true;
+        }
+        ro.prefill_context = [&](Session& ss, const std::vector<int32_t>& ctx) {
+          if (!saved) {
+            fresh_cache(ss);
+            ss.prefill(ctx);
+            saved = std::make_unique<Session::State>(ss.save_state());
+          } else {
+            ss.restore_state(*saved);
+          }
+        };
+        if (press)
+          ro.after_context = [press](Session& ss, const std::vector<int32_t>*) {
+            ss.compress_with(*press);
+          };
+      } else {
+        // eval ruler's own path, with the press installed on the session: query-aware (the
+        // press sees each question first), or a press that works inside the session's
+        // prefill / decode loop. A fresh prefill per cell (and per question if query-aware).
+        observer_set = false;
+        if (press) {
+          PressSchedule sched;
+          sched.after_prefill = false;
+          s.set_press(make_press(c.spec), sched);
+          ro.query_aware = opt.query_aware;
+          ro.after_context = [](Session& ss, const std::vector<int32_t>* question) {
+            if (question) ss.observe_question(*question);
+            ss.compress();
+          };
+        } else {
+          s.set_press(nullptr);
+        }
+        fresh_cache(s);
+      }
+      for (const QuestionResult& q : run_sample(s, pb, smp, ro, skip)) {
+        const SweepRow r = ruler_row(c, opt, q, shared);
+        results.append(r);
+        ++n_run;
+        if (opt.on_row) opt.on_row(r);
+      }
+    }
+  }
+  return n_run;
+}
+
+std::string mc_row_id(const std::string& bench, const McItem& item) {
+  return bench + "/" + std::to_string(item.index);
+}
+
+int64_t sweep_mc_pending(const std::string& bench, const std::vector<McItem>& items,
+                         const std::vector<SweepCell>& cells, const SweepResultsFile& results) {
+  int64_t n = 0;
+  for (const McItem& it : items) {
+    const std::string id = mc_row_id(bench, it), h = it.hash();
+    for (const SweepCell& c : cells) n += !results.done(c.config, id, 0, h);
+  }
+  return n;
+}
+
+int64_t sweep_mc(Session& s, const std::string& bench, const std::vector<McItem>& items,
+                 const std::vector<SweepCell>& cells, SweepResultsFile& results,
+                 const SweepRunOptions& opt) {
+  check_cells(cells);
+  KVTRIM_CHECK(!opt.query_aware,
+               "eval sweep mc: --query-aware does not apply (the press never sees the choices)");
+  const std::vector<std::unique_ptr<Press>> presses = make_presses(cells);
+  const PressNeeds needs = shared_needs(presses);
+  const bool use_norm =
+      bench != "mmlu";  // lm-eval's headline: acc_norm for hellaswag / piqa, acc for mmlu
+  int64_t n_run = 0;
+  for (const McItem& it : items) {
+    const std::string id = mc_row_id(bench, it), h = it.hash();
+    std::unique_ptr<McTokens> toks;
+    for (size_t ci = 0; ci < cells.size(); ++ci) {
+      const SweepCell& c = cells[ci];
+      if (results.done(c.config, id, 0, h)) continue;
+      if (!toks) toks = std::make_unique<McTokens>(tokenize_item(s.model(), it));
+      const Press* press = presses[ci].get();
+      std::function<void(Session&)> after;
+      if (!press || shares_prefill(*press)) {
+        s.set_observer(needs);
+        if (press) after = [press](Session& ss) { ss.compress_with(*press); };
+      } else {  // a press working inside the prefill / decode loop: installed on the session
+        PressSchedule sched;
+        sched.after_prefill = false;
+        s.set_press(make_press(c.spec), sched);
+        after = [](Session& ss) { ss.compress(); };
+      }
+      fresh_cache(s);
+      const McResult m = score_item(s, *toks, it, bench, after);
+      SweepRow r = base_row(c, opt, bench);
+      r.group = bench;
+      r.id = id;
+      r.q = 0;
+      r.unit_hash = h;
+      r.score = 100.0 * ((use_norm ? m.acc_norm() : m.acc()) ? 1 : 0);
+      r.kv_bytes = m.kv_bytes;
+      r.kv_bytes_dense = m.kv_bytes_dense;
+      r.shared_prefill = false;
+      const json e = {
+          {"index", m.index},         {"gold", m.gold},         {"pred", m.pred},
+          {"pred_norm", m.pred_norm}, {"acc", m.acc() ? 1 : 0}, {"acc_norm", m.acc_norm() ? 1 : 0},
+          {"loglik", m.loglik},       {"n_tokens", m.n_tokens}, {"n_bytes", m.n_bytes},
+          {"n_context", m.n_context}, {"seconds", m.seconds}};
+      r.extra = e.dump(-1, ' ', false, json::error_handler_t::replace);
+      results.append(r);
+      ++n_run;
+      if (opt.on_row) opt.on_row(r);
+    }
+  }
+  return n_run;
+}
+
+// ---------------------------------------------------------------------------------------
+// Summary maths
+
+std::vector<SweepPoint> sweep_points(const std::vector<SweepRow>& rows) {
+  struct Acc {
+    int64_t n = 0, n_tps = 0;
+    double kv = 0, kv_dense = 0, tps = 0;
+    std::map<std::string, std::pair<double, int64_t>> groups;  // sum, n
+  };
+  std::vector<std::string> models, presses;
+  std::map<std::tuple<std::string, std::string, double>, Acc> acc;
+  for (const SweepRow& r : rows) {
+    if (std::find(models.begin(), models.end(), r.model) == models.end()) models.push_back(r.model);
+    if (r.press != "none" && std::find(presses.begin(), presses.end(), r.press) == presses.end())
+      presses.push_back(r.press);
+    Acc& a = acc[{r.model, r.press, r.ratio}];
+    ++a.n;
+    a.kv += static_cast<double>(r.kv_bytes);
+    a.kv_dense += static_cast<double>(r.kv_bytes_dense);
+    if (r.decode_tps > 0) {
+      a.tps += r.decode_tps;
+      ++a.n_tps;
+    }
+    auto& g = a.groups[r.group];
+    g.first += r.score;
+    ++g.second;
+  }
+  presses.insert(presses.begin(), "none");
+  std::vector<SweepPoint> out;
+  for (const std::string& m : models) {
+    for (const std::string& p : presses) {
+      for (const auto& [key, a] : acc) {  // the map orders ratios ascending within (model, press)
+        if (std::get<0>(key) != m || std::get<1>(key) != p) continue;
+        SweepPoint pt;
+        pt.model = m;
+        pt.press = p;
+        pt.ratio = std::get<2>(key);
+        pt.n = a.n;
+        double sum = 0;
+        for (const auto& [g, sn] : a.groups) {
+          pt.group_score[g] = sn.first / static_cast<double>(sn.second);
+          sum += pt.group_score[g];
+        }
+        pt.score = sum / static_cast<double>(a.groups.size());
+        pt.kv_bytes = a.kv / static_cast<double>(a.n);
+        pt.kv_bytes_dense = a.kv_dense / static_cast<double>(a.n);
+        pt.decode_tps = a.n_tps ? a.tps / static_cast<double>(a.n_tps) : 0;
+        out.push_back(std::move(pt));
+      }
+    }
+  }
+  return out;
+}
+
+double curve_auc(const std::vector<std::pair<double, double>>& pts) {
+  if (pts.empty()) return 0;
+  if (pts.size() == 1) return pts[0].second;
+  double area = 0;
+  for (size_t i = 1; i < pts.size(); ++i) {
+    KVTRIM_CHECK(pts[i].first > pts[i - 1].first, "curve_auc: ratios must increase (%g after %g)",
+                 pts[i].first, pts[i - 1].first);
+    area += (pts[i].first - pts[i - 1].first) * (pts[i].second + pts[i - 1].second) / 2;
+  }
+  return area / (pts.back().first - pts.front().first);
+}
+
+double relative_gap(const SweepPoint& base, const SweepPoint& p) {
+  double sum = 0;
+  int n = 0;
+  for (const auto& [g, r0] : base.group_score) {
+    auto it = p.group_score.find(g);
+    if (r0 <= 0 || it == p.group_score.end()) continue;
+    sum += (r0 - it->second) / r0;
+    ++n;
+  }
+  if (n > 0) return sum / n;
+  return base.score > 0 ? (base.score - p.score) / base.score : 0;
+}
+
+double tolerance_ratio(const std::vector<std::pair<double, double>>& gaps, double tol,
+                       double* grid) {
+  KVTRIM_CHECK(!gaps.empty(), "tolerance_ratio: no points");
+  double last_r = gaps[0].first, last_e = gaps[0].second;
+  for (size_t i = 1; i < gaps.size(); ++i) {
+    const auto [r, e] = gaps[i];
+    if (e > tol) {
+      if (grid) *grid = last_r;
+      // the gap crosses tol between last_r (within) and r (beyond): linear in the gap
+      const double t = e > last_e ? (tol - last_e) / (e - last_e) : 0;
+      return last_r + std::clamp(t, 0.0, 1.0) * (r - last_r);
+    }
+    last_r = r;
+    last_e = e;
+  }
+  if (grid) *grid = last_r;
+  return last_r;
+}
+
+std::vector<SweepCurve> sweep_curves(const std::vector<SweepPoint>& points) {
+  std::vector<SweepCurve> out;
+  std::map<std::string, const SweepPoint*> base;
+  for (const SweepPoint& p : points)
+    if (p.press == "none") base[p.model] = &p;
+  std::vector<std::pair<std::string, std::string>> order;
+  for (const SweepPoint& p : points) {
+    if (p.press == "none" || !base.count(p.model)) continue;
+    if (std::find(order.begin(), order.end(), std::make_pair(p.model, p.press)) == order.end())
+      order.emplace_back(p.model, p.press);
+  }
+  for (const auto& [m, press] : order) {
+    const SweepPoint& b = *base.at(m);
+    std::vector<std::pair<double, double>> sc = {{0.0, b.score}}, gaps = {{0.0, 0.0}};
+    for (const SweepPoint& p : points) {
+      if (p.model != m || p.press != press) continue;
+      sc.emplace_back(p.ratio, p.score);
+      gaps.emplace_back(p.ratio, relative_gap(b, p));
+    }
+    SweepCurve c;
+    c.model = m;
+    c.press = press;
+    c.base_score = b.score;
+    c.auc = curve_auc(sc);
+    c.r10 = tolerance_ratio(gaps, 0.10, &c.r10_grid);
+    c.r20 = tolerance_ratio(gaps, 0.20, &c.r20_grid);
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+namespace {
+constexpr double kMiB = 1024.0 * 1024.0;
+
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  std::string out = "\"";
+  for (char c : s) out += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return out + "\"";
+}
+}  // namespace
+
+std::string sweep_summary_markdown(const std::vector<SweepPoint>& points,
+                                   const std::vector<SweepCurve>& curves,
+                                   const std::string& title) {
+  std::string out = "# " + title + "\n";
+  std::vector<std::string> models;
+  for (const SweepPoint& p : points)
+    if (std::find(models.begin(), models.end(), p.model) == models.end()) models.push_back(p.model);
+  for (const std::string& m : models) {
+    out += "\n## " + m +
+           "\n\n| press | ratio | score | KV MiB held | KV / f16 | decode tok/s | n |\n"
+           "|---|---:|---:|---:|---:|---:|---:|\n";
+    for (const SweepPoint& p : points) {
+      if (p.model != m) continue;
+      out += strprintf("| %s | %.2f | %.1f | %.2f | %.3f | %s | %lld |\n", p.press.c_str(), p.ratio,
+                       p.score, p.kv_bytes / kMiB, p.kv_ratio(),
+                       p.decode_tps > 0 ? strprintf("%.1f", p.decode_tps).c_str() : "-",
+                       static_cast<long long>(p.n));
+    }
+    bool any = false;
+    for (const SweepCurve& c : curves) any = any || c.model == m;
+    if (!any) continue;
+    out += "\n| press | AUC | max ratio within 10% | within 20% |\n|---|---:|---:|---:|\n";
+    for (const SweepCurve& c : curves) {
+      if (c.model != m) continue;
+      out += strprintf("| %s | %.1f | %.3f (grid %.2f) | %.3f (grid %.2f) |\n", c.press.c_str(),
+                       c.auc, c.r10, c.r10_grid, c.r20, c.r20_grid);
+    }
+  }
+  out +=
+      "\nscore: mean over tasks (groups) of the mean per task, 0-100. KV MiB held: mean cache "
+      "bytes after the "
+      "context's compression (the cache's own accounting); KV / f16: that over the uncompressed "
+      "f16 size of the "
+      "same positions. AUC: trapezoids over the ratio axis from 0 (the uncompressed score) to the "
+      "largest ratio, "
+      "divided by that span (a mean score). Max ratio within t: the largest compression ratio up "
+      "to which the "
+      "relative gap to the uncompressed score (KVCompose eq. 10, mean over tasks) stays <= t, "
+      "interpolated "
+      "between swept ratios; grid = the last swept ratio within.\n";
+  return out;
+}
+
+std::string sweep_summary_csv(const std::vector<SweepPoint>& points) {
+  std::string out = "model,press,ratio,score,kv_mib,kv_ratio,decode_tps,n\n";
+  for (const SweepPoint& p : points)
+    out += strprintf("%s,%s,%g,%.4f,%.4f,%.5f,%.3f,%lld\n", csv_field(p.model).c_str(),
+                     csv_field(p.press).c_str(), p.ratio, p.score, p.kv_bytes / kMiB, p.kv_ratio(),
+                     p.decode_tps, static_cast<long long>(p.n));
+  return out;
+}
+
+std::string sweep_curves_csv(const std::vector<SweepCurve>& curves) {
+  std::string out =
+      "model,press,base_score,auc,max_ratio_10,max_ratio_10_grid,max_ratio_20,max_ratio_20_grid\n";
+  for (const SweepCurve& c : curves)
+    out += strprintf("%s,%s,%.4f,%.4f,%.4f,%g,%.4f,%g\n", csv_field(c.model).c_str(),
+                     csv_field(c.press).c_str(), c.base_score, c.auc, c.r10, c.r10_grid, c.r20,
+                     c.r20_grid);
+  return out;
+}
+
+std::string write_sweep_summaries(const std::string& out_dir, const std::vector<SweepRow>& rows,
+                                  const std::string& title, const std::string& score_label) {
+  const std::vector<SweepPoint> points = sweep_points(rows);
+  const std::vector<SweepCurve> curves = sweep_curves(points);
+  const std::string md = sweep_summary_markdown(points, curves, title);
+  auto write = [&](const char* name, const std::string& text) {
+    const std::string path = (std::filesystem::path(out_dir) / name).string();
+    const std::string tmp = path + ".tmp";
+    {
+      std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+      KVTRIM_CHECK(f.good(), "cannot write '%s'", tmp.c_str());
+      f << text;
+      KVTRIM_CHECK(f.good(), "error writing '%s'", tmp.c_str());
+    }
+    std::error_code ec;
+    std::filesystem::rename(tmp, path, ec);  // never leave a half-written summary behind
+    KVTRIM_CHECK(!ec, "cannot rename '%s' to '%s': %s", tmp.c_str(), path.c_str(),
+                 ec.message().c_str());
+  };
+  write("summary.md", md);
+  write("summary.csv", sweep_summary_csv(points));
+  write("curves.csv", sweep_curves_csv(curves));
+  write("plot.svg", sweep_plot_svg(points, curves, title, score_label));
+  return md;
+}
+
+}  // namespace kvtrim::eval

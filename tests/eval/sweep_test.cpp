@@ -1,0 +1,582 @@
+// kvtrim eval sweep (src/eval/sweep.h): the grid's parsing, the summary maths (AUC,
+// KVCompose's gap and tolerance ratios) on hand-written cases, the outputs, and on a tiny
+// random model: a sweep cell equals the same press run alone through eval ruler's path (one
+// shared prefill changes nothing), and an interrupted sweep resumes to exactly the rows of an
+// uninterrupted one.
+#include "eval/sweep.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <stdexcept>
+
+#include "core/error.h"
+#include "engine/press_runner.h"
+#include "engine/session.h"
+#include "eval/jsonl.h"
+#include "eval/plot_svg.h"
+#include "eval_fixture.h"
+
+namespace kvtrim::eval {
+namespace {
+
+using test_support::tiny_model;
+using test_support::tiny_prompts;
+
+// ---------------------------------------------------------------- the grid
+
+TEST(SweepGrid, SplitsPressListKeepingOptions) {
+  EXPECT_EQ(split_press_list("snapkv,streamingllm"),
+            (std::vector<std::string>{"snapkv", "streamingllm"}));
+  EXPECT_EQ(split_press_list("snapkv:window=16,kernel=5, tova"),
+            (std::vector<std::string>{"snapkv:window=16,kernel=5", "tova"}));
+  EXPECT_EQ(split_press_list("adakv(snapkv:window=8),h2o"),
+            (std::vector<std::string>{"adakv(snapkv:window=8)", "h2o"}));
+  EXPECT_THROW(split_press_list("snapkv,,tova"), Error);
+  EXPECT_THROW(split_press_list("window=3"), Error);
+}
+
+TEST(SweepGrid, RatioList) {
+  EXPECT_EQ(parse_ratio_list("0.9,0.25,0,0.5,0.25"), (std::vector<double>{0.25, 0.5, 0.9}));
+  for (const char* bad : {"1.0", "-0.1", "x", "0.5,", "0", "nan"}) {
+    try {
+      parse_ratio_list(bad);
+      ADD_FAILURE() << bad << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("--ratios"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(SweepGrid, SetsTheRatioOfEachEntry) {
+  EXPECT_EQ(spec_with_ratio("snapkv", 0.5), make_press("snapkv:ratio=0.5")->spec());
+  EXPECT_EQ(spec_with_ratio("snapkv:window=16", 0.25),
+            make_press("snapkv:ratio=0.25,window=16")->spec());
+  EXPECT_EQ(spec_with_ratio("snapkv:0.3,window=16", 0.75),
+            make_press("snapkv:ratio=0.75,window=16")->spec());
+  EXPECT_EQ(spec_with_ratio("snapkv:ratio=0.3", 0.9), make_press("snapkv:ratio=0.9")->spec());
+  EXPECT_EQ(press_label("snapkv:ratio=0.3,window=16"), "snapkv:window=16");
+  EXPECT_EQ(press_label("snapkv:0.3"), "snapkv");
+  // a wrapper passes the ratio to its inner press
+  EXPECT_EQ(spec_with_ratio("adakv(snapkv)", 0.5), make_press("adakv(snapkv:ratio=0.5)")->spec());
+  EXPECT_THROW(spec_with_ratio("snapkv+knorm", 0.5), Error);
+  try {
+    spec_with_ratio("nosuchpress", 0.5);
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown press 'nosuchpress'"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(spec_with_ratio("snapkv:nosuchoption=3", 0.5), Error);
+}
+
+TEST(SweepGrid, CellsStartWithTheBaselineOnce) {
+  const auto cells = sweep_cells({"snapkv", "streamingllm"}, {0.25, 0.5});
+  ASSERT_EQ(cells.size(), 5u);
+  EXPECT_TRUE(cells[0].baseline());
+  EXPECT_EQ(cells[0].ratio, 0);
+  EXPECT_EQ(cells[1].press, "snapkv");
+  EXPECT_EQ(cells[2].ratio, 0.5);
+  EXPECT_EQ(cells[4].spec, make_press("streamingllm:ratio=0.5")->spec());
+  EXPECT_THROW(sweep_cells({"snapkv", "snapkv:ratio=0.1"}, {0.5}), Error);  // the same press twice
+}
+
+// ---------------------------------------------------------------- summary maths
+
+TEST(SweepMaths, AucIsTheTrapezoidMeanOverTheRatioSpan) {
+  // (0.5 * (100 + 50) / 2 + 0.4 * (50 + 10) / 2) / 0.9 = (37.5 + 12) / 0.9 = 55
+  EXPECT_DOUBLE_EQ(curve_auc({{0, 100}, {0.5, 50}, {0.9, 10}}), 55.0);
+  EXPECT_DOUBLE_EQ(curve_auc({{0, 80}, {0.25, 80}, {0.75, 80}}), 80.0);  // flat: its value
+  EXPECT_DOUBLE_EQ(curve_auc({{0, 42}}), 42.0);
+  EXPECT_DOUBLE_EQ(curve_auc({}), 0.0);
+  EXPECT_THROW(curve_auc({{0, 1}, {0.5, 1}, {0.5, 2}}), Error);
+}
+
+TEST(SweepMaths, ToleranceRatioStopsAtTheFirstCrossing) {
+  const std::vector<std::pair<double, double>> gaps = {
+      {0, 0}, {0.25, 0.05}, {0.5, 0.15}, {0.75, 0.08}};
+  double grid = -1;
+  // crosses 0.10 between 0.25 (0.05) and 0.5 (0.15): halfway
+  EXPECT_DOUBLE_EQ(tolerance_ratio(gaps, 0.10, &grid), 0.375);
+  EXPECT_DOUBLE_EQ(grid, 0.25);  // 0.75 is back within 10 % but comes after a crossing
+  EXPECT_DOUBLE_EQ(tolerance_ratio(gaps, 0.20, &grid), 0.75);  // never beyond: the last ratio
+  EXPECT_DOUBLE_EQ(grid, 0.75);
+  // beyond already at the first swept ratio: interpolated from (0, 0)
+  EXPECT_NEAR(tolerance_ratio({{0, 0}, {0.1, 0.5}, {0.5, 0.9}}, 0.2, &grid), 0.04, 1e-12);
+  EXPECT_DOUBLE_EQ(grid, 0.0);
+  // exactly at the tolerance counts as within
+  EXPECT_DOUBLE_EQ(tolerance_ratio({{0, 0}, {0.5, 0.1}, {0.9, 0.3}}, 0.1, &grid), 0.5);
+  EXPECT_DOUBLE_EQ(grid, 0.5);
+}
+
+TEST(SweepMaths, GapIsTheMeanRelativeDropOverTasks) {
+  SweepPoint base, p;
+  base.group_score = {{"a", 80}, {"b", 0}, {"c", 50}};
+  base.score = 130.0 / 3;
+  p.group_score = {{"a", 40}, {"b", 10}, {"c", 50}};
+  p.score = 100.0 / 3;
+  // a: (80 - 40) / 80 = 0.5; c: 0; b has no baseline to lose: skipped
+  EXPECT_DOUBLE_EQ(relative_gap(base, p), 0.25);
+  SweepPoint zero, z2;
+  zero.group_score = {{"a", 0}};
+  z2.group_score = {{"a", 30}};
+  z2.score = 30;
+  EXPECT_DOUBLE_EQ(relative_gap(zero, z2), 0.0);
+  // better than the baseline: a negative gap
+  SweepPoint up;
+  up.group_score = {{"a", 100}, {"b", 10}, {"c", 75}};
+  EXPECT_DOUBLE_EQ(relative_gap(base, up), (-0.25 - 0.5) / 2);
+}
+
+SweepRow row(const std::string& press, double ratio, const std::string& task, int idx, double score,
+             size_t kv, double tps) {
+  SweepRow r;
+  r.config = press + std::to_string(ratio);
+  r.model = "m";
+  r.bench = "ruler";
+  r.press = press;
+  r.ratio = ratio;
+  r.spec = press;
+  r.group = task;
+  r.id = task + "/" + std::to_string(idx);
+  r.score = score;
+  r.kv_bytes = kv;
+  r.kv_bytes_dense = 1000;
+  r.decode_tps = tps;
+  return r;
+}
+
+std::vector<SweepRow> hand_rows() {
+  // baseline: task a 100, 100; task b 50, 0 -> score (100 + 25) / 2 = 62.5
+  // p at 0.5: a 100, 50; b 25, 25 -> (75 + 25) / 2 = 50;   gap ((100-75)/100 + 0) / 2 = 0.125
+  // p at 0.9: a 0, 0; b 25, 0 -> (0 + 12.5) / 2 = 6.25;    gap (1 + 0.5) / 2 = 0.75
+  // q at 0.5: a 100, 100; b 50, 0 -> 62.5 (gap 0)
+  std::vector<SweepRow> r = {
+      row("none", 0, "a", 0, 100, 1000, 10), row("none", 0, "a", 1, 100, 1000, 20),
+      row("none", 0, "b", 0, 50, 1000, 0),   row("none", 0, "b", 1, 0, 1000, 30),
+      row("p", 0.9, "a", 0, 0, 100, 50),     row("p", 0.9, "a", 1, 0, 100, 50),
+      row("p", 0.9, "b", 0, 25, 100, 50),    row("p", 0.9, "b", 1, 0, 100, 50),
+      row("p", 0.5, "a", 0, 100, 500, 40),   row("p", 0.5, "a", 1, 50, 500, 40),
+      row("p", 0.5, "b", 0, 25, 500, 40),    row("p", 0.5, "b", 1, 25, 600, 40),
+      row("q", 0.5, "a", 0, 100, 400, 0),    row("q", 0.5, "a", 1, 100, 400, 0),
+      row("q", 0.5, "b", 0, 50, 400, 0),     row("q", 0.5, "b", 1, 0, 400, 0)};
+  return r;
+}
+
+TEST(SweepMaths, PointsAndCurvesFromRows) {
+  const auto pts = sweep_points(hand_rows());
+  ASSERT_EQ(pts.size(), 4u);
+  EXPECT_EQ(pts[0].press, "none");
+  EXPECT_DOUBLE_EQ(pts[0].score, 62.5);
+  EXPECT_DOUBLE_EQ(pts[0].decode_tps, 20.0);  // rows that decoded nothing (0) are left out
+  EXPECT_EQ(pts[1].press, "p");
+  EXPECT_DOUBLE_EQ(pts[1].ratio, 0.5);  // ascending within a press
+  EXPECT_DOUBLE_EQ(pts[1].score, 50.0);
+  EXPECT_DOUBLE_EQ(pts[1].kv_bytes, 525.0);
+  EXPECT_DOUBLE_EQ(pts[1].kv_ratio(), 0.525);
+  EXPECT_DOUBLE_EQ(pts[2].score, 6.25);
+  EXPECT_EQ(pts[2].n, 4);
+  EXPECT_EQ(pts[3].press, "q");
+  EXPECT_DOUBLE_EQ(pts[3].decode_tps, 0.0);
+
+  const auto curves = sweep_curves(pts);
+  ASSERT_EQ(curves.size(), 2u);
+  const SweepCurve& p = curves[0];
+  EXPECT_EQ(p.press, "p");
+  EXPECT_DOUBLE_EQ(p.base_score, 62.5);
+  // (0.5 * (62.5 + 50) / 2 + 0.4 * (50 + 6.25) / 2) / 0.9
+  EXPECT_NEAR(p.auc, (28.125 + 11.25) / 0.9, 1e-12);
+  // gaps 0 / 0.125 / 0.75: 10 % crossed between 0 and 0.5 at 0.1 / 0.125 of the way
+  EXPECT_NEAR(p.r10, 0.4, 1e-12);
+  EXPECT_DOUBLE_EQ(p.r10_grid, 0.0);
+  // 20 %: crossed between 0.5 (0.125) and 0.9 (0.75): 0.5 + 0.4 * 0.075 / 0.625
+  EXPECT_NEAR(p.r20, 0.5 + 0.4 * 0.075 / 0.625, 1e-12);
+  EXPECT_DOUBLE_EQ(p.r20_grid, 0.5);
+  EXPECT_DOUBLE_EQ(curves[1].auc, 62.5);
+  EXPECT_DOUBLE_EQ(curves[1].r10, 0.5);
+}
+
+TEST(SweepMaths, SummaryFiles) {
+  const auto pts = sweep_points(hand_rows());
+  const auto curves = sweep_curves(pts);
+  const std::string md = sweep_summary_markdown(pts, curves, "T");
+  EXPECT_NE(md.find("| p | 0.50 | 50.0 | 0.00 | 0.525 | 40.0 | 4 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| q | 0.50 | 62.5 | 0.00 | 0.400 | - | 4 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| p | 43.8 | 0.400 (grid 0.00) | 0.548 (grid 0.50) |"), std::string::npos)
+      << md;
+  const std::string csv = sweep_summary_csv(pts);
+  EXPECT_EQ(csv.substr(0, csv.find('\n')), "model,press,ratio,score,kv_mib,kv_ratio,decode_tps,n");
+  EXPECT_NE(csv.find("m,p,0.9,6.2500,"), std::string::npos) << csv;
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 5);
+  const std::string svg = sweep_plot_svg(pts, curves, "T <&>", "score");
+  EXPECT_EQ(svg.rfind("<svg", 0), 0u);
+  EXPECT_NE(svg.find("</svg>"), std::string::npos);
+  EXPECT_NE(svg.find("T &lt;&amp;&gt;"), std::string::npos);
+  size_t n_poly = 0;
+  for (size_t at = svg.find("<polyline"); at != std::string::npos;
+       at = svg.find("<polyline", at + 1))
+    ++n_poly;
+  EXPECT_EQ(n_poly, 2u);                                       // one line per press
+  EXPECT_NE(svg.find("stroke-dasharray"), std::string::npos);  // the uncompressed score
+  EXPECT_NE(svg.find("p (AUC 43.8)"), std::string::npos);
+}
+
+TEST(SweepMaths, OnePanelPerModel) {
+  std::vector<SweepRow> rows = hand_rows();
+  for (SweepRow r : hand_rows()) {
+    r.model = "m2";
+    r.score /= 2;
+    rows.push_back(r);
+  }
+  const auto pts = sweep_points(rows);
+  ASSERT_EQ(pts.size(), 8u);
+  EXPECT_EQ(pts[4].model, "m2");
+  EXPECT_EQ(pts[4].press, "none");
+  EXPECT_DOUBLE_EQ(pts[4].score, 31.25);
+  const auto curves = sweep_curves(pts);
+  ASSERT_EQ(curves.size(), 4u);
+  EXPECT_DOUBLE_EQ(curves[2].r10, curves[0].r10);  // halving every score keeps the relative gaps
+  const std::string svg = sweep_plot_svg(pts, curves, "T", "score");
+  size_t n_base = 0;
+  for (size_t at = svg.find("uncompressed ("); at != std::string::npos;
+       at = svg.find("uncompressed (", at + 1))
+    ++n_base;
+  EXPECT_EQ(n_base, 2u);
+  EXPECT_NE(svg.find(">m2</text>"), std::string::npos);
+}
+
+// ---------------------------------------------------------------- runs on a tiny model
+
+SessionParams params() {
+  SessionParams p;
+  p.n_ctx = 4096;
+  p.n_threads = 2;
+  return p;
+}
+
+// Three samples, one with two questions; contexts of a few hundred tokens (the tiny
+// tokenizer spends about one token per byte) so that every press has something to evict.
+std::vector<EvalSample> samples() {
+  std::string text;
+  for (int i = 0; i < 3; ++i) {
+    std::string ctx;
+    for (int k = 0; k < 12; ++k)
+      ctx += "Line " + std::to_string(k) + " of context " + std::to_string(i) + ". ";
+    ctx += "The key is " + std::to_string(1000 + i) + ".";
+    const std::string task = i < 2 ? "niah_single_1" : "qa_1";
+    text += R"({"task": ")" + task + R"(", "context": ")" + ctx +
+            R"(", "question": " What is the key?", "answer_prefix": " The key is", "answers": [")" +
+            std::to_string(1000 + i) + R"("], "max_new_tokens": 5})" + "\n";
+    if (i == 1)
+      text +=
+          R"({"task": "niah_single_1", "context": ")" + ctx +
+          R"(", "question": " And again?", "answer_prefix": " It is", "answers": ["1001"], "max_new_tokens": 4})" +
+          "\n";
+  }
+  return parse_samples_jsonl(text, "sweep");
+}
+
+std::vector<SweepCell> cells(const std::vector<std::string>& presses,
+                             const std::vector<double>& ratios) {
+  auto c = sweep_cells(presses, ratios);
+  set_cell_configs(&c, {"model=tiny", "test"}, "sweep-test");
+  return c;
+}
+
+std::set<std::string> configs_of(const std::vector<SweepCell>& c) {
+  std::set<std::string> out;
+  for (const auto& x : c) out.insert(x.config);
+  return out;
+}
+
+std::string fresh_path(const std::string& name) {
+  const std::string p = kvtrim::test::temp_dir("sweep") + "/" + name;
+  std::filesystem::remove(p);
+  return p;
+}
+
+// Presses needing different things (window queries, cumulative attention, task attention,
+// nothing): the shared observer captures their union.
+const std::vector<std::string> kPresses = {"snapkv:window=8", "h2o", "kvcompose", "streamingllm",
+                                           "knorm"};
+
+TEST(Sweep, CellEqualsTheSinglePressRun) {
+  const auto smp = samples();
+  const auto cs = cells(kPresses, {0.5, 0.8});
+  SweepResultsFile res(fresh_path("equal.jsonl"), configs_of(cs));
+  Session s(tiny_model(), params());
+  SweepRunOptions opt;
+  opt.model = "tiny";
+  const int64_t n = sweep_ruler(s, tiny_prompts(), smp, cs, res, opt);
+  ASSERT_EQ(n, static_cast<int64_t>(cs.size()) * 4);
+  EXPECT_EQ(sweep_ruler_pending(smp, cs, res), 0);
+
+  std::map<std::tuple<std::string, std::string, int>, const SweepRow*> by_key;
+  for (const auto& r : res.rows()) by_key[{r.spec, r.id, r.q}] = &r;
+  for (const SweepCell& c : cs) {
+    // eval ruler's path: a session of its own with the press installed, compress after the context
+    Session one(tiny_model(), params());
+    RunnerOptions ro;
+    if (!c.baseline()) {
+      PressSchedule sched;
+      sched.after_prefill = false;
+      one.set_press(make_press(c.spec), sched);
+      ro.after_context = [](Session& ss, const std::vector<int32_t>*) { ss.compress(); };
+    }
+    std::vector<QuestionResult> ref;
+    run_samples(one, tiny_prompts(), smp, nullptr, ro, &ref);
+    ASSERT_EQ(ref.size(), 4u);
+    for (const QuestionResult& q : ref) {
+      const SweepRow* r = by_key.at({c.spec, q.id(), q.q});
+      const nlohmann::json e = nlohmann::json::parse(r->extra);
+      EXPECT_EQ(e.at("output").get<std::string>(), q.output)
+          << c.spec << " " << q.id() << " q" << q.q;
+      EXPECT_EQ(r->score, q.score);
+      EXPECT_EQ(r->kv_bytes, q.kv_bytes) << c.spec;
+      EXPECT_EQ(r->kv_bytes_dense, q.kv_bytes_dense);
+      EXPECT_EQ(e.at("n_generated").get<int64_t>(), q.n_generated);
+      EXPECT_EQ(e.at("n_context").get<int64_t>(), q.n_context);
+      EXPECT_TRUE(r->shared_prefill);
+      EXPECT_EQ(r->press, c.press);
+      EXPECT_EQ(r->ratio, c.ratio);
+    }
+    if (!c.baseline()) {
+      // the press really compressed: fewer bytes than the baseline
+      EXPECT_LT(by_key.at({c.spec, smp[0].id(), 0})->kv_bytes,
+                by_key.at({"none", smp[0].id(), 0})->kv_bytes)
+          << c.spec;
+    }
+  }
+}
+
+TEST(Sweep, QueryAwareCellEqualsTheSinglePressRun) {
+  const auto smp = samples();
+  const auto cs = cells({"snapkv:window=8,query_aware=true"}, {0.5});
+  SweepResultsFile res(fresh_path("qa.jsonl"), configs_of(cs));
+  Session s(tiny_model(), params());
+  SweepRunOptions opt;
+  opt.model = "tiny";
+  opt.query_aware = true;
+  ASSERT_EQ(sweep_ruler(s, tiny_prompts(), smp, cs, res, opt), 8);
+  Session one(tiny_model(), params());
+  PressSchedule sched;
+  sched.after_prefill = false;
+  one.set_press(make_press(cs[1].spec), sched);
+  RunnerOptions ro;
+  ro.query_aware = true;
+  ro.after_context = [](Session& ss, const std::vector<int32_t>* q) {
+    if (q) ss.observe_question(*q);
+    ss.compress();
+  };
+  std::vector<QuestionResult> ref;
+  run_samples(one, tiny_prompts(), smp, nullptr, ro, &ref);
+  for (const QuestionResult& q : ref) {
+    const SweepRow* r = nullptr;
+    for (const auto& x : res.rows())
+      if (x.spec == cs[1].spec && x.id == q.id() && x.q == q.q) r = &x;
+    ASSERT_NE(r, nullptr);
+    EXPECT_EQ(nlohmann::json::parse(r->extra).at("output").get<std::string>(), q.output);
+    EXPECT_EQ(r->kv_bytes, q.kv_bytes);
+    EXPECT_FALSE(r->shared_prefill);
+  }
+}
+
+TEST(Sweep, PressWorkingInsideThePrefillGetsAFreshPrefill) {
+  // ojakv (prefill=lowrank) compresses during the prefill and updates while decoding: its
+  // cells run eval ruler's own path with the press installed, beside shared snapkv cells.
+  const auto smp = samples();
+  const auto cs = cells({"ojakv:init=prompt", "snapkv:window=8"}, {0.5});
+  ASSERT_TRUE(make_press(cs[1].spec)->plans_after_append());
+  SweepResultsFile res(fresh_path("ojakv.jsonl"), configs_of(cs));
+  Session s(tiny_model(), params());
+  SweepRunOptions opt;
+  opt.model = "tiny";
+  ASSERT_EQ(sweep_ruler(s, tiny_prompts(), smp, cs, res, opt), 12);
+  for (const SweepCell& c : cs) {
+    Session one(tiny_model(), params());
+    RunnerOptions ro;
+    if (!c.baseline()) {
+      PressSchedule sched;
+      sched.after_prefill = false;
+      one.set_press(make_press(c.spec), sched);
+      ro.after_context = [](Session& ss, const std::vector<int32_t>*) { ss.compress(); };
+    }
+    std::vector<QuestionResult> ref;
+    run_samples(one, tiny_prompts(), smp, nullptr, ro, &ref);
+    for (const QuestionResult& q : ref) {
+      const SweepRow* r = nullptr;
+      for (const auto& x : res.rows())
+        if (x.spec == c.spec && x.id == q.id() && x.q == q.q) r = &x;
+      ASSERT_NE(r, nullptr);
+      EXPECT_EQ(nlohmann::json::parse(r->extra).at("output").get<std::string>(), q.output) << c.spec;
+      EXPECT_EQ(r->kv_bytes, q.kv_bytes) << c.spec;
+      EXPECT_EQ(r->shared_prefill, c.press != "ojakv:init=prompt") << c.spec;
+    }
+  }
+}
+
+TEST(Sweep, McCellEqualsTheSinglePressRun) {
+  std::vector<McItem> items(2);
+  for (int i = 0; i < 2; ++i) {
+    items[static_cast<size_t>(i)].index = i;
+    for (int k = 0; k < 10; ++k)
+      items[static_cast<size_t>(i)].context += "Step " + std::to_string(k + i) + " of the plan. ";
+    items[static_cast<size_t>(i)].context += "Question: what comes next?\nAnswer:";
+    items[static_cast<size_t>(i)].choices = {" more steps", " the end", " nothing at all"};
+    items[static_cast<size_t>(i)].gold = i;
+  }
+  const auto cs = cells({"snapkv:window=8", "h2o", "knorm"}, {0.5});
+  SweepResultsFile res(fresh_path("mc.jsonl"), configs_of(cs));
+  Session s(tiny_model(), params());
+  SweepRunOptions opt;
+  opt.model = "tiny";
+  EXPECT_EQ(sweep_mc_pending("piqa", items, cs, res), 8);
+  EXPECT_EQ(sweep_mc(s, "piqa", items, cs, res, opt), 8);
+  EXPECT_EQ(sweep_mc_pending("piqa", items, cs, res), 0);
+  for (const SweepRow& r : res.rows()) {
+    Session one(tiny_model(), params());
+    std::function<void(Session&)> after;
+    if (r.spec != "none") {
+      PressSchedule sched;
+      sched.after_prefill = false;
+      one.set_press(make_press(r.spec), sched);
+      after = [](Session& ss) { ss.compress(); };
+    }
+    const McItem& it = items[r.id == "piqa/0" ? 0 : 1];
+    const McResult m = score_item(one, tokenize_item(tiny_model(), it), it, "piqa", after);
+    const nlohmann::json e = nlohmann::json::parse(r.extra);
+    EXPECT_EQ(e.at("loglik").get<std::vector<double>>(), m.loglik) << r.spec << " " << r.id;
+    EXPECT_EQ(r.kv_bytes, m.kv_bytes) << r.spec;
+    EXPECT_EQ(r.score, m.acc_norm() ? 100.0 : 0.0);
+    EXPECT_FALSE(r.shared_prefill);
+  }
+}
+
+// Everything of a row but its timings.
+std::string content(const SweepRow& r) {
+  nlohmann::json e = nlohmann::json::parse(r.extra);
+  e.erase("context_prefill_s");
+  return r.config + "|" + r.id + "|" + std::to_string(r.q) + "|" + r.press + "|" +
+         std::to_string(r.ratio) + "|" + std::to_string(r.score) + "|" +
+         std::to_string(r.kv_bytes) + "|" + std::to_string(r.kv_bytes_dense) + "|" + e.dump();
+}
+
+std::multiset<std::string> contents(const std::vector<SweepRow>& rows) {
+  std::multiset<std::string> out;
+  for (const auto& r : rows) out.insert(content(r));
+  return out;
+}
+
+TEST(Sweep, InterruptedSweepResumesToTheSameRows) {
+  const auto smp = samples();
+  const auto cs = cells({"snapkv", "streamingllm"}, {0.5, 0.75});
+  const int64_t total = static_cast<int64_t>(cs.size()) * 4;
+  SweepRunOptions opt;
+  opt.model = "tiny";
+
+  // uninterrupted
+  const std::string full_path = fresh_path("full.jsonl");
+  std::multiset<std::string> full;
+  {
+    SweepResultsFile res(full_path, configs_of(cs));
+    Session s(tiny_model(), params());
+    EXPECT_EQ(sweep_ruler(s, tiny_prompts(), smp, cs, res, opt), total);
+    full = contents(res.rows());
+    ASSERT_EQ(static_cast<int64_t>(full.size()), total);
+  }
+
+  // interrupted after 7 rows (mid-sample: the second sample's cells are half done), then resumed
+  const std::string path = fresh_path("resumed.jsonl");
+  {
+    SweepResultsFile res(path, configs_of(cs));
+    Session s(tiny_model(), params());
+    SweepRunOptions stop = opt;
+    int n = 0;
+    stop.on_row = [&n](const SweepRow&) {
+      if (++n == 7) throw std::runtime_error("interrupted");
+    };
+    EXPECT_THROW(sweep_ruler(s, tiny_prompts(), smp, cs, res, stop), std::runtime_error);
+  }
+  {
+    // an interrupted write: a torn last line is cut off and its row runs again
+    std::ofstream f(path, std::ios::app | std::ios::binary);
+    f << R"({"config": ")" << cs[1].config << R"(", "model": "tiny", "id": "qa_1/0", "q": 0, "sco)";
+  }
+  {
+    SweepResultsFile res(path, configs_of(cs));
+    EXPECT_EQ(res.rows().size(), 7u);
+    EXPECT_EQ(sweep_ruler_pending(smp, cs, res), total - 7);
+    Session s(tiny_model(), params());
+    EXPECT_EQ(sweep_ruler(s, tiny_prompts(), smp, cs, res, opt), total - 7);
+    EXPECT_EQ(contents(res.rows()), full);
+  }
+  {
+    // reopened: every row there once, nothing left to run
+    SweepResultsFile res(path, configs_of(cs));
+    EXPECT_EQ(contents(res.rows()), full);
+    EXPECT_EQ(sweep_ruler_pending(smp, cs, res), 0);
+    // a cell of another config is not this run's (kept in the file, ignored)
+    SweepResultsFile other(path, {cs[0].config});
+    EXPECT_EQ(other.rows().size(), 4u);
+    EXPECT_EQ(other.n_other_config(), total - 4);
+  }
+  {
+    // the summaries are written from the rows
+    const std::string dir = kvtrim::test::temp_dir("sweep_out");
+    SweepResultsFile res(path, configs_of(cs));
+    const std::string md = write_sweep_summaries(dir, res.rows(), "tiny", "score");
+    EXPECT_NE(md.find("| snapkv | 0.75 |"), std::string::npos) << md;
+    for (const char* f : {"summary.md", "summary.csv", "curves.csv", "plot.svg"})
+      EXPECT_TRUE(std::filesystem::exists(std::filesystem::path(dir) / f)) << f;
+  }
+}
+
+TEST(Sweep, ChangedSampleUnderTheSameConfigIsAnError) {
+  auto smp = samples();
+  const auto cs = cells({"streamingllm"}, {0.5});
+  const std::string path = fresh_path("changed.jsonl");
+  SweepRunOptions opt;
+  opt.model = "tiny";
+  {
+    SweepResultsFile res(path, configs_of(cs));
+    Session s(tiny_model(), params());
+    sweep_ruler(s, tiny_prompts(), {smp[0]}, cs, res, opt);
+  }
+  smp[0].context += " Changed.";
+  SweepResultsFile res(path, configs_of(cs));
+  EXPECT_THROW(sweep_ruler_pending({smp[0]}, cs, res), Error);
+}
+
+TEST(Sweep, StateRestoreKeepsTheObserverOnTheLiveCache) {
+  // After restore, the observer must refer to the session's (new) cache: decoding on and
+  // compressing again works and gives what the original cache gives.
+  Session a(tiny_model(), params()), b(tiny_model(), params());
+  PressNeeds needs;
+  needs.window = 8;
+  needs.cum_attn = true;
+  a.set_observer(needs);
+  b.set_observer(needs);
+  std::vector<int32_t> toks;
+  for (int i = 0; i < 120; ++i) toks.push_back(40 + i % 50);
+  a.prefill(toks);
+  b.prefill(toks);
+  const Session::State st = a.save_state();
+  auto h2o = make_press("h2o:ratio=0.5");
+  a.compress_with(*h2o);
+  a.restore_state(st);
+  EXPECT_EQ(a.cache().bytes().total(), b.cache().bytes().total());
+  const std::vector<float> la = a.decode(7), lb = b.decode(7);
+  EXPECT_EQ(la, lb);
+  a.compress_with(*h2o);
+  b.compress_with(*h2o);
+  EXPECT_EQ(a.cache().bytes().total(), b.cache().bytes().total());
+  EXPECT_EQ(a.decode(9), b.decode(9));
+}
+
+}  // namespace
+}  // namespace kvtrim::eval
