@@ -112,6 +112,8 @@ std::vector<PressOption> lowrank_options(const LowRankDefaults& d, bool oja) {
       {"ratio", "0.5",
        "fraction of each head's K/V dimensions removed, in [0, 1): rank r = max(1, round(d (1 - "
        "ratio)))"},
+      {"ratio_k", "-1", "keys' own ratio (>= 0 replaces ratio for the keys; -1 = ratio)"},
+      {"ratio_v", "-1", "values' own ratio (>= 0 replaces ratio for the values; -1 = ratio)"},
       {"energy", "0", "> 0: rank = smallest holding this fraction of the energy (overrides ratio)"},
       {"calib", "", "calibration file (default: <model>.kvcalib next to the model's .gguf)"},
       {"prefill", "lowrank",
@@ -145,6 +147,10 @@ LowRankConfig parse_lowrank_config(const PressArgs& a, BasisMethod method, bool 
   c.method = method;
   c.oja = oja;
   c.ratio = a.get_double_in("ratio", 0, 1, false);
+  c.ratio_k = a.get_double_in("ratio_k", -1, 1, false);
+  c.ratio_v = a.get_double_in("ratio_v", -1, 1, false);
+  KVTRIM_CHECK(c.ratio_k == -1 || c.ratio_k >= 0, "press '%s': option 'ratio_k' must be -1 or in [0, 1)", c.name.c_str());
+  KVTRIM_CHECK(c.ratio_v == -1 || c.ratio_v >= 0, "press '%s': option 'ratio_v' must be -1 or in [0, 1)", c.name.c_str());
   c.energy = a.get_double_in("energy", 0, 1, true);
   c.calib = a.get_string("calib");
   const std::string pf = a.get_string("prefill");
@@ -367,8 +373,8 @@ void LowRankPress::plan_layer(const PressContext& ctx, int il, Phase phase,
           h.rv = rank_for_eigen_energy(h.eig_v, cfg_.energy);
         }
       } else {
-        h.rk = rank_for_removed_ratio(cfg_.ratio, dk);
-        h.rv = rank_for_removed_ratio(cfg_.ratio, dv);
+        h.rk = rank_for_removed_ratio(cfg_.ratio_k >= 0 ? cfg_.ratio_k : cfg_.ratio, dk);
+        h.rv = rank_for_removed_ratio(cfg_.ratio_v >= 0 ? cfg_.ratio_v : cfg_.ratio, dv);
       }
     }
     if (cfg_.oja && cfg_.energy > 0) {

@@ -35,6 +35,7 @@ struct LowRankConfig {
   bool oja = false;                              // OjaKV: Oja updates of the basis
   double ratio =
       0.5;  // fraction of each head's K/V dimensions removed: r = max(1, round(d (1 - ratio)))
+  double ratio_k = -1, ratio_v = -1;  // >= 0: per-side ratio replacing `ratio` for keys / values
   double energy = 0;  // > 0: rank = smallest holding this energy fraction (overrides ratio)
   std::string calib;  // calibration file ("" = <model gguf path minus .gguf>.kvcalib)
   bool prefill_lowrank = true;  // false: compress after prefill (prefill=full, OjaKV-PF)
