@@ -25,27 +25,6 @@ namespace {
 
 using namespace kvtest;  // NOLINT: shared fixtures (kv_test_util.h)
 
-// A random [d, r] (row-major) matrix with orthonormal columns (Gram-Schmidt, twice).
-std::vector<float> orthonormal(int d, int r, std::mt19937& rng) {
-  std::vector<double> a(static_cast<size_t>(d) * r);
-  std::normal_distribution<double> nd(0, 1);
-  for (double& x : a) x = nd(rng);
-  for (int j = 0; j < r; ++j) {
-    for (int pass = 0; pass < 2; ++pass) {
-      for (int c = 0; c < j; ++c) {
-        double dot = 0;
-        for (int i = 0; i < d; ++i) dot += a[i * r + j] * a[i * r + c];
-        for (int i = 0; i < d; ++i) a[i * r + j] -= dot * a[i * r + c];
-      }
-    }
-    double nrm = 0;
-    for (int i = 0; i < d; ++i) nrm += a[i * r + j] * a[i * r + j];
-    nrm = std::sqrt(nrm);
-    for (int i = 0; i < d; ++i) a[i * r + j] /= nrm;
-  }
-  return std::vector<float>(a.begin(), a.end());
-}
-
 // U + noise: a well-conditioned matrix whose columns are not orthonormal (an encoder or decoder).
 std::vector<float> perturbed(const std::vector<float>& u, int d, std::mt19937& rng) {
   std::normal_distribution<float> nd(0.f, 0.3f / std::sqrt(static_cast<float>(d)));
@@ -67,11 +46,11 @@ struct Epoch {
 // An oblique side: E and D both perturbations of one orthonormal basis (E ≠ D, neither
 // orthonormal).
 Side oblique(int d, int r, std::mt19937& rng) {
-  const auto u = orthonormal(d, r, rng);
+  const auto u = random_basis(d, r, rng);
   return Side{r, perturbed(u, d, rng), perturbed(u, d, rng)};
 }
 Side ortho(int d, int r, std::mt19937& rng) {
-  return Side{r, orthonormal(d, r, rng), {}};
+  return Side{r, random_basis(d, r, rng), {}};
 }
 
 void set_side(const Side& s, int* rank, std::vector<float>* basis, std::vector<float>* dec) {
@@ -391,7 +370,7 @@ TEST(BasisOblique, PlanBeforeAnyTokenEncodesEveryAppend) {
     CompressionPlan plan(2, nkv);
     for (int ih = 0; ih < nkv; ++ih) set_epoch(plan.at(0, ih), eps[ih]);
     plan.at(1, 2).rank_k = r;  // layer 1: one head buffers its appends dense
-    plan.at(1, 2).basis_k = orthonormal(d, r, rng);
+    plan.at(1, 2).basis_k = random_basis(d, r, rng);
     plan.at(1, 2).appends_dense = true;
     c->apply(plan);
     EXPECT_EQ(c->n_past(), 0);
@@ -496,7 +475,7 @@ TEST(BasisOblique, BadPlansAreErrorsAndLeaveTheCacheUnchanged) {
   expect_error(p, "key decoder given without a key basis");
   p.at(1, 1) = HeadPlan();
   set_epoch(p.at(1, 1), Epoch{oblique(d, r, rng), {}});
-  p.at(1, 1).decoder_v = orthonormal(d, r, rng);  // value decoder, no value basis
+  p.at(1, 1).decoder_v = random_basis(d, r, rng);  // value decoder, no value basis
   expect_error(p, "value decoder given without a value basis");
   p.at(1, 1) = HeadPlan();
   p.at(1, 1).appends_dense = true;

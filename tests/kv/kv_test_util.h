@@ -19,6 +19,28 @@ inline std::vector<float> randn(size_t n, std::mt19937& rng, float sd = 1.f) {
   return v;
 }
 
+// A random [d, r] (row-major) matrix with orthonormal columns: QR (Gram-Schmidt, twice) of a
+// Gaussian matrix.
+inline std::vector<float> random_basis(int d, int r, std::mt19937& rng) {
+  std::vector<double> a(static_cast<size_t>(d) * r);
+  std::normal_distribution<double> nd(0, 1);
+  for (double& x : a) x = nd(rng);
+  for (int j = 0; j < r; ++j) {
+    for (int pass = 0; pass < 2; ++pass) {
+      for (int c = 0; c < j; ++c) {
+        double dot = 0;
+        for (int i = 0; i < d; ++i) dot += a[i * r + j] * a[i * r + c];
+        for (int i = 0; i < d; ++i) a[i * r + j] -= dot * a[i * r + c];
+      }
+    }
+    double nrm = 0;
+    for (int i = 0; i < d; ++i) nrm += a[i * r + j] * a[i * r + j];
+    nrm = std::sqrt(nrm);
+    for (int i = 0; i < d; ++i) a[i * r + j] /= nrm;
+  }
+  return std::vector<float>(a.begin(), a.end());
+}
+
 // n_ctx 65536; layer 0 gets the sliding window when window > 0.
 inline KvCacheConfig make_cfg(int n_layer, int n_head_kv, int hdk, int hdv, KvDtype t, int window = 0) {
   KvCacheConfig cfg;
