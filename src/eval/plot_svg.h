@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "eval/sweep.h"
+#include "eval/sweep_ppl.h"
 
 namespace kvtrim::eval {
 
@@ -15,6 +16,14 @@ namespace kvtrim::eval {
 std::string sweep_plot_svg(const std::vector<SweepPoint>& points,
                            const std::vector<SweepCurve>& curves, const std::string& title,
                            const std::string& score_label);
+
+// The perplexity sweep (src/eval/sweep_ppl.h): per model two panels side by side. Left: PPL
+// against the compression ratio, each press's line starting at the full-cache PPL at ratio 0,
+// which is also drawn dashed. Right: ΔPPL against the measured KV / f16 (a press's bytes differ
+// from its nominal ratio: low-rank bases, full-rank anchors), each line starting at (1, 0); the
+// dashed line is ΔPPL 0. y axes span the data, rounded to 1-2-5 ticks.
+std::string sweep_ppl_plot_svg(const std::vector<PplSweepPoint>& points,
+                               const std::vector<PplSweepCurve>& curves, const std::string& title);
 
 // XML text escape (&, <, >, ").
 std::string svg_escape(const std::string& s);

@@ -425,6 +425,8 @@ void check_cells(const std::vector<SweepCell>& cells) {
 
 }  // namespace
 
+void sweep_fresh_cache(Session& s) { fresh_cache(s); }
+
 int64_t sweep_ruler_pending(const std::vector<EvalSample>& samples,
                             const std::vector<SweepCell>& cells, const SweepResultsFile& results) {
   int64_t n = 0;

@@ -134,6 +134,10 @@ struct SweepRunOptions {
   std::function<void(const SweepRow&)> on_row;
 };
 
+// Gives the session a new, empty cache with the same observer (every cell starts from one: a
+// per-head press's cache keeps its per-head storage across reset()).
+void sweep_fresh_cache(Session& s);
+
 // (cell, question) pairs of `samples` not yet in `results`.
 int64_t sweep_ruler_pending(const std::vector<EvalSample>& samples,
                             const std::vector<SweepCell>& cells, const SweepResultsFile& results);

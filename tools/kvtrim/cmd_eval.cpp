@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "cli.h"
 #include "core/error.h"
@@ -22,6 +23,7 @@
 #include "eval/ruler.h"
 #include "eval/runner.h"
 #include "eval/sweep.h"
+#include "eval/sweep_ppl.h"
 #include "model/tokenizer.h"
 #include "press/press.h"
 
@@ -435,6 +437,7 @@ struct EvalSweepOptions {
   bool summary_only = false;
   EvalRulerOptions ruler;  // the benchmark's own options (their common / press / out unused)
   EvalMcOptions mc;
+  EvalPplOptions ppl;
 };
 
 // "-m smollm2" -> "smollm2"; "-m dir/x.gguf" -> "x".
@@ -584,6 +587,149 @@ void run_sweep(const EvalSweepOptions& o, const std::string& bench) {
   std::fflush(stdout);
 }
 
+// kvtrim eval sweep ppl: eval ppl over presses x ratios (x models) into one results file,
+// resumable per (cell, window), with the summaries of src/eval/sweep_ppl.h.
+void run_sweep_ppl(const EvalSweepOptions& o) {
+  const EvalPplOptions& po = o.ppl;
+  std::vector<std::string> entries;
+  for (const std::string& p : o.presses)
+    for (const std::string& e : eval::split_press_list(p)) entries.push_back(e);
+  const std::vector<double> ratios = eval::parse_ratio_list(o.ratios);
+  const std::vector<eval::SweepCell> grid = eval::ppl_sweep_cells(eval::sweep_cells(entries, ratios));
+  const eval::PplMode mode = eval::parse_ppl_mode(po.mode);
+  KVTRIM_CHECK(mode == eval::PplMode::kThroughout || po.chunk == 1, "--chunk applies to --mode throughout only");
+  const std::vector<std::string> models = o.models.empty() ? std::vector<std::string>{o.common.model} : o.models;
+  {
+    std::set<std::string> seen;
+    for (const auto& m : models) KVTRIM_CHECK(seen.insert(model_label(m)).second, "-m %s is given twice", m.c_str());
+  }
+  const std::string text = read_file(po.file);
+  std::error_code ec;
+  fs::create_directories(o.out_dir, ec);
+  KVTRIM_CHECK(!ec && fs::is_directory(o.out_dir), "cannot create --out-dir '%s'%s%s", o.out_dir.c_str(),
+               ec ? ": " : "", ec ? ec.message().c_str() : "");
+  std::fprintf(stderr, "sweep ppl: %zu presses x %zu ratios = %zu cells per window (each with its full-cache pass), %zu model(s)\n",
+               entries.size(), ratios.size(), grid.size(), models.size());
+
+  struct Job {
+    std::string label;
+    std::unique_ptr<Model> model;
+    std::unique_ptr<Session> session;
+    std::vector<int32_t> tokens;
+    eval::PplConfig c;
+    int64_t n_win = 0;
+    std::vector<eval::SweepCell> cells;
+  };
+  std::vector<Job> jobs;
+  std::set<std::string> configs;
+  std::map<std::string, int64_t> n_win_of;  // config -> the model's windows in this run
+  std::map<std::string, size_t> cell_pos;   // config -> position in the grid over the models
+  for (const std::string& m : models) {
+    Job j;
+    j.label = model_label(m);
+    CommonOptions co = o.common;
+    co.model = m;
+    j.model = load_model(co);
+    const Tokenizer& tok = j.model->tokenizer();
+    j.tokens = tok.encode(text, tok.add_bos(), false);
+    const size_t n_text = j.tokens.size();
+    if (po.max_tokens > 0 && static_cast<int64_t>(j.tokens.size()) > po.max_tokens)
+      j.tokens.resize(static_cast<size_t>(po.max_tokens));
+    j.c.ctx = po.ctx;
+    j.c.mode = mode;
+    j.c.prefix = po.prefix;
+    j.c.chunk = po.chunk;
+    j.c.bos = tok.add_bos() ? tok.bos() : -1;
+    KVTRIM_CHECK(po.ctx <= j.model->hparams().n_ctx_train, "--ctx %lld exceeds %s's context limit of %d tokens",
+                 static_cast<long long>(po.ctx), j.label.c_str(), j.model->hparams().n_ctx_train);
+    SessionParams sp = session_params(co);
+    sp.n_ctx = po.ctx;
+    j.session = std::make_unique<Session>(*j.model, sp);
+    j.n_win = eval::ppl_window_count(static_cast<int64_t>(j.tokens.size()), j.c.ctx);
+    std::fprintf(stderr, "%s: %s: %zu tokens (%zu used), %lld windows of %lld, scored rows [%lld, %lld), mode %s%s\n",
+                 j.label.c_str(), po.file.c_str(), n_text, j.tokens.size(), static_cast<long long>(j.n_win),
+                 static_cast<long long>(j.c.ctx), static_cast<long long>(j.c.first_row()),
+                 static_cast<long long>(j.c.ctx - 1), eval::ppl_mode_name(mode),
+                 mode == eval::PplMode::kThroughout
+                     ? strprintf(" (chunk %lld%s)", static_cast<long long>(j.c.chunk),
+                                 j.c.chunk > 1 ? ": APPROXIMATE, tokens of a chunk see each other uncompressed" : ": exact")
+                           .c_str()
+                     : "");
+    // eval ppl's config parts (not --max-tokens: more tokens extend a run), the press added per cell.
+    j.cells = grid;
+    eval::set_cell_configs(
+        &j.cells,
+        {"model=" + file_identity(j.model->gguf().path()), "data=" + file_identity(po.file), "kv=" + o.common.kv_type,
+         "batch=" + std::to_string(o.common.batch), std::string("mode=") + eval::ppl_mode_name(mode),
+         "ctx=" + std::to_string(j.c.ctx), "prefix=" + std::to_string(j.c.first_row()),
+         "chunk=" + std::to_string(mode == eval::PplMode::kThroughout ? j.c.chunk : 0)},
+        "sweep-ppl-v1");
+    for (const auto& c : j.cells) {
+      configs.insert(c.config);
+      n_win_of[c.config] = j.n_win;
+      cell_pos[c.config] = cell_pos.size();
+    }
+    jobs.push_back(std::move(j));
+  }
+
+  const std::string results_path = (fs::path(o.out_dir) / "results.jsonl").string();
+  eval::PplSweepResultsFile results(results_path, configs);
+  int64_t pending = 0;
+  for (const Job& j : jobs) pending += eval::sweep_ppl_pending(j.tokens, j.cells, results, j.c);
+  std::fprintf(stderr, "results: %s: %lld (cell, window) rows to run, %zu already there%s\n", results_path.c_str(),
+               static_cast<long long>(pending), results.rows().size(),
+               results.n_other_config()
+                   ? strprintf(", %lld lines of other configs kept", static_cast<long long>(results.n_other_config())).c_str()
+                   : "");
+
+  // The rows this command's summaries cover: its cells on its windows (a longer earlier run's
+  // windows beyond --max-tokens stay in the file, out of the summary).
+  auto summarize = [&]() {
+    std::vector<eval::PplSweepRow> rows;
+    for (const auto& r : results.rows())
+      if (r.w.index < n_win_of.at(r.config)) rows.push_back(r);
+    // grid order (models as given, presses as given, ratios ascending), windows ascending
+    std::sort(rows.begin(), rows.end(), [&](const eval::PplSweepRow& a, const eval::PplSweepRow& b) {
+      return std::make_tuple(cell_pos.at(a.config), a.w.index) < std::make_tuple(cell_pos.at(b.config), b.w.index);
+    });
+    const std::string title =
+        strprintf("Perplexity sweep: %s, ctx %lld, scored from row %lld, mode %s", fs::path(po.file).filename().c_str(),
+                  static_cast<long long>(po.ctx), static_cast<long long>(jobs.front().c.first_row()),
+                  eval::ppl_mode_name(mode)) +
+        (mode == eval::PplMode::kThroughout ? strprintf(" (chunk %lld)", static_cast<long long>(po.chunk)) : "");
+    return eval::write_sweep_ppl_summaries(o.out_dir, rows, title);
+  };
+
+  if (!o.summary_only) {
+    const double t0 = now_seconds();
+    ProgressBar bar("sweep ppl", pending, "win");
+    int64_t done = 0;
+    try {
+      for (const Job& j : jobs) {
+        eval::PplSweepRunOptions ro;
+        ro.model = j.label;
+        ro.ppl = j.c;
+        ro.on_row = [&](const eval::PplSweepRow& r) {
+          ++done;
+          bar.update(done, strprintf("%s %s@%g win %lld", r.model.c_str(), r.press.c_str(), r.ratio,
+                                     static_cast<long long>(r.w.index)));
+        };
+        eval::sweep_ppl(*j.session, j.tokens, j.cells, results, ro);
+      }
+    } catch (...) {
+      bar.finish("interrupted");
+      summarize();  // what is there so far; a rerun resumes
+      throw;
+    }
+    bar.finish();
+    std::fprintf(stderr, "ran %lld (cell, window) rows in %.1f s\n", static_cast<long long>(done), now_seconds() - t0);
+  }
+  const std::string md = summarize();
+  std::fprintf(stderr, "wrote %s/{summary.md, summary.csv, curves.csv, plot.svg}\n", o.out_dir.c_str());
+  std::fputs(md.c_str(), stdout);
+  std::fflush(stdout);
+}
+
 // Adds `eval sweep <bench>`'s options: the common ones with -m repeatable, the grid, and the
 // benchmark's own (shared with `eval <bench>`).
 CLI::App* add_sweep_command(CLI::App* sw, const std::string& bench, const std::shared_ptr<EvalSweepOptions>& o,
@@ -686,6 +832,23 @@ void register_eval(CLI::App& app) {
   CLI::App* swm = add_sweep_command(sw, "mc", sm, "multiple choice by log-likelihood (HellaSwag, PIQA, MMLU)");
   add_mc_options(swm, sm->mc);
   swm->callback([sm] { run_sweep(*sm, "mc"); });
+  auto spp = std::make_shared<EvalSweepOptions>();
+  spp->ratios = "0.25,0.5,0.75";
+  CLI::App* swp = add_sweep_command(
+      sw, "ppl", spp, "perplexity through the compressed cache (eval ppl's two passes per window) and ΔPPL vs the full cache");
+  swp->remove_option(swp->get_option("--ctx"));
+  swp->add_option("-f,--file", spp->ppl.file, "text file (e.g. WikiText-2 test)")->required();
+  swp->add_option("-c,--ctx", spp->ppl.ctx, "window length in tokens")
+      ->capture_default_str()->check(CLI::Range(int64_t{16}, int64_t{1} << 24));
+  swp->add_option("--max-tokens", spp->ppl.max_tokens, "use only the first N tokens of the text (0 = all)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  swp->add_option("--mode", spp->ppl.mode, "pcc (prefill-compress-continue) or throughout (compressed throughout)")
+      ->required()->check(CLI::IsMember({"pcc", "throughout"}));
+  swp->add_option("--prefix", spp->ppl.prefix, "first scored row; pcc: tokens prefilled before compressing (0 = ctx/2)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  swp->add_option("--chunk", spp->ppl.chunk, "throughout: tokens per forward between compressions (1 = exact; more = approximate)")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  swp->callback([spp] { run_sweep_ppl(*spp); });
 }
 
 }  // namespace kvtrim::cli

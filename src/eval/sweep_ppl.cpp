@@ -1,0 +1,388 @@
+#include "eval/sweep_ppl.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/error.h"
+#include "engine/session.h"
+#include "eval/jsonl.h"
+#include "eval/plot_svg.h"
+#include "press/press.h"
+
+namespace kvtrim::eval {
+
+using nlohmann::json;
+
+// ---------------------------------------------------------------------------------------
+// Rows and the results file
+
+namespace {
+
+json row_to_json(const PplSweepRow& r) {
+  const PplWindow& w = r.w;
+  return json{{"config", r.config},
+              {"model", r.model},
+              {"bench", "ppl"},
+              {"press", r.press},
+              {"ratio", r.ratio},
+              {"spec", r.spec},
+              {"window", w.index},
+              {"tokens_hash", w.tokens_hash},
+              {"n_scored", w.n_scored},
+              {"nll_press", w.nll_press},
+              {"nll2_press", w.nll2_press},
+              {"nll_full", w.nll_full},
+              {"nll2_full", w.nll2_full},
+              {"nll_cross", w.nll_cross},
+              {"kv_bytes", w.kv_bytes},
+              {"kv_dense", w.kv_dense},
+              {"n_compress", w.n_compress},
+              {"seconds", w.seconds}};
+}
+
+PplSweepRow row_from_json(const json& j) {
+  PplSweepRow r;
+  r.config = j.at("config").get<std::string>();
+  r.model = j.at("model").get<std::string>();
+  r.press = j.at("press").get<std::string>();
+  r.ratio = j.at("ratio").get<double>();
+  r.spec = j.at("spec").get<std::string>();
+  PplWindow& w = r.w;
+  w.index = j.at("window").get<int64_t>();
+  w.tokens_hash = j.at("tokens_hash").get<std::string>();
+  w.n_scored = j.at("n_scored").get<int64_t>();
+  w.nll_press = j.at("nll_press").get<double>();
+  w.nll2_press = j.at("nll2_press").get<double>();
+  w.nll_full = j.at("nll_full").get<double>();
+  w.nll2_full = j.at("nll2_full").get<double>();
+  w.nll_cross = j.at("nll_cross").get<double>();
+  w.kv_bytes = j.at("kv_bytes").get<double>();
+  w.kv_dense = j.at("kv_dense").get<double>();
+  w.n_compress = j.at("n_compress").get<int64_t>();
+  w.seconds = j.at("seconds").get<double>();
+  return r;
+}
+
+}  // namespace
+
+PplSweepResultsFile::PplSweepResultsFile(std::string path, std::set<std::string> configs)
+    : path_(std::move(path)), configs_(std::move(configs)) {
+  const std::string text = read_results_for_resume(path_, "window");
+  std::istringstream in(text);
+  int64_t line_no = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++line_no;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    try {
+      const json j = json::parse(line);
+      if (!configs_.count(j.value("config", std::string()))) {
+        ++n_other_;
+        continue;
+      }
+      PplSweepRow r = row_from_json(j);
+      if (done_.count({r.config, r.w.index})) continue;  // a duplicate line: the first one counts
+      done_[{r.config, r.w.index}] = r.w.tokens_hash;
+      rows_.push_back(std::move(r));
+    } catch (const json::exception& e) {
+      fail("%s:%lld: not a ppl sweep results line (%s); use another --out-dir or fix the file",
+           path_.c_str(), static_cast<long long>(line_no), e.what());
+    }
+  }
+}
+
+bool PplSweepResultsFile::done(const std::string& config, int64_t window,
+                               const std::string& tokens_hash) const {
+  auto it = done_.find({config, window});
+  if (it == done_.end()) return false;
+  KVTRIM_CHECK(it->second == tokens_hash,
+               "%s: window %lld was scored on other tokens (hash %s, now %s) under the same "
+               "config: use a new "
+               "--out-dir",
+               path_.c_str(), static_cast<long long>(window), it->second.c_str(),
+               tokens_hash.c_str());
+  return true;
+}
+
+void PplSweepResultsFile::append(const PplSweepRow& r) {
+  std::ofstream f(path_, std::ios::binary | std::ios::app);
+  KVTRIM_CHECK(f.good(), "cannot write results file '%s'", path_.c_str());
+  f << row_to_json(r).dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
+  f.flush();
+  KVTRIM_CHECK(f.good(), "error writing results file '%s'", path_.c_str());
+  done_[{r.config, r.w.index}] = r.w.tokens_hash;
+  rows_.push_back(r);
+}
+
+// ---------------------------------------------------------------------------------------
+// Running
+
+std::vector<SweepCell> ppl_sweep_cells(const std::vector<SweepCell>& cells) {
+  std::vector<SweepCell> out;
+  for (const SweepCell& c : cells)
+    if (!c.baseline()) out.push_back(c);
+  return out;
+}
+
+int64_t sweep_ppl_pending(const std::vector<int32_t>& tokens, const std::vector<SweepCell>& cells,
+                          const PplSweepResultsFile& results, const PplConfig& c) {
+  const int64_t n_win = ppl_window_count(static_cast<int64_t>(tokens.size()), c.ctx);
+  int64_t n = 0;
+  for (int64_t w = 0; w < n_win; ++w) {
+    const std::string h = ppl_tokens_hash(ppl_window_tokens(tokens, c.ctx, w, c.bos));
+    for (const SweepCell& cell : cells) n += !cell.baseline() && !results.done(cell.config, w, h);
+  }
+  return n;
+}
+
+int64_t sweep_ppl(Session& s, const std::vector<int32_t>& tokens,
+                  const std::vector<SweepCell>& cells, PplSweepResultsFile& results,
+                  const PplSweepRunOptions& opt) {
+  const PplConfig& c = opt.ppl;
+  const int64_t n_win = ppl_window_count(static_cast<int64_t>(tokens.size()), c.ctx);
+  std::vector<std::vector<int32_t>> wins;
+  std::vector<std::string> hashes;
+  for (int64_t w = 0; w < n_win; ++w) {
+    wins.push_back(ppl_window_tokens(tokens, c.ctx, w, c.bos));
+    hashes.push_back(ppl_tokens_hash(wins.back()));
+  }
+  int64_t n_run = 0;
+  for (const SweepCell& cell : cells) {
+    if (cell.baseline()) continue;  // the full cache is in every row
+    KVTRIM_CHECK(!cell.config.empty(), "sweep ppl: cell %s has no config (set_cell_configs)",
+                 cell.spec.c_str());
+    bool installed = false;
+    for (int64_t w = 0; w < n_win; ++w) {
+      if (results.done(cell.config, w, hashes[static_cast<size_t>(w)])) continue;
+      if (!installed) {
+        // eval ppl's session: the press installed with no after-prefill compression (the
+        // pcc pass compresses once itself), from an empty cache of its own.
+        PressSchedule sched;
+        sched.after_prefill = false;
+        s.set_press(make_press(cell.spec), sched);
+        sweep_fresh_cache(s);
+        check_ppl_config(s, c);
+        installed = true;
+      }
+      PplSweepRow r;
+      r.config = cell.config;
+      r.model = opt.model;
+      r.press = cell.press;
+      r.ratio = cell.ratio;
+      r.spec = cell.spec;
+      r.w = score_ppl_window(s, wins[static_cast<size_t>(w)], w, c);
+      results.append(r);
+      ++n_run;
+      if (opt.on_row) opt.on_row(r);
+    }
+  }
+  return n_run;
+}
+
+// ---------------------------------------------------------------------------------------
+// Summary maths
+
+std::vector<PplSweepPoint> sweep_ppl_points(const std::vector<PplSweepRow>& rows) {
+  std::vector<std::string> models, presses;
+  std::map<std::tuple<std::string, std::string, double>, std::vector<PplWindow>> cells;
+  std::map<std::string, std::map<int64_t, PplWindow>> full;  // model -> window -> the first row's
+  for (const PplSweepRow& r : rows) {
+    if (std::find(models.begin(), models.end(), r.model) == models.end()) models.push_back(r.model);
+    if (std::find(presses.begin(), presses.end(), r.press) == presses.end())
+      presses.push_back(r.press);
+    cells[{r.model, r.press, r.ratio}].push_back(r.w);
+    if (!full[r.model].count(r.w.index)) {
+      // the full pass as a "press" pass: PPL_press = PPL_full, ΔPPL 0, KV / f16 1
+      PplWindow f = r.w;
+      f.nll_press = f.nll_full;
+      f.nll2_press = f.nll2_full;
+      f.nll_cross = f.nll2_full;
+      f.kv_bytes = f.kv_dense;
+      full[r.model][r.w.index] = f;
+    }
+  }
+  std::vector<PplSweepPoint> out;
+  for (const std::string& m : models) {
+    PplSweepPoint base;
+    base.model = m;
+    base.press = "none";
+    std::vector<PplWindow> fw;
+    for (const auto& [w, f] : full[m]) fw.push_back(f);
+    base.s = summarize_ppl(fw);
+    out.push_back(std::move(base));
+    for (const std::string& p : presses) {
+      for (const auto& [key, ws] :
+           cells) {  // the map orders ratios ascending within (model, press)
+        if (std::get<0>(key) != m || std::get<1>(key) != p) continue;
+        PplSweepPoint pt;
+        pt.model = m;
+        pt.press = p;
+        pt.ratio = std::get<2>(key);
+        pt.s = summarize_ppl(ws);
+        out.push_back(std::move(pt));
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<PplSweepCurve> sweep_ppl_curves(const std::vector<PplSweepPoint>& points) {
+  std::map<std::string, double> base;
+  std::vector<std::pair<std::string, std::string>> order;
+  for (const PplSweepPoint& p : points) {
+    if (p.press == "none") {
+      base[p.model] = p.s.ppl_full;
+    } else if (std::find(order.begin(), order.end(), std::make_pair(p.model, p.press)) ==
+               order.end()) {
+      order.emplace_back(p.model, p.press);
+    }
+  }
+  std::vector<PplSweepCurve> out;
+  for (const auto& [m, press] : order) {
+    // ratio 0 is the full cache: ΔPPL 0 and no gap.
+    std::vector<std::pair<double, double>> deltas = {{0.0, 0.0}}, gaps = {{0.0, 0.0}};
+    for (const PplSweepPoint& p : points) {
+      if (p.model != m || p.press != press) continue;
+      deltas.emplace_back(p.ratio, p.s.delta);
+      // paired: the cell's own full-cache PPL over the same windows
+      gaps.emplace_back(p.ratio, p.ppl_ratio() - 1);
+    }
+    PplSweepCurve c;
+    c.model = m;
+    c.press = press;
+    c.ppl_full = base.count(m) ? base[m] : 0;
+    c.auc = curve_auc(deltas);
+    c.r10 = tolerance_ratio(gaps, 0.10, &c.r10_grid);
+    c.r20 = tolerance_ratio(gaps, 0.20, &c.r20_grid);
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+namespace {
+constexpr double kMiB = 1024.0 * 1024.0;
+
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  std::string out = "\"";
+  for (char c : s) out += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return out + "\"";
+}
+}  // namespace
+
+std::string sweep_ppl_summary_markdown(const std::vector<PplSweepPoint>& points,
+                                       const std::vector<PplSweepCurve>& curves,
+                                       const std::string& title) {
+  std::string out = "# " + title + "\n";
+  std::vector<std::string> models;
+  for (const PplSweepPoint& p : points)
+    if (std::find(models.begin(), models.end(), p.model) == models.end()) models.push_back(p.model);
+  for (const std::string& m : models) {
+    out += "\n## " + m +
+           "\n\n| press | ratio | windows | tokens | PPL | ΔPPL vs full | PPL / full | KV / f16 | "
+           "KV MiB held |\n"
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+    for (const PplSweepPoint& p : points) {
+      if (p.model != m) continue;
+      const PplSummary& s = p.s;
+      if (p.press == "none") {
+        out += strprintf("| full cache | 0.00 | %lld | %lld | %.4f ± %.4f | — | 1.000 | — | — |\n",
+                         static_cast<long long>(s.n_windows), static_cast<long long>(s.n_scored),
+                         s.ppl_full, s.se_full);
+        continue;
+      }
+      out += strprintf(
+          "| %s | %.2f | %lld | %lld | %.4f ± %.4f | %+.4f ± %.4f | %.3f | %.3f | %.2f |\n",
+          p.press.c_str(), p.ratio, static_cast<long long>(s.n_windows),
+          static_cast<long long>(s.n_scored), s.ppl_press, s.se_press, s.delta, s.se_delta,
+          p.ppl_ratio(), s.kv_ratio, s.mean_kv_bytes / kMiB);
+    }
+    bool any = false;
+    for (const PplSweepCurve& c : curves) any = any || c.model == m;
+    if (!any) continue;
+    out +=
+        "\n| press | mean ΔPPL (AUC) | max ratio, PPL within 10% | within 20% "
+        "|\n|---|---:|---:|---:|\n";
+    for (const PplSweepCurve& c : curves) {
+      if (c.model != m) continue;
+      out += strprintf("| %s | %+.4f | %.3f (grid %.2f) | %.3f (grid %.2f) |\n", c.press.c_str(),
+                       c.auc, c.r10, c.r10_grid, c.r20, c.r20_grid);
+    }
+  }
+  out +=
+      "\nLower is better. PPL: perplexity of the press pass over the scored tokens of the windows "
+      "(eval ppl); "
+      "ΔPPL: PPL press - PPL full on the same tokens, paired, ± its standard error; PPL / full: "
+      "the cell's "
+      "PPL over its own full-cache PPL. The full-cache row pools every window any cell scored. KV "
+      "/ f16: cache "
+      "bytes held while each scored token is evaluated over the uncompressed f16 size of the same "
+      "positions "
+      "(measured: low-rank bases and full-rank anchors count); KV MiB held: the mean of those "
+      "bytes. AUC: "
+      "trapezoids of ΔPPL over the ratio axis from 0 (ΔPPL 0) to the largest ratio, divided by "
+      "that span (a mean "
+      "ΔPPL). Max ratio within t: the largest compression ratio up to which PPL <= (1 + t) x the "
+      "full-cache PPL, "
+      "walking the ratios upward and stopping at the first crossing, interpolated between swept "
+      "ratios; grid = "
+      "the last swept ratio within.\n";
+  return out;
+}
+
+std::string sweep_ppl_summary_csv(const std::vector<PplSweepPoint>& points) {
+  std::string out =
+      "model,press,ratio,windows,tokens,ppl,ppl_se,ppl_full,ppl_full_se,delta,delta_se,kv_ratio,kv_"
+      "mib\n";
+  for (const PplSweepPoint& p : points) {
+    const PplSummary& s = p.s;
+    out += strprintf("%s,%s,%g,%lld,%lld,%.6f,%.6f,%.6f,%.6f,%.6f,%.6f,%.5f,%.4f\n",
+                     csv_field(p.model).c_str(), csv_field(p.press).c_str(), p.ratio,
+                     static_cast<long long>(s.n_windows), static_cast<long long>(s.n_scored),
+                     s.ppl_press, s.se_press, s.ppl_full, s.se_full, s.delta, s.se_delta,
+                     s.kv_ratio, s.mean_kv_bytes / kMiB);
+  }
+  return out;
+}
+
+std::string sweep_ppl_curves_csv(const std::vector<PplSweepCurve>& curves) {
+  std::string out =
+      "model,press,ppl_full,auc_delta_ppl,max_ratio_10,max_ratio_10_grid,max_ratio_20,max_ratio_20_"
+      "grid\n";
+  for (const PplSweepCurve& c : curves)
+    out += strprintf("%s,%s,%.6f,%.6f,%.4f,%g,%.4f,%g\n", csv_field(c.model).c_str(),
+                     csv_field(c.press).c_str(), c.ppl_full, c.auc, c.r10, c.r10_grid, c.r20,
+                     c.r20_grid);
+  return out;
+}
+
+std::string write_sweep_ppl_summaries(const std::string& out_dir,
+                                      const std::vector<PplSweepRow>& rows,
+                                      const std::string& title) {
+  const std::vector<PplSweepPoint> points = sweep_ppl_points(rows);
+  const std::vector<PplSweepCurve> curves = sweep_ppl_curves(points);
+  const std::string md = sweep_ppl_summary_markdown(points, curves, title);
+  auto write = [&](const char* name, const std::string& text) {
+    const std::string path = (std::filesystem::path(out_dir) / name).string();
+    const std::string tmp = path + ".tmp";
+    {
+      std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+      KVTRIM_CHECK(f.good(), "cannot write '%s'", tmp.c_str());
+      f << text;
+      KVTRIM_CHECK(f.good(), "error writing '%s'", tmp.c_str());
+    }
+    std::error_code ec;
+    std::filesystem::rename(tmp, path, ec);  // never leave a half-written summary behind
+    KVTRIM_CHECK(!ec, "cannot rename '%s' to '%s': %s", tmp.c_str(), path.c_str(),
+                 ec.message().c_str());
+  };
+  write("summary.md", md);
+  write("summary.csv", sweep_ppl_summary_csv(points));
+  write("curves.csv", sweep_ppl_curves_csv(curves));
+  write("plot.svg", sweep_ppl_plot_svg(points, curves, title));
+  return md;
+}
+
+}  // namespace kvtrim::eval
