@@ -185,6 +185,13 @@ class KvCache {
   // head's worth of memory: scoring never doubles the cache.
   virtual void read_head(int il, int ih, std::vector<float>* k, std::vector<float>* v,
                          std::vector<int32_t>* pos) const = 0;
+  // read_head for selected tokens only: rows = indices into the head's tokens in position order
+  // (as read_head numbers them), strictly increasing and in [0, n_tokens(il, ih)), else Error.
+  // k [rows.size(), head_dim_k], v [rows.size(), head_dim_v] (either may be nullptr), the same
+  // values read_head gives for those rows; only these rows are reconstructed (OjaKV's periodic
+  // updates read the few dense tokens of a long head).
+  virtual void read_head_rows(int il, int ih, const std::vector<int32_t>& rows,
+                              std::vector<float>* k, std::vector<float>* v) const = 0;
   // How one head's tokens are stored (presses that build on earlier plans, e.g. OjaKV's
   // periodic updates): per stored token in position order, the epoch it is encoded in
   // (-1 = dense / full rank, else the id of its basis or channel epoch); the head's current

@@ -310,6 +310,8 @@ class TokenCache final : public KvCache {
   void apply(const CompressionPlan& plan) override;
   void read_head(int il, int ih, std::vector<float>* k, std::vector<float>* v,
                  std::vector<int32_t>* pos) const override;
+  void read_head_rows(int il, int ih, const std::vector<int32_t>& rows, std::vector<float>* k,
+                      std::vector<float>* v) const override;
   KvBytes bytes() const override;
   void truncate(int32_t pos) override;
   std::string describe() const override;
@@ -396,6 +398,10 @@ class TokenCache final : public KvCache {
   void realloc_head(Store& H, int64_t cap, bool grow, const int32_t* keep, int64_t n_keep) const;
   void put_row(Store& S, int64_t row, const float* k, const float* v) const;
   void get_row(const Store& S, int64_t t, float* k, float* v) const;  // k / v may be null
+  // Basis mode: token (sg, j) of order(H) reconstructed into kt [head_dim_k] / vt [head_dim_v]
+  // (either may be null); ck / cv: scratch [head_dim_k] / [head_dim_v]. Returns its position.
+  int32_t read_row(const Head& H, int sg, int64_t j, float* kt, float* vt, float* ck,
+                   float* cv) const;
   void select(Store& S, const std::vector<int32_t>& keep) const;      // keep rows, exact size
   void apply_basis_head(Head& H, const HeadPlan& hp);
   static int64_t head_tokens(const Head& H) {
@@ -611,10 +617,14 @@ void TokenCache::get_row(const Store& S, int64_t t, float* k, float* v) const {
 }
 
 void TokenCache::select(Store& S, const std::vector<int32_t>& keep) const {
-  std::vector<int32_t> np(keep.size());  // exact size: the old capacity is released
-  for (size_t j = 0; j < np.size(); ++j) np[j] = S.pos[static_cast<size_t>(keep[j])];
+  // keep is increasing and in range (validated plans): as many rows as stored = all of them.
+  // Storage already at its exact size would be copied unchanged (every plan_decode of OjaKV
+  // keeps every old segment whole).
   const int64_t n_keep = static_cast<int64_t>(keep.size());
   const int64_t cap = (n_keep + kv::kKeyTile - 1) / kv::kKeyTile * kv::kKeyTile;
+  if (n_keep == S.n_tok && cap == S.cap && S.pos.capacity() == S.pos.size()) return;
+  std::vector<int32_t> np(keep.size());  // exact size: the old capacity is released
+  for (size_t j = 0; j < np.size(); ++j) np[j] = S.pos[static_cast<size_t>(keep[j])];
   realloc_head(S, cap, /*grow=*/false, keep.data(), n_keep);
   S.pos = std::move(np);
 }
@@ -1427,6 +1437,40 @@ KvCache::HeadLayout TokenCache::head_layout(int il, int ih) const {
   return out;
 }
 
+int32_t TokenCache::read_row(const Head& H, int sg, int64_t j, float* kt, float* vt, float* ck,
+                             float* cv) const {
+  const int dk = cfg_.head_dim_k, dv = cfg_.head_dim_v;
+  if (sg < 0) {
+    get_row(H, j, kt, vt);
+    return H.pos[static_cast<size_t>(j)];
+  }
+  const Seg& G = H.segs[static_cast<size_t>(sg)];
+  get_row(G.s, j, kt ? ck : nullptr, vt ? cv : nullptr);
+  if (kt && G.b->topk) {  // kept values; pruned: ±fill·r[c] with recovery, else 0
+    const Store& S = G.s;
+    const int T = S.dk;
+    const uint8_t* ix = S.kidx.p.get() + static_cast<size_t>(j * T) * static_cast<size_t>(S.sp_isz);
+    const uint8_t* sb = S.sp_sb ? S.ksign.p.get() + static_cast<size_t>(j) * S.sp_sb : nullptr;
+    int jj = 0, ord = 0;
+    for (int c = 0; c < dk; ++c) {
+      const int cj = jj < T ? (S.sp_isz == 1 ? ix[jj] : reinterpret_cast<const uint16_t*>(ix)[jj]) : -1;
+      if (cj == c) {
+        kt[c] = ck[static_cast<size_t>(jj++)];
+      } else if (sb) {
+        const float f = S.kfill.as<float>()[j] * G.b->rec[static_cast<size_t>(c)];
+        kt[c] = ((sb[ord >> 3] >> (ord & 7)) & 1) ? -f : f;
+        ++ord;
+      } else {
+        kt[c] = 0.f;
+      }
+    }
+  } else if (kt) {
+    lift_key(*G.b, dk, ck, kt);
+  }
+  if (vt) lift(G.b->dec_v(), dv, G.b->rv, cv, vt);
+  return G.s.pos[static_cast<size_t>(j)];
+}
+
 void TokenCache::read_head(int il, int ih, std::vector<float>* k, std::vector<float>* v,
                            std::vector<int32_t>* pos) const {
   const int64_t n = n_tokens(il, ih);  // range-checks (il, ih)
@@ -1441,38 +1485,9 @@ void TokenCache::read_head(int il, int ih, std::vector<float>* k, std::vector<fl
     std::vector<float> ck(static_cast<size_t>(dk)), cv(static_cast<size_t>(dv));
     for (int64_t t = 0; t < n; ++t) {
       const auto [sg, j] = ord[static_cast<size_t>(t)];
-      float* kt = k ? k->data() + t * dk : nullptr;
-      float* vt = v ? v->data() + t * dv : nullptr;
-      if (sg < 0) {
-        get_row(H, j, kt, vt);
-        if (pos) (*pos)[static_cast<size_t>(t)] = H.pos[static_cast<size_t>(j)];
-        continue;
-      }
-      const Seg& G = H.segs[static_cast<size_t>(sg)];
-      get_row(G.s, j, kt ? ck.data() : nullptr, vt ? cv.data() : nullptr);
-      if (kt && G.b->topk) {  // kept values; pruned: ±fill·r[c] with recovery, else 0
-        const Store& S = G.s;
-        const int T = S.dk;
-        const uint8_t* ix = S.kidx.p.get() + static_cast<size_t>(j * T) * static_cast<size_t>(S.sp_isz);
-        const uint8_t* sg = S.sp_sb ? S.ksign.p.get() + static_cast<size_t>(j) * S.sp_sb : nullptr;
-        int jj = 0, ord = 0;
-        for (int c = 0; c < dk; ++c) {
-          const int cj = jj < T ? (S.sp_isz == 1 ? ix[jj] : reinterpret_cast<const uint16_t*>(ix)[jj]) : -1;
-          if (cj == c) {
-            kt[c] = ck[static_cast<size_t>(jj++)];
-          } else if (sg) {
-            const float f = S.kfill.as<float>()[j] * G.b->rec[static_cast<size_t>(c)];
-            kt[c] = ((sg[ord >> 3] >> (ord & 7)) & 1) ? -f : f;
-            ++ord;
-          } else {
-            kt[c] = 0.f;
-          }
-        }
-      } else if (kt) {
-        lift_key(*G.b, dk, ck.data(), kt);
-      }
-      if (vt) lift(G.b->dec_v(), dv, G.b->rv, cv.data(), vt);
-      if (pos) (*pos)[static_cast<size_t>(t)] = G.s.pos[static_cast<size_t>(j)];
+      const int32_t p = read_row(H, sg, j, k ? k->data() + t * dk : nullptr,
+                                 v ? v->data() + t * dv : nullptr, ck.data(), cv.data());
+      if (pos) (*pos)[static_cast<size_t>(t)] = p;
     }
     return;
   }
@@ -1497,6 +1512,36 @@ void TokenCache::read_head(int il, int ih, std::vector<float>* k, std::vector<fl
   if (pos) {
     const std::vector<int32_t>& hp = head_pos(L, ih);
     pos->assign(hp.begin(), hp.begin() + n);
+  }
+}
+
+void TokenCache::read_head_rows(int il, int ih, const std::vector<int32_t>& rows,
+                                std::vector<float>* k, std::vector<float>* v) const {
+  const int64_t n = n_tokens(il, ih);  // range-checks (il, ih)
+  for (size_t r = 0; r < rows.size(); ++r)
+    KVTRIM_CHECK(rows[r] >= 0 && rows[r] < n && (r == 0 || rows[r] > rows[r - 1]),
+                 "read_head_rows: (layer %d, kv head %d) row %zu is %d: rows must be increasing "
+                 "and in [0, %lld)",
+                 il, ih, r, rows[r], static_cast<long long>(n));
+  const Head& H = layers_[static_cast<size_t>(il)].heads[static_cast<size_t>(ih)];
+  const int dk = cfg_.head_dim_k, dv = cfg_.head_dim_v;
+  const int64_t m = static_cast<int64_t>(rows.size());
+  if (k) k->resize(static_cast<size_t>(m * dk));
+  if (v) v->resize(static_cast<size_t>(m * dv));
+  // Without a basis every token is a dense row, in position order.
+  const std::vector<std::pair<int, int64_t>> ord =
+      H.cur ? order(H) : std::vector<std::pair<int, int64_t>>();
+  std::vector<float> ck(static_cast<size_t>(dk)), cv(static_cast<size_t>(dv));
+  for (int64_t r = 0; r < m; ++r) {
+    const int64_t t = rows[static_cast<size_t>(r)];
+    float* kt = k ? k->data() + r * dk : nullptr;
+    float* vt = v ? v->data() + r * dv : nullptr;
+    if (H.cur) {
+      const auto [sg, j] = ord[static_cast<size_t>(t)];
+      read_row(H, sg, j, kt, vt, ck.data(), cv.data());
+    } else {
+      get_row(H, t, kt, vt);
+    }
   }
 }
 

@@ -85,6 +85,24 @@ void PressContext::read_head(int il, int ih, HeadData* out, bool want_k, bool wa
   }
 }
 
+void PressContext::read_head_rows(int il, int ih, const std::vector<int32_t>& rows,
+                                  std::vector<float>* k, std::vector<float>* v) const {
+  const HeadPlan* sel = view() ? &view_.at(il, ih) : nullptr;
+  if (!sel || sel->keep_all) {
+    cache_->read_head_rows(il, ih, rows, k, v);
+    return;
+  }
+  // The view's keep is increasing, so increasing rows map to increasing cache rows.
+  std::vector<int32_t> cr(rows.size());
+  for (size_t j = 0; j < rows.size(); ++j) {
+    KVTRIM_CHECK(rows[j] >= 0 && static_cast<size_t>(rows[j]) < sel->keep.size(),
+                 "read_head_rows: (layer %d, kv head %d) row %d out of the view's %zu tokens", il,
+                 ih, rows[j], sel->keep.size());
+    cr[j] = sel->keep[static_cast<size_t>(rows[j])];
+  }
+  cache_->read_head_rows(il, ih, cr, k, v);
+}
+
 const ObservedQueries& PressContext::queries(int il, bool query_aware, const char* who) const {
   KVTRIM_CHECK(obs_ != nullptr, "press '%s' needs observed queries, but none were captured (run it through a Session)", who);
   if (query_aware) {

@@ -138,6 +138,11 @@ class PressContext {
   int64_t n_tokens(int il, int ih) const;
   // Reads (il, ih) through the view; any of want_k / want_v may be false to skip.
   void read_head(int il, int ih, HeadData* out, bool want_k = true, bool want_v = false) const;
+  // k / v of selected tokens of (il, ih) only (KvCache::read_head_rows): rows index the
+  // tokens as read_head numbers them (through the view), increasing; k [rows.size(),
+  // head_dim_k], v [rows.size(), head_dim_v] (either may be nullptr).
+  void read_head_rows(int il, int ih, const std::vector<int32_t>& rows, std::vector<float>* k,
+                      std::vector<float>* v) const;
 
   bool has_observations() const { return obs_ != nullptr; }
   // The queries to score with at layer il: the question's when query_aware, else the

@@ -318,6 +318,16 @@ void LowRankPress::plan_layer(const PressContext& ctx, int il, Phase phase,
     HeadData hd;
     KvCache::HeadLayout lay;
     std::vector<int32_t> epoch;  // per viewed token
+    // With a basis, hd.k / hd.v hold only the dense tokens' rows: row_of[j] = the row of
+    // viewed token j (-1: not read). Empty: hd.k / hd.v hold every token (row j = token j).
+    std::vector<int32_t> row_of;
+    std::vector<int32_t> rows(const std::vector<int32_t>& tokens) const {
+      if (row_of.empty()) return tokens;
+      std::vector<int32_t> r(tokens.size());
+      for (size_t i = 0; i < tokens.size(); ++i)
+        r[i] = row_of[static_cast<size_t>(tokens[i])];
+      return r;
+    }
     bool has_basis = false;
     int rk = 0, rv = 0;
     std::vector<float> ek, ev, dek, dev;  // encoders / decoders [d, r]
@@ -327,14 +337,25 @@ void LowRankPress::plan_layer(const PressContext& ctx, int il, Phase phase,
   bool any_first = false;
   for (int ih = 0; ih < nkv; ++ih) {
     Work& h = w[static_cast<size_t>(ih)];
-    ctx.read_head(il, ih, &h.hd, true, true);
     h.lay = ctx.cache().head_layout(il, ih);
+    h.has_basis = h.lay.current_epoch >= 0;
+    // Once a head has a basis, only its dense tokens (buffer, anchors) are sampled or scored:
+    // read every position but reconstruct only those (a full read costs U·c per stored token,
+    // every plan_decode).
+    ctx.read_head(il, ih, &h.hd, !h.has_basis, !h.has_basis);
     h.epoch.resize(static_cast<size_t>(h.hd.n));
     for (int64_t j = 0; j < h.hd.n; ++j)
       h.epoch[static_cast<size_t>(j)] =
           h.lay.epoch[static_cast<size_t>(h.hd.idx[static_cast<size_t>(j)])];
-    h.has_basis = h.lay.current_epoch >= 0;
     if (h.has_basis) {
+      std::vector<int32_t> dense;
+      h.row_of.assign(static_cast<size_t>(h.hd.n), -1);
+      for (int64_t j = 0; j < h.hd.n; ++j)
+        if (h.epoch[static_cast<size_t>(j)] < 0) {
+          h.row_of[static_cast<size_t>(j)] = static_cast<int32_t>(dense.size());
+          dense.push_back(static_cast<int32_t>(j));
+        }
+      ctx.read_head_rows(il, ih, dense, &h.hd.k, &h.hd.v);
       KVTRIM_CHECK(!h.lay.basis_k.empty() && !h.lay.basis_v.empty(),
                    "press '%s': layer %d kv head %d already holds a channel epoch or a one-sided "
                    "basis from another "
@@ -440,8 +461,9 @@ void LowRankPress::plan_layer(const PressContext& ctx, int il, Phase phase,
       }
       if (h.has_basis && samples.empty()) continue;  // nothing new: keep the current epoch
       if (!samples.empty()) {
-        const std::vector<float> xk = gather_rows(h.hd.k, dk, samples),
-                                 xv = gather_rows(h.hd.v, dv, samples);
+        const std::vector<int32_t> rs = h.rows(samples);
+        const std::vector<float> xk = gather_rows(h.hd.k, dk, rs),
+                                 xv = gather_rows(h.hd.v, dv, rs);
         const int64_t ns = static_cast<int64_t>(samples.size());
         std::vector<float> pk = avg_pool_rows(xk.data(), ns, dk, cfg_.pool);
         std::vector<float> pv = avg_pool_rows(xv.data(), ns, dv, cfg_.pool);
@@ -469,7 +491,7 @@ void LowRankPress::plan_layer(const PressContext& ctx, int il, Phase phase,
       if (!cand.empty()) {
         const ObservedQueries q =
             last_queries(ctx.queries(il, false, cfg_.name.c_str()), cfg_.window);
-        const std::vector<float> kc = gather_rows(h.hd.k, dk, cand);
+        const std::vector<float> kc = gather_rows(h.hd.k, dk, h.rows(cand));
         std::vector<int32_t> pc(cand.size());
         for (size_t j = 0; j < cand.size(); ++j) pc[j] = h.hd.pos[static_cast<size_t>(cand[j])];
         const std::vector<float> sc = residual_error_scores(
