@@ -138,4 +138,28 @@ std::string read_results_for_resume(const std::string& path, const char* what, b
   return text;
 }
 
+void read_results_rows(const std::string& path, const char* what, const char* kind,
+                       const char* out_flag, const std::function<bool(const std::string&)>& mine,
+                       const std::function<void(const json&)>& on_row, int64_t* n_other,
+                       bool* torn) {
+  const std::string text = read_results_for_resume(path, what, torn);
+  std::istringstream in(text);
+  int64_t line_no = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++line_no;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    try {
+      const json j = json::parse(line);
+      if (!mine(j.value("config", std::string()))) {
+        ++*n_other;
+        continue;
+      }
+      on_row(j);
+    } catch (const json::exception& e) {
+      fail("%s:%lld: not a %s (%s); use another %s or fix the file", path.c_str(),
+           static_cast<long long>(line_no), kind, e.what(), out_flag);
+    }
+  }
+}
+
 }  // namespace kvtrim::eval

@@ -6,6 +6,9 @@
 // overrides the task's default (qa* -> part). Consecutive lines with the same task and
 // context form one sample with several questions (one prefill, one cache).
 #pragma once
+#include <cstdint>
+#include <functional>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 
@@ -20,6 +23,15 @@ std::vector<EvalSample> load_samples_jsonl(const std::string& path);
 // line without '\n' is a torn write from an interrupted run: it is cut off the file (and a
 // warning names `what` runs again); *torn (may be nullptr) tells whether that happened.
 std::string read_results_for_resume(const std::string& path, const char* what, bool* torn = nullptr);
+// The rows of a results JSONL being resumed (read_results_for_resume, then line by line): a
+// blank line is skipped; a line whose "config" is not `mine` is counted in *n_other; every
+// other line goes to on_row. A line that is not JSON, or whose fields on_row cannot read
+// (json::exception), is an Error "<path>:<line>: not a <kind> (<why>); use another <out_flag>
+// or fix the file". One reader for every results file (ruler, mc, ppl, the sweeps).
+void read_results_rows(const std::string& path, const char* what, const char* kind,
+                       const char* out_flag, const std::function<bool(const std::string&)>& mine,
+                       const std::function<void(const nlohmann::json&)>& on_row, int64_t* n_other,
+                       bool* torn = nullptr);
 std::vector<EvalSample> parse_samples_jsonl(const std::string& text, const std::string& source);
 // Writes samples in the same format (to reproduce a generated set elsewhere).
 void write_samples_jsonl(const std::string& path, const std::vector<EvalSample>& samples);

@@ -482,26 +482,14 @@ McResult from_json(const json& j) {
 
 McResultsFile::McResultsFile(std::string path, std::string config_hash)
     : path_(std::move(path)), config_(std::move(config_hash)) {
-  const std::string text = read_results_for_resume(path_, "item");
-  std::istringstream in(text);
-  int64_t line_no = 0;
-  for (std::string line; std::getline(in, line);) {
-    ++line_no;
-    if (blank(line)) continue;
-    try {
-      const json j = json::parse(line);
-      if (j.value("config", std::string()) != config_) {
-        ++n_other_;
-        continue;
-      }
-      McResult r = from_json(j);
-      done_[{r.bench, r.index}] = r.item_hash;
-      rows_.push_back(std::move(r));
-    } catch (const json::exception& e) {
-      fail("%s:%lld: not a results line (%s); use another --out or fix the file", path_.c_str(),
-           static_cast<long long>(line_no), e.what());
-    }
-  }
+  read_results_rows(
+      path_, "item", "results line", "--out", [&](const std::string& c) { return c == config_; },
+      [&](const json& j) {
+        McResult r = from_json(j);
+        done_[{r.bench, r.index}] = r.item_hash;
+        rows_.push_back(std::move(r));
+      },
+      &n_other_);
 }
 
 bool McResultsFile::done(const std::string& bench, const McItem& item) const {

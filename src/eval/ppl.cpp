@@ -198,16 +198,14 @@ PplWindow score_ppl_window(Session& s, const std::vector<int32_t>& win, int64_t 
 
 // ---------------------------------------------------------------- results
 
-namespace {
-json to_json(const PplWindow& r, const std::string& config) {
-  return json{{"config", config},       {"window", r.index},         {"tokens_hash", r.tokens_hash},
-              {"n_scored", r.n_scored}, {"nll_press", r.nll_press},  {"nll2_press", r.nll2_press},
-              {"nll_full", r.nll_full}, {"nll2_full", r.nll2_full},  {"nll_cross", r.nll_cross},
-              {"kv_bytes", r.kv_bytes}, {"kv_dense", r.kv_dense},    {"n_compress", r.n_compress},
-              {"seconds", r.seconds}};
+json ppl_window_json(const PplWindow& r) {
+  return json{{"window", r.index},         {"tokens_hash", r.tokens_hash}, {"n_scored", r.n_scored},
+              {"nll_press", r.nll_press},  {"nll2_press", r.nll2_press},   {"nll_full", r.nll_full},
+              {"nll2_full", r.nll2_full},  {"nll_cross", r.nll_cross},     {"kv_bytes", r.kv_bytes},
+              {"kv_dense", r.kv_dense},    {"n_compress", r.n_compress},   {"seconds", r.seconds}};
 }
 
-PplWindow from_json(const json& j) {
+PplWindow ppl_window_from_json(const json& j) {
   PplWindow r;
   r.index = j.at("window").get<int64_t>();
   r.tokens_hash = j.at("tokens_hash").get<std::string>();
@@ -223,29 +221,16 @@ PplWindow from_json(const json& j) {
   r.seconds = j.at("seconds").get<double>();
   return r;
 }
-}  // namespace
 
 PplResultsFile::PplResultsFile(std::string path, std::string config_hash)
     : path_(std::move(path)), config_(std::move(config_hash)) {
-  const std::string text = read_results_for_resume(path_, "window");
-  std::istringstream in(text);
-  int64_t line_no = 0;
-  for (std::string line; std::getline(in, line);) {
-    ++line_no;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    try {
-      const json j = json::parse(line);
-      if (j.value("config", std::string()) != config_) {
-        ++n_other_;
-        continue;
-      }
-      PplWindow r = from_json(j);
-      rows_[r.index] = std::move(r);
-    } catch (const json::exception& e) {
-      fail("%s:%lld: not a results line (%s); use another --out or fix the file", path_.c_str(),
-           static_cast<long long>(line_no), e.what());
-    }
-  }
+  read_results_rows(
+      path_, "window", "results line", "--out", [&](const std::string& c) { return c == config_; },
+      [&](const json& j) {
+        PplWindow r = ppl_window_from_json(j);
+        rows_[r.index] = std::move(r);
+      },
+      &n_other_);
 }
 
 bool PplResultsFile::done(int64_t index, const std::string& tokens_hash) const {
@@ -260,7 +245,9 @@ bool PplResultsFile::done(int64_t index, const std::string& tokens_hash) const {
 void PplResultsFile::append(const PplWindow& r) {
   std::ofstream f(path_, std::ios::binary | std::ios::app);
   KVTRIM_CHECK(f.good(), "cannot write results file '%s'", path_.c_str());
-  f << to_json(r, config_).dump() << "\n";
+  json j = ppl_window_json(r);
+  j["config"] = config_;
+  f << j.dump() << "\n";
   f.flush();
   KVTRIM_CHECK(f.good(), "error writing results file '%s'", path_.c_str());
   rows_[r.index] = r;

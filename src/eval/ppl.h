@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 
@@ -64,6 +65,12 @@ std::string ppl_tokens_hash(const std::vector<int32_t>& win);
 void check_ppl_config(const Session& s, const PplConfig& c);
 // Both passes of one window. The session must hold the press; its cache is reset.
 PplWindow score_ppl_window(Session& s, const std::vector<int32_t>& win, int64_t index, const PplConfig& c);
+
+// A window's fields as JSON ("window", "tokens_hash", the nll sums, "kv_bytes", ...) and back
+// (throws json::exception for a missing or mistyped field): the ppl and the sweep ppl results
+// files share them.
+nlohmann::json ppl_window_json(const PplWindow& w);
+PplWindow ppl_window_from_json(const nlohmann::json& j);
 
 // Results JSONL, one line per window with "config"; resume as McResultsFile (rows of other
 // configs kept but ignored, a torn last line cut off; a window already there with other

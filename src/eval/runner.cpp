@@ -148,11 +148,8 @@ std::vector<QuestionResult> run_sample(Session& s, const PromptBuilder& pb, cons
   return out;
 }
 
-namespace {
-
-json to_json(const QuestionResult& r, const std::string& config) {
-  return json{{"config", config},
-              {"id", r.id()},
+json question_result_json(const QuestionResult& r) {
+  return json{{"id", r.id()},
               {"task", r.task},
               {"index", r.index},
               {"q", r.q},
@@ -170,6 +167,8 @@ json to_json(const QuestionResult& r, const std::string& config) {
               {"decode_tps", r.decode_tps},
               {"stop", r.stop}};
 }
+
+namespace {
 
 QuestionResult from_json(const json& j) {
   QuestionResult r;
@@ -196,29 +195,15 @@ QuestionResult from_json(const json& j) {
 
 ResultsFile::ResultsFile(std::string path, std::string config_hash) : path_(std::move(path)), config_(std::move(config_hash)) {
   bool torn = false;
-  const std::string text = read_results_for_resume(path_, "question", &torn);
+  read_results_rows(
+      path_, "question", "results line", "--out", [&](const std::string& c) { return c == config_; },
+      [&](const json& j) {
+        QuestionResult r = from_json(j);
+        done_[{r.id(), r.q}] = r.sample_hash;
+        rows_.push_back(std::move(r));
+      },
+      &n_other_, &torn);
   n_torn_ = torn ? 1 : 0;
-  std::istringstream in(text);
-  std::string line;
-  int64_t line_no = 0;
-  while (std::getline(in, line)) {
-    ++line_no;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    json j;
-    try {
-      j = json::parse(line);
-      if (j.value("config", std::string()) != config_) {
-        ++n_other_;
-        continue;
-      }
-      QuestionResult r = from_json(j);
-      done_[{r.id(), r.q}] = r.sample_hash;
-      rows_.push_back(std::move(r));
-    } catch (const json::exception& e) {
-      fail("%s:%lld: not a results line (%s); use another --out or fix the file", path_.c_str(),
-           static_cast<long long>(line_no), e.what());
-    }
-  }
 }
 
 bool ResultsFile::done(const EvalSample& s, int q) const {
@@ -234,7 +219,9 @@ bool ResultsFile::done(const EvalSample& s, int q) const {
 void ResultsFile::append(const QuestionResult& r) {
   std::ofstream f(path_, std::ios::binary | std::ios::app);
   KVTRIM_CHECK(f.good(), "cannot write results file '%s'", path_.c_str());
-  f << to_json(r, config_).dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
+  json j = question_result_json(r);
+  j["config"] = config_;
+  f << j.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
   f.flush();
   KVTRIM_CHECK(f.good(), "error writing results file '%s'", path_.c_str());
   done_[{r.id(), r.q}] = r.sample_hash;

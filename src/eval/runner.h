@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <nlohmann/json_fwd.hpp>
 #include <set>
 #include <string>
 #include <vector>
@@ -82,6 +83,10 @@ struct RunnerOptions {
 // Runs every question of `sample` not in `skip` (question indices). The session is reset first.
 std::vector<QuestionResult> run_sample(Session& s, const PromptBuilder& pb, const EvalSample& sample,
                                        const RunnerOptions& opt, const std::set<int>& skip = {});
+
+// One scored question as JSON (every field of QuestionResult plus "id"; no "config"): the line
+// of a results file, also the per-question fields of a sweep row.
+nlohmann::json question_result_json(const QuestionResult& r);
 
 // Results JSONL with resume. Each line is one QuestionResult plus "config" (the hash of
 // everything that determines the result: model, prompt format, cache settings, press,

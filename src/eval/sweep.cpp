@@ -296,27 +296,15 @@ SweepRow row_from_json(const json& j) {
 
 SweepResultsFile::SweepResultsFile(std::string path, std::set<std::string> configs)
     : path_(std::move(path)), configs_(std::move(configs)) {
-  const std::string text = read_results_for_resume(path_, "row");
-  std::istringstream in(text);
-  std::string line;
-  int64_t line_no = 0;
-  while (std::getline(in, line)) {
-    ++line_no;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    try {
-      const json j = json::parse(line);
-      if (!configs_.count(j.value("config", std::string()))) {
-        ++n_other_;
-        continue;
-      }
-      SweepRow r = row_from_json(j);
-      done_[{r.config, r.id, r.q}] = r.unit_hash;
-      rows_.push_back(std::move(r));
-    } catch (const json::exception& e) {
-      fail("%s:%lld: not a sweep results line (%s); use another --out-dir or fix the file",
-           path_.c_str(), static_cast<long long>(line_no), e.what());
-    }
-  }
+  read_results_rows(
+      path_, "row", "sweep results line", "--out-dir",
+      [&](const std::string& c) { return configs_.count(c) != 0; },
+      [&](const json& j) {
+        SweepRow r = row_from_json(j);
+        done_[{r.config, r.id, r.q}] = r.unit_hash;
+        rows_.push_back(std::move(r));
+      },
+      &n_other_);
 }
 
 bool SweepResultsFile::done(const std::string& config, const std::string& id, int q,
@@ -369,16 +357,8 @@ SweepRow ruler_row(const SweepCell& c, const SweepRunOptions& opt, const Questio
   r.kv_bytes_dense = q.kv_bytes_dense;
   r.decode_tps = q.decode_tps;
   r.shared_prefill = shared;
-  const json e = {{"task", q.task},
-                  {"index", q.index},
-                  {"metric", q.metric == Metric::kPart ? "part" : "all"},
-                  {"output", q.output},
-                  {"answers", q.answers},
-                  {"n_context", q.n_context},
-                  {"n_question", q.n_question},
-                  {"n_generated", q.n_generated},
-                  {"context_prefill_s", q.context_prefill_s},
-                  {"stop", q.stop}};
+  json e = question_result_json(q);  // the row's own fields above are not repeated in extra
+  for (const char* k : {"id", "q", "sample_hash", "score", "kv_bytes", "kv_bytes_dense", "decode_tps"}) e.erase(k);
   r.extra = e.dump(-1, ' ', false, json::error_handler_t::replace);
   return r;
 }
@@ -704,16 +684,27 @@ std::vector<SweepCurve> sweep_curves(const std::vector<SweepPoint>& points) {
   return out;
 }
 
-namespace {
-constexpr double kMiB = 1024.0 * 1024.0;
-
 std::string csv_field(const std::string& s) {
   if (s.find_first_of(",\"\n") == std::string::npos) return s;
   std::string out = "\"";
   for (char c : s) out += c == '"' ? std::string("\"\"") : std::string(1, c);
   return out + "\"";
 }
-}  // namespace
+
+void write_summary_file(const std::string& out_dir, const char* name, const std::string& text) {
+  const std::string path = (std::filesystem::path(out_dir) / name).string();
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    KVTRIM_CHECK(f.good(), "cannot write '%s'", tmp.c_str());
+    f << text;
+    KVTRIM_CHECK(f.good(), "error writing '%s'", tmp.c_str());
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);  // never leave a half-written summary behind
+  KVTRIM_CHECK(!ec, "cannot rename '%s' to '%s': %s", tmp.c_str(), path.c_str(),
+               ec.message().c_str());
+}
 
 std::string sweep_summary_markdown(const std::vector<SweepPoint>& points,
                                    const std::vector<SweepCurve>& curves,
@@ -729,7 +720,7 @@ std::string sweep_summary_markdown(const std::vector<SweepPoint>& points,
     for (const SweepPoint& p : points) {
       if (p.model != m) continue;
       out += strprintf("| %s | %.2f | %.1f | %.2f | %.3f | %s | %lld |\n", p.press.c_str(), p.ratio,
-                       p.score, p.kv_bytes / kMiB, p.kv_ratio(),
+                       p.score, p.kv_bytes / kSweepMiB, p.kv_ratio(),
                        p.decode_tps > 0 ? strprintf("%.1f", p.decode_tps).c_str() : "-",
                        static_cast<long long>(p.n));
     }
@@ -762,7 +753,7 @@ std::string sweep_summary_csv(const std::vector<SweepPoint>& points) {
   std::string out = "model,press,ratio,score,kv_mib,kv_ratio,decode_tps,n\n";
   for (const SweepPoint& p : points)
     out += strprintf("%s,%s,%g,%.4f,%.4f,%.5f,%.3f,%lld\n", csv_field(p.model).c_str(),
-                     csv_field(p.press).c_str(), p.ratio, p.score, p.kv_bytes / kMiB, p.kv_ratio(),
+                     csv_field(p.press).c_str(), p.ratio, p.score, p.kv_bytes / kSweepMiB, p.kv_ratio(),
                      p.decode_tps, static_cast<long long>(p.n));
   return out;
 }
@@ -782,24 +773,10 @@ std::string write_sweep_summaries(const std::string& out_dir, const std::vector<
   const std::vector<SweepPoint> points = sweep_points(rows);
   const std::vector<SweepCurve> curves = sweep_curves(points);
   const std::string md = sweep_summary_markdown(points, curves, title);
-  auto write = [&](const char* name, const std::string& text) {
-    const std::string path = (std::filesystem::path(out_dir) / name).string();
-    const std::string tmp = path + ".tmp";
-    {
-      std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-      KVTRIM_CHECK(f.good(), "cannot write '%s'", tmp.c_str());
-      f << text;
-      KVTRIM_CHECK(f.good(), "error writing '%s'", tmp.c_str());
-    }
-    std::error_code ec;
-    std::filesystem::rename(tmp, path, ec);  // never leave a half-written summary behind
-    KVTRIM_CHECK(!ec, "cannot rename '%s' to '%s': %s", tmp.c_str(), path.c_str(),
-                 ec.message().c_str());
-  };
-  write("summary.md", md);
-  write("summary.csv", sweep_summary_csv(points));
-  write("curves.csv", sweep_curves_csv(curves));
-  write("plot.svg", sweep_plot_svg(points, curves, title, score_label));
+  write_summary_file(out_dir, "summary.md", md);
+  write_summary_file(out_dir, "summary.csv", sweep_summary_csv(points));
+  write_summary_file(out_dir, "curves.csv", sweep_curves_csv(curves));
+  write_summary_file(out_dir, "plot.svg", sweep_plot_svg(points, curves, title, score_label));
   return md;
 }
 

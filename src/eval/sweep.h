@@ -214,6 +214,12 @@ std::string sweep_summary_markdown(const std::vector<SweepPoint>& points,
 std::string sweep_summary_csv(const std::vector<SweepPoint>& points);
 std::string sweep_curves_csv(const std::vector<SweepCurve>& curves);
 
+// Shared by the sweep summaries (ruler / mc and ppl): a CSV field quoted when it needs it,
+// and a file written whole or not at all (temporary file, then rename).
+std::string csv_field(const std::string& s);
+void write_summary_file(const std::string& out_dir, const char* name, const std::string& text);
+inline constexpr double kSweepMiB = 1024.0 * 1024.0;
+
 // Writes summary.md, summary.csv, curves.csv and plot.svg into out_dir from `rows`; returns the
 // markdown.
 std::string write_sweep_summaries(const std::string& out_dir, const std::vector<SweepRow>& rows,

@@ -22,25 +22,14 @@ using nlohmann::json;
 namespace {
 
 json row_to_json(const PplSweepRow& r) {
-  const PplWindow& w = r.w;
-  return json{{"config", r.config},
-              {"model", r.model},
-              {"bench", "ppl"},
-              {"press", r.press},
-              {"ratio", r.ratio},
-              {"spec", r.spec},
-              {"window", w.index},
-              {"tokens_hash", w.tokens_hash},
-              {"n_scored", w.n_scored},
-              {"nll_press", w.nll_press},
-              {"nll2_press", w.nll2_press},
-              {"nll_full", w.nll_full},
-              {"nll2_full", w.nll2_full},
-              {"nll_cross", w.nll_cross},
-              {"kv_bytes", w.kv_bytes},
-              {"kv_dense", w.kv_dense},
-              {"n_compress", w.n_compress},
-              {"seconds", w.seconds}};
+  json j = ppl_window_json(r.w);
+  j["config"] = r.config;
+  j["model"] = r.model;
+  j["bench"] = "ppl";
+  j["press"] = r.press;
+  j["ratio"] = r.ratio;
+  j["spec"] = r.spec;
+  return j;
 }
 
 PplSweepRow row_from_json(const json& j) {
@@ -50,19 +39,7 @@ PplSweepRow row_from_json(const json& j) {
   r.press = j.at("press").get<std::string>();
   r.ratio = j.at("ratio").get<double>();
   r.spec = j.at("spec").get<std::string>();
-  PplWindow& w = r.w;
-  w.index = j.at("window").get<int64_t>();
-  w.tokens_hash = j.at("tokens_hash").get<std::string>();
-  w.n_scored = j.at("n_scored").get<int64_t>();
-  w.nll_press = j.at("nll_press").get<double>();
-  w.nll2_press = j.at("nll2_press").get<double>();
-  w.nll_full = j.at("nll_full").get<double>();
-  w.nll2_full = j.at("nll2_full").get<double>();
-  w.nll_cross = j.at("nll_cross").get<double>();
-  w.kv_bytes = j.at("kv_bytes").get<double>();
-  w.kv_dense = j.at("kv_dense").get<double>();
-  w.n_compress = j.at("n_compress").get<int64_t>();
-  w.seconds = j.at("seconds").get<double>();
+  r.w = ppl_window_from_json(j);
   return r;
 }
 
@@ -70,27 +47,16 @@ PplSweepRow row_from_json(const json& j) {
 
 PplSweepResultsFile::PplSweepResultsFile(std::string path, std::set<std::string> configs)
     : path_(std::move(path)), configs_(std::move(configs)) {
-  const std::string text = read_results_for_resume(path_, "window");
-  std::istringstream in(text);
-  int64_t line_no = 0;
-  for (std::string line; std::getline(in, line);) {
-    ++line_no;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    try {
-      const json j = json::parse(line);
-      if (!configs_.count(j.value("config", std::string()))) {
-        ++n_other_;
-        continue;
-      }
-      PplSweepRow r = row_from_json(j);
-      if (done_.count({r.config, r.w.index})) continue;  // a duplicate line: the first one counts
-      done_[{r.config, r.w.index}] = r.w.tokens_hash;
-      rows_.push_back(std::move(r));
-    } catch (const json::exception& e) {
-      fail("%s:%lld: not a ppl sweep results line (%s); use another --out-dir or fix the file",
-           path_.c_str(), static_cast<long long>(line_no), e.what());
-    }
-  }
+  read_results_rows(
+      path_, "window", "ppl sweep results line", "--out-dir",
+      [&](const std::string& c) { return configs_.count(c) != 0; },
+      [&](const json& j) {
+        PplSweepRow r = row_from_json(j);
+        if (done_.count({r.config, r.w.index})) return;  // a duplicate line: the first one counts
+        done_[{r.config, r.w.index}] = r.w.tokens_hash;
+        rows_.push_back(std::move(r));
+      },
+      &n_other_);
 }
 
 bool PplSweepResultsFile::done(const std::string& config, int64_t window,
@@ -261,16 +227,6 @@ std::vector<PplSweepCurve> sweep_ppl_curves(const std::vector<PplSweepPoint>& po
   return out;
 }
 
-namespace {
-constexpr double kMiB = 1024.0 * 1024.0;
-
-std::string csv_field(const std::string& s) {
-  if (s.find_first_of(",\"\n") == std::string::npos) return s;
-  std::string out = "\"";
-  for (char c : s) out += c == '"' ? std::string("\"\"") : std::string(1, c);
-  return out + "\"";
-}
-}  // namespace
 
 std::string sweep_ppl_summary_markdown(const std::vector<PplSweepPoint>& points,
                                        const std::vector<PplSweepCurve>& curves,
@@ -297,7 +253,7 @@ std::string sweep_ppl_summary_markdown(const std::vector<PplSweepPoint>& points,
           "| %s | %.2f | %lld | %lld | %.4f ± %.4f | %+.4f ± %.4f | %.3f | %.3f | %.2f |\n",
           p.press.c_str(), p.ratio, static_cast<long long>(s.n_windows),
           static_cast<long long>(s.n_scored), s.ppl_press, s.se_press, s.delta, s.se_delta,
-          p.ppl_ratio(), s.kv_ratio, s.mean_kv_bytes / kMiB);
+          p.ppl_ratio(), s.kv_ratio, s.mean_kv_bytes / kSweepMiB);
     }
     bool any = false;
     for (const PplSweepCurve& c : curves) any = any || c.model == m;
@@ -342,7 +298,7 @@ std::string sweep_ppl_summary_csv(const std::vector<PplSweepPoint>& points) {
                      csv_field(p.model).c_str(), csv_field(p.press).c_str(), p.ratio,
                      static_cast<long long>(s.n_windows), static_cast<long long>(s.n_scored),
                      s.ppl_press, s.se_press, s.ppl_full, s.se_full, s.delta, s.se_delta,
-                     s.kv_ratio, s.mean_kv_bytes / kMiB);
+                     s.kv_ratio, s.mean_kv_bytes / kSweepMiB);
   }
   return out;
 }
@@ -364,24 +320,10 @@ std::string write_sweep_ppl_summaries(const std::string& out_dir,
   const std::vector<PplSweepPoint> points = sweep_ppl_points(rows);
   const std::vector<PplSweepCurve> curves = sweep_ppl_curves(points);
   const std::string md = sweep_ppl_summary_markdown(points, curves, title);
-  auto write = [&](const char* name, const std::string& text) {
-    const std::string path = (std::filesystem::path(out_dir) / name).string();
-    const std::string tmp = path + ".tmp";
-    {
-      std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-      KVTRIM_CHECK(f.good(), "cannot write '%s'", tmp.c_str());
-      f << text;
-      KVTRIM_CHECK(f.good(), "error writing '%s'", tmp.c_str());
-    }
-    std::error_code ec;
-    std::filesystem::rename(tmp, path, ec);  // never leave a half-written summary behind
-    KVTRIM_CHECK(!ec, "cannot rename '%s' to '%s': %s", tmp.c_str(), path.c_str(),
-                 ec.message().c_str());
-  };
-  write("summary.md", md);
-  write("summary.csv", sweep_ppl_summary_csv(points));
-  write("curves.csv", sweep_ppl_curves_csv(curves));
-  write("plot.svg", sweep_ppl_plot_svg(points, curves, title));
+  write_summary_file(out_dir, "summary.md", md);
+  write_summary_file(out_dir, "summary.csv", sweep_ppl_summary_csv(points));
+  write_summary_file(out_dir, "curves.csv", sweep_ppl_curves_csv(curves));
+  write_summary_file(out_dir, "plot.svg", sweep_ppl_plot_svg(points, curves, title));
   return md;
 }
 

@@ -449,24 +449,74 @@ std::string model_label(const std::string& arg) {
 
 // kvtrim eval sweep ruler|mc: the benchmark over presses x ratios (x models), one results
 // file, resumable, with the summaries of src/eval/sweep.h (docs/eval.md "Sweeps").
+// What both sweep commands check first (a bad press, ratio or model list fails before any model
+// loads): the press entries, the ratios, the models (each once).
+struct SweepSetup {
+  std::vector<std::string> entries, models;
+  std::vector<double> ratios;
+};
+SweepSetup sweep_setup(const EvalSweepOptions& o) {
+  SweepSetup st;
+  for (const std::string& p : o.presses)
+    for (const std::string& e : eval::split_press_list(p)) st.entries.push_back(e);
+  st.ratios = eval::parse_ratio_list(o.ratios);
+  st.models = o.models.empty() ? std::vector<std::string>{o.common.model} : o.models;
+  std::set<std::string> seen;
+  for (const auto& m : st.models)
+    KVTRIM_CHECK(seen.insert(model_label(m)).second, "-m %s is given twice", m.c_str());
+  return st;
+}
+
+// Creates --out-dir (after every argument check, so a bad command line leaves nothing behind).
+void make_out_dir(const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  KVTRIM_CHECK(!ec && fs::is_directory(dir), "cannot create --out-dir '%s'%s%s", dir.c_str(), ec ? ": " : "",
+               ec ? ec.message().c_str() : "");
+}
+
+void print_results_status(const std::string& path, const char* unit, int64_t pending, size_t n_rows,
+                          int64_t n_other) {
+  std::fprintf(stderr, "results: %s: %lld %s to run, %zu already there%s\n", path.c_str(),
+               static_cast<long long>(pending), unit, n_rows,
+               n_other ? strprintf(", %lld lines of other configs kept", static_cast<long long>(n_other)).c_str() : "");
+}
+
+// Runs `run` (unless --summary-only) under a progress bar, writes the summaries (also when the
+// run is interrupted: a rerun resumes), prints the markdown. run(bar, done) counts rows in done.
+void run_then_summarize(const EvalSweepOptions& o, const char* bar_name, const char* unit, const char* what,
+                        int64_t pending, const std::function<void(ProgressBar&, int64_t&)>& run,
+                        const std::function<std::string()>& summarize) {
+  if (!o.summary_only) {
+    const double t0 = now_seconds();
+    ProgressBar bar(bar_name, pending, unit);
+    int64_t done = 0;
+    try {
+      run(bar, done);
+    } catch (...) {
+      bar.finish("interrupted");
+      summarize();  // what is there so far; a rerun resumes
+      throw;
+    }
+    bar.finish();
+    std::fprintf(stderr, "ran %lld %s in %.1f s\n", static_cast<long long>(done), what, now_seconds() - t0);
+  }
+  const std::string md = summarize();
+  std::fprintf(stderr, "wrote %s/{summary.md, summary.csv, curves.csv, plot.svg}\n", o.out_dir.c_str());
+  std::fputs(md.c_str(), stdout);
+  std::fflush(stdout);
+}
+
 void run_sweep(const EvalSweepOptions& o, const std::string& bench) {
   const bool ruler = bench == "ruler";
   // The grid first: a bad press or ratio fails before any model loads.
-  std::vector<std::string> entries;
-  for (const std::string& p : o.presses)
-    for (const std::string& e : eval::split_press_list(p)) entries.push_back(e);
-  const std::vector<double> ratios = eval::parse_ratio_list(o.ratios);
-  const std::vector<eval::SweepCell> grid = eval::sweep_cells(entries, ratios);
   if (ruler) KVTRIM_CHECK(o.ruler.samples > 0, "--samples must be positive");
-  const std::vector<std::string> models = o.models.empty() ? std::vector<std::string>{o.common.model} : o.models;
-  {
-    std::set<std::string> seen;
-    for (const auto& m : models) KVTRIM_CHECK(seen.insert(model_label(m)).second, "-m %s is given twice", m.c_str());
-  }
-  std::error_code ec;
-  fs::create_directories(o.out_dir, ec);
-  KVTRIM_CHECK(!ec && fs::is_directory(o.out_dir), "cannot create --out-dir '%s'%s%s", o.out_dir.c_str(),
-               ec ? ": " : "", ec ? ec.message().c_str() : "");
+  const SweepSetup st = sweep_setup(o);
+  const std::vector<std::string>& entries = st.entries;
+  const std::vector<double>& ratios = st.ratios;
+  const std::vector<std::string>& models = st.models;
+  const std::vector<eval::SweepCell> grid = eval::sweep_cells(entries, ratios);
+  make_out_dir(o.out_dir);
   std::fprintf(stderr, "sweep: %zu presses x %zu ratios + the uncompressed baseline = %zu cells per sample, %zu model(s)\n",
                entries.size(), ratios.size(), grid.size(), models.size());
 
@@ -518,11 +568,7 @@ void run_sweep(const EvalSweepOptions& o, const std::string& bench) {
   for (const Job& j : jobs)
     pending += ruler ? eval::sweep_ruler_pending(j.samples, j.cells, results)
                      : eval::sweep_mc_pending(o.mc.bench, items, j.cells, results);
-  std::fprintf(stderr, "results: %s: %lld rows to run, %zu already there%s\n", results_path.c_str(),
-               static_cast<long long>(pending), results.rows().size(),
-               results.n_other_config()
-                   ? strprintf(", %lld lines of other configs kept", static_cast<long long>(results.n_other_config())).c_str()
-                   : "");
+  print_results_status(results_path, "rows", pending, results.rows().size(), results.n_other_config());
   if (ruler)
     std::fprintf(stderr, "prefill: %s\n",
                  o.ruler.query_aware ? "fresh per cell and question (--query-aware: the press sees the question)"
@@ -554,60 +600,40 @@ void run_sweep(const EvalSweepOptions& o, const std::string& bench) {
                                        ruler ? "RULER score (0-100)" : (o.mc.bench == "mmlu" ? "accuracy (%)" : "acc_norm (%)"));
   };
 
-  if (!o.summary_only) {
-    const double t0 = now_seconds();
-    ProgressBar bar("sweep", pending, "rows");
-    int64_t done = 0;
-    try {
-      for (const Job& j : jobs) {
-        eval::SweepRunOptions ro;
-        ro.model = j.label;
-        ro.query_aware = ruler && o.ruler.query_aware;
-        ro.on_row = [&](const eval::SweepRow& r) {
-          ++done;
-          bar.update(done, strprintf("%s %s@%g %s", r.model.c_str(), r.press.c_str(), r.ratio, r.id.c_str()));
-        };
-        if (ruler) {
-          eval::sweep_ruler(*j.session, *j.pb, j.samples, j.cells, results, ro);
-        } else {
-          eval::sweep_mc(*j.session, o.mc.bench, items, j.cells, results, ro);
+  run_then_summarize(
+      o, "sweep", "rows", "rows", pending,
+      [&](ProgressBar& bar, int64_t& done) {
+        for (const Job& j : jobs) {
+          eval::SweepRunOptions ro;
+          ro.model = j.label;
+          ro.query_aware = ruler && o.ruler.query_aware;
+          ro.on_row = [&](const eval::SweepRow& r) {
+            ++done;
+            bar.update(done, strprintf("%s %s@%g %s", r.model.c_str(), r.press.c_str(), r.ratio, r.id.c_str()));
+          };
+          if (ruler) {
+            eval::sweep_ruler(*j.session, *j.pb, j.samples, j.cells, results, ro);
+          } else {
+            eval::sweep_mc(*j.session, o.mc.bench, items, j.cells, results, ro);
+          }
         }
-      }
-    } catch (...) {
-      bar.finish("interrupted");
-      summarize();  // what is there so far; a rerun resumes
-      throw;
-    }
-    bar.finish();
-    std::fprintf(stderr, "ran %lld rows in %.1f s\n", static_cast<long long>(done), now_seconds() - t0);
-  }
-  const std::string md = summarize();
-  std::fprintf(stderr, "wrote %s/{summary.md, summary.csv, curves.csv, plot.svg}\n", o.out_dir.c_str());
-  std::fputs(md.c_str(), stdout);
-  std::fflush(stdout);
+      },
+      summarize);
 }
 
 // kvtrim eval sweep ppl: eval ppl over presses x ratios (x models) into one results file,
 // resumable per (cell, window), with the summaries of src/eval/sweep_ppl.h.
 void run_sweep_ppl(const EvalSweepOptions& o) {
   const EvalPplOptions& po = o.ppl;
-  std::vector<std::string> entries;
-  for (const std::string& p : o.presses)
-    for (const std::string& e : eval::split_press_list(p)) entries.push_back(e);
-  const std::vector<double> ratios = eval::parse_ratio_list(o.ratios);
+  const SweepSetup st = sweep_setup(o);
+  const std::vector<std::string>& entries = st.entries;
+  const std::vector<double>& ratios = st.ratios;
+  const std::vector<std::string>& models = st.models;
   const std::vector<eval::SweepCell> grid = eval::ppl_sweep_cells(eval::sweep_cells(entries, ratios));
   const eval::PplMode mode = eval::parse_ppl_mode(po.mode);
   KVTRIM_CHECK(mode == eval::PplMode::kThroughout || po.chunk == 1, "--chunk applies to --mode throughout only");
-  const std::vector<std::string> models = o.models.empty() ? std::vector<std::string>{o.common.model} : o.models;
-  {
-    std::set<std::string> seen;
-    for (const auto& m : models) KVTRIM_CHECK(seen.insert(model_label(m)).second, "-m %s is given twice", m.c_str());
-  }
   const std::string text = read_file(po.file);
-  std::error_code ec;
-  fs::create_directories(o.out_dir, ec);
-  KVTRIM_CHECK(!ec && fs::is_directory(o.out_dir), "cannot create --out-dir '%s'%s%s", o.out_dir.c_str(),
-               ec ? ": " : "", ec ? ec.message().c_str() : "");
+  make_out_dir(o.out_dir);
   std::fprintf(stderr, "sweep ppl: %zu presses x %zu ratios = %zu cells per window (each with its full-cache pass), %zu model(s)\n",
                entries.size(), ratios.size(), grid.size(), models.size());
 
@@ -676,11 +702,7 @@ void run_sweep_ppl(const EvalSweepOptions& o) {
   eval::PplSweepResultsFile results(results_path, configs);
   int64_t pending = 0;
   for (const Job& j : jobs) pending += eval::sweep_ppl_pending(j.tokens, j.cells, results, j.c);
-  std::fprintf(stderr, "results: %s: %lld (cell, window) rows to run, %zu already there%s\n", results_path.c_str(),
-               static_cast<long long>(pending), results.rows().size(),
-               results.n_other_config()
-                   ? strprintf(", %lld lines of other configs kept", static_cast<long long>(results.n_other_config())).c_str()
-                   : "");
+  print_results_status(results_path, "(cell, window) rows", pending, results.rows().size(), results.n_other_config());
 
   // The rows this command's summaries cover: its cells on its windows (a longer earlier run's
   // windows beyond --max-tokens stay in the file, out of the summary).
@@ -700,34 +722,22 @@ void run_sweep_ppl(const EvalSweepOptions& o) {
     return eval::write_sweep_ppl_summaries(o.out_dir, rows, title);
   };
 
-  if (!o.summary_only) {
-    const double t0 = now_seconds();
-    ProgressBar bar("sweep ppl", pending, "win");
-    int64_t done = 0;
-    try {
-      for (const Job& j : jobs) {
-        eval::PplSweepRunOptions ro;
-        ro.model = j.label;
-        ro.ppl = j.c;
-        ro.on_row = [&](const eval::PplSweepRow& r) {
-          ++done;
-          bar.update(done, strprintf("%s %s@%g win %lld", r.model.c_str(), r.press.c_str(), r.ratio,
-                                     static_cast<long long>(r.w.index)));
-        };
-        eval::sweep_ppl(*j.session, j.tokens, j.cells, results, ro);
-      }
-    } catch (...) {
-      bar.finish("interrupted");
-      summarize();  // what is there so far; a rerun resumes
-      throw;
-    }
-    bar.finish();
-    std::fprintf(stderr, "ran %lld (cell, window) rows in %.1f s\n", static_cast<long long>(done), now_seconds() - t0);
-  }
-  const std::string md = summarize();
-  std::fprintf(stderr, "wrote %s/{summary.md, summary.csv, curves.csv, plot.svg}\n", o.out_dir.c_str());
-  std::fputs(md.c_str(), stdout);
-  std::fflush(stdout);
+  run_then_summarize(
+      o, "sweep ppl", "win", "(cell, window) rows", pending,
+      [&](ProgressBar& bar, int64_t& done) {
+        for (const Job& j : jobs) {
+          eval::PplSweepRunOptions ro;
+          ro.model = j.label;
+          ro.ppl = j.c;
+          ro.on_row = [&](const eval::PplSweepRow& r) {
+            ++done;
+            bar.update(done, strprintf("%s %s@%g win %lld", r.model.c_str(), r.press.c_str(), r.ratio,
+                                       static_cast<long long>(r.w.index)));
+          };
+          eval::sweep_ppl(*j.session, j.tokens, j.cells, results, ro);
+        }
+      },
+      summarize);
 }
 
 // Adds `eval sweep <bench>`'s options: the common ones with -m repeatable, the grid, and the
