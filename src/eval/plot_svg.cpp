@@ -40,23 +40,20 @@ constexpr double kW = 760, kH = 400, kLeft = 64, kRight = 230, kTop = 36, kBotto
 constexpr const char* kColors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
                                    "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
 
-}  // namespace
-
-std::string sweep_plot_svg(const std::vector<SweepPoint>& points,
-                           const std::vector<SweepCurve>& curves, const std::string& title,
-                           const std::string& score_label) {
-  std::vector<std::string> models, presses;
-  double max_ratio = 0;
-  for (const SweepPoint& p : points) {
-    if (std::find(models.begin(), models.end(), p.model) == models.end()) models.push_back(p.model);
-    if (p.press != "none" && std::find(presses.begin(), presses.end(), p.press) == presses.end())
-      presses.push_back(p.press);
-    max_ratio = std::max(max_ratio, p.ratio);
+// The models and presses of a sweep's points in first-seen order, and the largest ratio.
+template <typename Point>
+void collect(const std::vector<Point>& points, std::vector<std::string>* models,
+             std::vector<std::string>* presses, double* max_ratio) {
+  for (const Point& p : points) {
+    if (std::find(models->begin(), models->end(), p.model) == models->end()) models->push_back(p.model);
+    if (p.press != "none" && std::find(presses->begin(), presses->end(), p.press) == presses->end())
+      presses->push_back(p.press);
+    *max_ratio = std::max(*max_ratio, p.ratio);
   }
-  // x: 0 .. the largest ratio rounded up to a tenth; y: the 0-100 score scale.
-  const double x_max = std::max(0.1, std::ceil(max_ratio * 10 - 1e-9) / 10);
-  const double pw = kW - kLeft - kRight, ph = kH - kTop - kBottom;
-  const double total_h = kTitleH + kH * static_cast<double>(std::max<size_t>(1, models.size()));
+}
+
+// The document's opening: size, white background, the title, and a note when nothing is there.
+std::string svg_open(double width, double height, const std::string& title, bool empty, double title_h) {
   std::string o = strprintf(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" viewBox=\"0 0 %.0f "
       "%.0f\" "
@@ -64,10 +61,26 @@ std::string sweep_plot_svg(const std::vector<SweepPoint>& points,
       "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n"
       "<text x=\"%.0f\" y=\"22\" font-size=\"15\" font-weight=\"bold\" "
       "text-anchor=\"middle\">%s</text>\n",
-      kW, total_h, kW, total_h, kW / 2, svg_escape(title).c_str());
-  if (models.empty())
+      width, height, width, height, width / 2, svg_escape(title).c_str());
+  if (empty)
     o += strprintf("<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"middle\">no results yet</text>\n",
-                   kW / 2, kTitleH + 40);
+                   width / 2, title_h + 40);
+  return o;
+}
+
+}  // namespace
+
+std::string sweep_plot_svg(const std::vector<SweepPoint>& points,
+                           const std::vector<SweepCurve>& curves, const std::string& title,
+                           const std::string& score_label) {
+  std::vector<std::string> models, presses;
+  double max_ratio = 0;
+  collect(points, &models, &presses, &max_ratio);
+  // x: 0 .. the largest ratio rounded up to a tenth; y: the 0-100 score scale.
+  const double x_max = std::max(0.1, std::ceil(max_ratio * 10 - 1e-9) / 10);
+  const double pw = kW - kLeft - kRight, ph = kH - kTop - kBottom;
+  const double total_h = kTitleH + kH * static_cast<double>(std::max<size_t>(1, models.size()));
+  std::string o = svg_open(kW, total_h, title, models.empty(), kTitleH);
   for (size_t mi = 0; mi < models.size(); ++mi) {
     const std::string& m = models[mi];
     const double y0 = kTitleH + kH * static_cast<double>(mi);  // panel top
@@ -264,24 +277,9 @@ std::string sweep_ppl_plot_svg(const std::vector<PplSweepPoint>& points,
   const double row_h = top + ph + bottom, width = left + pw + gap + pw + legend;
   std::vector<std::string> models, presses;
   double max_ratio = 0;
-  for (const PplSweepPoint& p : points) {
-    if (std::find(models.begin(), models.end(), p.model) == models.end()) models.push_back(p.model);
-    if (p.press != "none" && std::find(presses.begin(), presses.end(), p.press) == presses.end())
-      presses.push_back(p.press);
-    max_ratio = std::max(max_ratio, p.ratio);
-  }
+  collect(points, &models, &presses, &max_ratio);
   const double total_h = title_h + row_h * static_cast<double>(std::max<size_t>(1, models.size()));
-  std::string o = strprintf(
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" viewBox=\"0 0 %.0f "
-      "%.0f\" "
-      "font-family=\"Helvetica, Arial, sans-serif\" font-size=\"12\">\n"
-      "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n"
-      "<text x=\"%.0f\" y=\"22\" font-size=\"15\" font-weight=\"bold\" "
-      "text-anchor=\"middle\">%s</text>\n",
-      width, total_h, width, total_h, width / 2, svg_escape(title).c_str());
-  if (models.empty())
-    o += strprintf("<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"middle\">no results yet</text>\n",
-                   width / 2, title_h + 40);
+  std::string o = svg_open(width, total_h, title, models.empty(), title_h);
   const double x_max = std::max(0.1, std::ceil(max_ratio * 10 - 1e-9) / 10);
   for (size_t mi = 0; mi < models.size(); ++mi) {
     const std::string& m = models[mi];
