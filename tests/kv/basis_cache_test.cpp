@@ -118,13 +118,7 @@ CompressionPlan low_rank_plan(const KvCache& c, std::mt19937& rng) {
 }
 
 TEST(BasisCache, LowRankAttentionMatchesReconstructedReference) {
-  struct Case {
-    int n_head, n_head_kv, hdk, hdv;
-    int64_t n_prev, n_q;
-    int window;
-    bool pool;
-  };
-  const Case cases[] = {
+  const AttnCase cases[] = {
       {9, 3, 64, 64, 300, 1, 0, false},    {4, 1, 256, 256, 200, 17, 0, false},
       {4, 2, 20, 12, 200, 3, 0, false},    {9, 3, 64, 64, 2000, 1, 0, true},  // decode splits
       {12, 2, 128, 128, 1500, 2, 700, true},                                  // window
@@ -133,7 +127,7 @@ TEST(BasisCache, LowRankAttentionMatchesReconstructedReference) {
   ThreadPool pool(2);
   uint32_t seed = 50;
   for (KvDtype t : kAllDtypes) {
-    for (const Case& cs : cases) {
+    for (const AttnCase& cs : cases) {
       std::mt19937 rng(seed++);
       auto c = make_kv_cache(make_cfg(4, cs.n_head_kv, cs.hdk, cs.hdv, t, cs.window));
       fill({c.get()}, cs.n_prev, 0, rng);

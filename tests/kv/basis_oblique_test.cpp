@@ -182,13 +182,7 @@ TEST(BasisKernels, RowsDotMatchesPlainLoop) {
 }
 
 TEST(BasisOblique, AttentionEqualsReferenceOnDecodedKeysAndValues) {
-  struct Case {
-    int n_head, n_head_kv, hdk, hdv;
-    int64_t n_prev, n_q;
-    int window;
-    bool pool;
-  };
-  const Case cases[] = {
+  const AttnCase cases[] = {
       {9, 3, 64, 64, 300, 1, 0, false},    {4, 1, 128, 128, 200, 5, 0, false},
       {4, 2, 20, 12, 150, 3, 0, false},    {9, 3, 64, 64, 1800, 1, 0, true},    // decode splits
       {12, 2, 32, 32, 1200, 2, 500, true},                                      // sliding window
@@ -197,7 +191,7 @@ TEST(BasisOblique, AttentionEqualsReferenceOnDecodedKeysAndValues) {
   ThreadPool pool(2);
   uint32_t seed = 100;
   for (KvDtype t : kAllDtypes) {
-    for (const Case& cs : cases) {
+    for (const AttnCase& cs : cases) {
       std::mt19937 rng(seed++);
       const std::string what = std::string(kv_dtype_name(t)) + " heads " +
                                std::to_string(cs.n_head) + "/" + std::to_string(cs.n_head_kv) +

@@ -128,13 +128,7 @@ Snapshot expected_after(const Snapshot& before, const CompressionPlan& plan, int
 }
 
 TEST(ChannelCache, PerHeadSubsetEqualsReferenceOnZeroedChannels) {
-  struct Case {
-    int n_head, n_head_kv, hdk, hdv;
-    int64_t n_prev, n_q;
-    int window;
-    bool pool;
-  };
-  const Case cases[] = {
+  const AttnCase cases[] = {
       {9, 3, 64, 64, 300, 1, 0, false},   {4, 1, 256, 256, 200, 17, 0, false},
       {4, 2, 20, 12, 200, 3, 0, false},   {9, 3, 64, 64, 2000, 1, 0, true},  // decode splits
       {12, 2, 128, 128, 1500, 2, 700, true},                                 // window
@@ -143,7 +137,7 @@ TEST(ChannelCache, PerHeadSubsetEqualsReferenceOnZeroedChannels) {
   ThreadPool pool(2);
   uint32_t seed = 10;
   for (KvDtype t : kAllDtypes) {
-    for (const Case& cs : cases) {
+    for (const AttnCase& cs : cases) {
       std::mt19937 rng(seed++);
       auto c = make_kv_cache(make_cfg(2, cs.n_head_kv, cs.hdk, cs.hdv, t, cs.window));
       fill(*c, cs.n_prev, 0, rng);
@@ -379,13 +373,7 @@ void expect_topk_reconstruction(const std::vector<float>& before_k, const HeadPl
 }
 
 TEST(ChannelCache, PerTokenTopKMatchesReferenceOnReconstruction) {
-  struct Case {
-    int n_head, n_head_kv, hdk, hdv;
-    int64_t n_prev, n_q;
-    int window;
-    bool pool;
-  };
-  const Case cases[] = {
+  const AttnCase cases[] = {
       {9, 3, 64, 64, 300, 1, 0, false},   {4, 1, 256, 256, 200, 17, 0, false},
       {8, 4, 20, 12, 200, 3, 0, false},   {9, 3, 64, 64, 2000, 1, 0, true},  // decode splits
       {12, 2, 128, 128, 1500, 2, 700, true},                                 // window
@@ -394,7 +382,7 @@ TEST(ChannelCache, PerTokenTopKMatchesReferenceOnReconstruction) {
   ThreadPool pool(2);
   uint32_t seed = 100;
   for (KvDtype t : kAllDtypes) {
-    for (const Case& cs : cases) {
+    for (const AttnCase& cs : cases) {
       std::mt19937 rng(seed++);
       auto c = make_kv_cache(make_cfg(2, cs.n_head_kv, cs.hdk, cs.hdv, t, cs.window));
       fill(*c, cs.n_prev, 0, rng);

@@ -19,6 +19,15 @@ inline std::vector<float> randn(size_t n, std::mt19937& rng, float sd = 1.f) {
   return v;
 }
 
+// One attention shape a layout test runs: query / kv heads, head dims, tokens stored before the
+// queries, queries, sliding window (0 = none), and whether a thread pool runs it (decode splits).
+struct AttnCase {
+  int n_head, n_head_kv, hdk, hdv;
+  int64_t n_prev, n_q;
+  int window;
+  bool pool;
+};
+
 // A random [d, r] (row-major) matrix with orthonormal columns: QR (Gram-Schmidt, twice) of a
 // Gaussian matrix.
 inline std::vector<float> random_basis(int d, int r, std::mt19937& rng) {
