@@ -117,25 +117,9 @@ void Session::eval_all(const int32_t* tokens, int64_t n, float* logits) {
 }
 
 void Session::reset() {
-  // clear() keeps each head's current basis / channel epoch (KvCache::truncate), which the
-  // next context must not inherit (OjaKV's basis adapted to the last context; a static basis
-  // would encode the full-cache pass of eval ppl): such a cache is replaced by a fresh one.
-  bool has_epochs = false;
-  for (int il = 0; il < cache_->config().n_layer && !has_epochs; ++il)
-    for (int ih = 0; ih < cache_->config().n_head_kv && !has_epochs; ++ih)
-      has_epochs = cache_->head_layout(il, ih).current_epoch >= 0;
-  if (has_epochs) {
-    cache_ = make_kv_cache(cache_->config());
-    if (observer_) {  // the observer refers to the cache it observes: rebuild it over the new one
-      auto obs = std::make_unique<PressObserver>(model_, *cache_, observer_->needs());
-      obs->set_pool(&pool_);
-      if (press_ && press_->plans_after_append()) obs->set_after_append_press(press_.get());
-      obs->set_hooks(hooks_);
-      observer_ = std::move(obs);
-    }
-  } else {
-    cache_->clear();
-  }
+  // reset(), not clear(): the next context must not inherit a head's basis (OjaKV's adapted
+  // to the last context; a static one would encode the full-cache pass of eval ppl).
+  cache_->reset();
   if (observer_) observer_->reset();
   compress_log_.clear();
   decode_steps_ = 0;

@@ -75,9 +75,8 @@ class Session {
   const std::vector<float>& decode(int32_t token);
   // Appends tokens and writes the logits of every one: logits[n, n_vocab] (perplexity).
   void eval_all(const int32_t* tokens, int64_t n, float* logits);
-  // Drops the context (the cache keeps no tokens). A cache that holds basis / channel epochs is
-  // replaced by a fresh one (a new context must not inherit a press's basis): take cache()
-  // again after reset().
+  // Drops the context: the cache keeps no tokens and no basis / channel epoch (KvCache::reset;
+  // a new context must not inherit a press's basis).
   void reset();
 
   // Prefills `prompt` (may be empty when continuing the current context, in which case

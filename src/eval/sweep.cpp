@@ -363,18 +363,6 @@ SweepRow ruler_row(const SweepCell& c, const SweepRunOptions& opt, const Questio
   return r;
 }
 
-// Gives the session a new, empty cache (as a new session has) with the same observer. A
-// token cache whose heads diverged (a per-head press) keeps storing positions per head after
-// truncate(0), so an uncompressed context would count more bytes after another cell's
-// compression than in a session of its own; every cell and sample starts from this instead.
-void fresh_cache(Session& s) {
-  Session::State st;
-  st.cache = make_kv_cache(s.cache().config());
-  st.has_observer = s.observations() != nullptr;
-  st.logits.assign(static_cast<size_t>(s.model().hparams().n_vocab), 0.f);
-  s.restore_state(st);
-  s.reset();  // sizes the observer's per-token rows for the empty cache
-}
 
 // A press whose whole work is one plan() of the prefilled context can share the prefill; one
 // that plans during the prefill (plans_after_append) or while decoding (decode_interval) runs
@@ -405,7 +393,6 @@ void check_cells(const std::vector<SweepCell>& cells) {
 
 }  // namespace
 
-void sweep_fresh_cache(Session& s) { fresh_cache(s); }
 
 int64_t sweep_ruler_pending(const std::vector<EvalSample>& samples,
                             const std::vector<SweepCell>& cells, const SweepResultsFile& results) {
@@ -446,7 +433,7 @@ int64_t sweep_ruler(Session& s, const PromptBuilder& pb, const std::vector<EvalS
         }
         ro.prefill_context = [&](Session& ss, const std::vector<int32_t>& ctx) {
           if (!saved) {
-            fresh_cache(ss);
+            ss.reset();  // an empty cache without bases, as a new session's
             ss.prefill(ctx);
             saved = std::make_unique<Session::State>(ss.save_state());
           } else {
@@ -474,7 +461,7 @@ int64_t sweep_ruler(Session& s, const PromptBuilder& pb, const std::vector<EvalS
         } else {
           s.set_press(nullptr);
         }
-        fresh_cache(s);
+        s.reset();
       }
       for (const QuestionResult& q : run_sample(s, pb, smp, ro, skip)) {
         const SweepRow r = ruler_row(c, opt, q, shared);
@@ -530,7 +517,7 @@ int64_t sweep_mc(Session& s, const std::string& bench, const std::vector<McItem>
         s.set_press(make_press(c.spec), sched);
         after = [](Session& ss) { ss.compress(); };
       }
-      fresh_cache(s);
+      s.reset();
       const McResult m = score_item(s, *toks, it, bench, after);
       SweepRow r = base_row(c, opt, bench);
       r.group = bench;

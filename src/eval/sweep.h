@@ -20,7 +20,7 @@
 // compressing, so nothing can be shared), presses that work inside the session's prefill or
 // decode loop (Press::plans_after_append, decode_interval: low-rank presses compressed
 // throughout, OjaKV's updates), and mc (eval::score_item prefills itself; its contexts are
-// short). Every cell and sample starts from a new empty cache (see fresh_cache in sweep.cpp).
+// short). Every cell and sample starts from an empty cache (Session::reset).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -134,9 +134,6 @@ struct SweepRunOptions {
   std::function<void(const SweepRow&)> on_row;
 };
 
-// Gives the session a new, empty cache with the same observer (every cell starts from one: a
-// per-head press's cache keeps its per-head storage across reset()).
-void sweep_fresh_cache(Session& s);
 
 // (cell, question) pairs of `samples` not yet in `results`.
 int64_t sweep_ruler_pending(const std::vector<EvalSample>& samples,

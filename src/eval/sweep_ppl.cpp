@@ -128,7 +128,7 @@ int64_t sweep_ppl(Session& s, const std::vector<int32_t>& tokens,
         PressSchedule sched;
         sched.after_prefill = false;
         s.set_press(make_press(cell.spec), sched);
-        sweep_fresh_cache(s);
+        s.reset();
         check_ppl_config(s, c);
         installed = true;
       }

@@ -218,7 +218,12 @@ class KvCache {
   }
   // Drops every token with position >= pos in every (layer, kv head) and sets n_past() to pos.
   virtual void truncate(int32_t pos) = 0;
+  // Drops every token; each head keeps its current basis / channel epoch, so later appends are
+  // still encoded with it (the compressed-throughout mode of a plan made on an empty cache).
   void clear() { truncate(0); }
+  // Drops every token AND every head's basis / channel epoch: the cache as make_kv_cache made
+  // it, for a new, unrelated context (allocations may be kept).
+  virtual void reset() = 0;
 
   virtual std::string describe() const = 0;
 

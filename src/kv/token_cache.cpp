@@ -317,6 +317,7 @@ class TokenCache final : public KvCache {
   std::string describe() const override;
   std::unique_ptr<KvCache> clone() const override { return std::make_unique<TokenCache>(*this); }
   HeadLayout head_layout(int il, int ih) const override;
+  void reset() override;
 
  private:
   // Rows of one segment of a head: dk / dv elements a key / value row (the head dims for the
@@ -1635,6 +1636,23 @@ void TokenCache::truncate(int32_t pos) {
     }
   }
   n_past_ = std::min(n_past_, pos);
+}
+
+void TokenCache::reset() {
+  truncate(0);
+  for (Layer& L : layers_) {
+    bool had_basis = false;
+    for (Head& H : L.heads) {
+      had_basis = had_basis || H.cur != nullptr;
+      H.cur.reset();
+      H.segs.clear();
+    }
+    if (had_basis) {  // emptied and basis-free: positions are shared again (as in truncate)
+      L.shared = true;
+      L.pos.clear();
+      for (Head& H : L.heads) std::vector<int32_t>().swap(H.pos);
+    }
+  }
 }
 
 std::string TokenCache::describe() const {
