@@ -401,5 +401,34 @@ TEST(BasisCache, TruncateAndReadHeadWithBases) {
   }
 }
 
+TEST(BasisCache, ResetDropsTokensAndBasesLikeANewCache) {
+  for (KvDtype t : kAllDtypes) {
+    std::mt19937 rng(77);
+    const int nkv = 3, d = 16;
+    auto c = make_kv_cache(make_cfg(2, nkv, d, d, t));
+    fill({c.get()}, 100, 0, rng);
+    CompressionPlan p(2, nkv);
+    for (int ih = 0; ih < nkv; ++ih) set_basis(p.at(0, ih), d, 6, d, 5, rng);
+    c->apply(p);
+    c->reset();
+    EXPECT_EQ(c->n_past(), 0);
+    EXPECT_EQ(c->bytes().total(), 0u);
+    for (int ih = 0; ih < nkv; ++ih) EXPECT_EQ(c->head_layout(0, ih).current_epoch, -1);
+    // a new context is stored exactly as in a cache that never had a basis
+    auto fresh = make_kv_cache(make_cfg(2, nkv, d, d, t));
+    std::mt19937 r1(5), r2(5);
+    fill({c.get()}, 40, 0, r1);
+    fill({fresh.get()}, 40, 0, r2);
+    EXPECT_EQ(c->bytes().total(), fresh->bytes().total());
+    EXPECT_EQ(c->bytes().positions, fresh->bytes().positions);
+    for (int ih = 0; ih < nkv; ++ih) {
+      std::vector<float> k1, k2;
+      c->read_head(0, ih, &k1, nullptr, nullptr);
+      fresh->read_head(0, ih, &k2, nullptr, nullptr);
+      EXPECT_EQ(k1, k2) << kv_dtype_name(t);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kvtrim
