@@ -131,10 +131,10 @@ void low_rank(KvCache& c, double keepdims, uint32_t seed) {
   for (int il = 0; il < cfg.n_layer; ++il) {
     for (int ih = 0; ih < cfg.n_head_kv; ++ih) {
       HeadPlan& hp = plan.at(il, ih);
-      hp.rank_k = rk;
-      hp.basis_k = random_basis(cfg.head_dim_k, rk, rng);
-      hp.rank_v = rv;
-      hp.basis_v = random_basis(cfg.head_dim_v, rv, rng);
+      hp.key.rank = rk;
+      hp.key.basis = random_basis(cfg.head_dim_k, rk, rng);
+      hp.value.rank = rv;
+      hp.value.basis = random_basis(cfg.head_dim_v, rv, rng);
     }
   }
   c.apply(plan);

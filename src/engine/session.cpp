@@ -36,6 +36,8 @@ Session::Session(const Model& model, SessionParams p)
   KVTRIM_CHECK(p_.n_batch > 0, "batch size must be positive (got %d)", p_.n_batch);
   KvCacheConfig cfg = model.cache_config(n_ctx_);
   cfg.dtype = p_.kv_dtype;
+  cfg.dtype_k = p_.kv_dtype_k;
+  cfg.dtype_v = p_.kv_dtype_v;
   cache_ = make_kv_cache(cfg);
   logits_.resize(static_cast<size_t>(model.hparams().n_vocab));
 }

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,7 +26,8 @@ struct SessionParams {
   int64_t n_ctx = 0;     // context limit in tokens; 0 = the model's training context
   int n_threads = 0;     // 0 = all hardware threads
   int n_batch = 256;     // prefill chunk size (tokens per forward call)
-  KvDtype kv_dtype = KvDtype::kF16;
+  KvDtype kv_dtype = KvDtype::kF16;          // precision of stored keys and values ...
+  std::optional<KvDtype> kv_dtype_k, kv_dtype_v;  // ... unless set per side (-ctk / -ctv)
 };
 
 struct GenerateParams {

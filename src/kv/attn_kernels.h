@@ -1,7 +1,11 @@
 // SIMD building blocks of the cache's attention (private to src/kv): block scores q·kᵀ and
-// block weighted sums Σ p·v over K/V rows stored in f32, f16, bf16 or int8 (q8), plus a
-// vectorised exp-and-sum for the softmax. Highway, dispatched at run time (the widest ISA the CPU
-// has). Every kernel is checked against plain loops in tests/kv/attn_kernels_test.cpp.
+// block weighted sums Σ p·v over K/V rows stored in f32, f16, bf16, int8 (q8), fp8 E4M3 or
+// q4 (llama.cpp q4_0 blocks), over per-token sparse rows (channel subsets), plus a vectorised
+// exp-and-sum for the softmax. Highway, dispatched at run time (the widest ISA the CPU has).
+// Storage layouts: quant_formats.h. Every kernel is checked against plain loops in
+// tests/kv/attn_kernels_test.cpp; bench/kv_kernels_bench.cpp times them against dense f16.
+// No kernel reads or writes outside the buffers described here (key buffers cover whole
+// tiles: the score kernels read the whole tile of the first and last token in range).
 #pragma once
 #include <cstdint>
 
@@ -40,6 +44,54 @@ void attn_accum_bf16(const float* p, int n_g, int64_t ld_p, const uint16_t* v, i
 // q8 values: v holds int8 codes; the caller folds the per-token value scale into p.
 void attn_accum_q8(const float* p, int n_g, int64_t ld_p, const int8_t* v, int64_t n_t, int64_t dv,
                    float* acc);
+
+// fp8 E4M3 keys: k holds uint8 codes in the same tiles and k_scale [whole tiles] the per-token
+// f32 scale (key_t = k_scale[t] · e4m3(code_t)); the NaN codes 0x7F / 0xFF must not occur.
+void attn_scores_fp8(const float* q, int n_g, int64_t d, const uint8_t* k, const float* k_scale,
+                     int64_t t0, int64_t n_t, float* s, int64_t ld_s);
+// fp8 values: v [n_t, dv] uint8 codes; the caller folds the per-row value scale into p.
+void attn_accum_fp8(const float* p, int n_g, int64_t ld_p, const uint8_t* v, int64_t n_t,
+                    int64_t dv, float* acc);
+// q4 keys (quant_formats.h): k [whole tiles, d, 8] bytes of nibble codes, k_scale_f16 [whole
+// tiles, q4_blocks(d), 16] f16 bits; key_t[i] = scale(t, i / 32) · (code(t, i) − 8).
+void attn_scores_q4(const float* q, int n_g, int64_t d, const uint8_t* k,
+                    const uint16_t* k_scale_f16, int64_t t0, int64_t n_t, float* s, int64_t ld_s);
+// q4 values: v [n_t, q4_row_bytes(dv)], v_scale_f16 [n_t, q4_blocks(dv)] f16 bits; the kernel
+// applies the block scales (p is the plain softmax weight).
+void attn_accum_q4(const float* p, int n_g, int64_t ld_p, const uint8_t* v,
+                   const uint16_t* v_scale_f16, int64_t n_t, int64_t dv, float* acc);
+
+// Sparse rows: per-token channel subsets of keys or values (SPARK / SWAN per-token top-k).
+// Row t keeps cnt_t (value, channel) pairs, entries [off_t, off_t + cnt_t) of vals and idx,
+// packed row-major; off == nullptr: a fixed count T per row (off_t = t · T, cnt_t = T), else
+// off is uint32 [n + 1] (off_t = off[t], cnt_t = off[t + 1] − off[t]). Channels within a row are
+// strictly increasing and < dim. q8 / fp8 rows have one f32 scale per row over the row's kept
+// values, scale [n] (element value = scale[t] · code); other types: scale == nullptr.
+enum class SparseType : uint8_t {
+  kF32,   // vals: float
+  kF16,   // vals: uint16 f16 bits
+  kBF16,  // vals: uint16 bf16 bits
+  kQ8,    // vals: int8 codes, scale [n]
+  kFP8,   // vals: uint8 E4M3 codes, scale [n]
+};
+struct SparseRows {
+  SparseType type = SparseType::kF16;
+  const void* vals = nullptr;     // [off_n] elements of type
+  const void* idx = nullptr;      // [off_n] channel indices: uint8 (idx_bytes 1) or uint16 (2)
+  int idx_bytes = 1;              // 1 (dim <= 256) or 2
+  const uint32_t* off = nullptr;  // [n + 1] row offsets, or nullptr: fixed count T
+  int T = 0;                      // entries per row when off == nullptr
+  const float* scale = nullptr;   // [n] per-row scale (q8 / fp8 only)
+  int64_t dim = 0;                // channels of a full row (head dim or basis rank): idx < dim
+};
+// s[g * ld_s + (t - t0)] = scale_t · Σ_j q[g * ldq + idx_tj] · val_tj   for g < n_g,
+// t0 <= t < t0 + n_t. q: [n_g, ldq] f32 (ldq >= dim); s: [n_g, ld_s].
+void sparse_scores(const SparseRows& r, const float* q, int n_g, int64_t ldq, int64_t t0,
+                   int64_t n_t, float* s, int64_t ld_s);
+// acc[g * ld_acc + idx_tj] += p[g * ld_p + (t - t0)] · scale_t · val_tj   for g < n_g,
+// t0 <= t < t0 + n_t (the row scale is applied here, not folded into p). acc: [n_g, ld_acc].
+void sparse_accum(const SparseRows& r, const float* p, int n_g, int64_t ld_p, int64_t t0,
+                  int64_t n_t, float* acc, int64_t ld_acc);
 
 // y[g * ld_y + i] = Σ_j m[i * cols + j] · x[g * ld_x + j]   for i < rows, g < n_g.
 // m: row-major f32 [rows, cols]; x: [n_g, ld_x]. The basis axis lifts coefficient vectors with

@@ -2,6 +2,8 @@
 // byte count that compression ratios are measured against.
 #include "kv/kv_cache.h"
 
+#include "core/error.h"
+
 namespace kvtrim {
 
 const char* kv_dtype_name(KvDtype t) {
@@ -14,8 +16,23 @@ const char* kv_dtype_name(KvDtype t) {
       return "bf16";
     case KvDtype::kQ8:
       return "q8";
+    case KvDtype::kFP8:
+      return "fp8";
+    case KvDtype::kQ4:
+      return "q4";
   }
   return "?";
+}
+
+KvDtype kv_dtype_from_name(const std::string& name) {
+  if (name == "f32") return KvDtype::kF32;
+  if (name == "f16") return KvDtype::kF16;
+  if (name == "bf16") return KvDtype::kBF16;
+  if (name == "q8" || name == "q8_0") return KvDtype::kQ8;
+  if (name == "fp8" || name == "fp8_e4m3") return KvDtype::kFP8;
+  if (name == "q4" || name == "q4_0") return KvDtype::kQ4;
+  throw Error("unknown KV cache type '" + name +
+              "' (expected one of: f32, f16, bf16, q8 (= q8_0), fp8 (= fp8_e4m3), q4 (= q4_0))");
 }
 
 size_t KvCache::dense_bytes_f16() const {

@@ -13,17 +13,16 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "kv/kv_types.h"
+#include "kv/plan.h"
 
 namespace kvtrim {
 
 class ThreadPool;
-
-// Precision of stored K and V (the precision axis). kQ8: int8 with one f32 scale per
-// (token, kv head) vector (symmetric, round-to-nearest).
-enum class KvDtype { kF32, kF16, kBF16, kQ8 };
-const char* kv_dtype_name(KvDtype t);
 
 struct KvCacheConfig {
   int n_layer = 0;
@@ -31,22 +30,35 @@ struct KvCacheConfig {
   int head_dim_k = 0;  // key head size
   int head_dim_v = 0;  // value head size
   int64_t n_ctx = 0;   // maximum number of positions (the context limit)
-  KvDtype dtype = KvDtype::kF16;
+  KvDtype dtype = KvDtype::kF16;          // precision of stored K and V (both sides) ...
+  std::optional<KvDtype> dtype_k, dtype_v;  // ... unless a side sets its own (-ctk / -ctv)
   std::vector<int>
       sliding_window;  // per layer: 0 = global attention, w > 0 = only the last w positions matter
+  // A head holds at most this many distinct bases (each epoch's, the current one included): an
+  // epoch that would exceed it re-expresses the tokens of every older basis epoch in the newest
+  // basis, c' = E_newᵀ D_old c (exact when the spans agree; otherwise the part outside the new
+  // span is lost, as when those tokens had been encoded in it). Periodic basis updates (OjaKV)
+  // then never hold more than a few bases per head. 0 = no bound.
+  int max_live_bases = 2;
+  KvDtype type_k() const { return dtype_k.value_or(dtype); }
+  KvDtype type_v() const { return dtype_v.value_or(dtype); }
 };
 
-// Bytes held, by part: keys / values (the stored elements: full vectors, or basis
-// coefficients), positions (int32 original positions), scales (q8: one f32 per stored key
-// vector and one per value vector), bases (f32 basis matrices, encoders and decoders, each
-// stored basis counted once per head that holds it), indices (channel indices of the channel
-// axis: per-head subsets as uint16, one per kept
-// key channel of each stored channel epoch, counted once; per-token subsets: one uint8 per kept
-// channel of each stored token, uint16 when head_dim_k > 256), bitmasks (per-token subsets with
-// recovery: the sign bits of each token's pruned channels, ceil((head_dim_k - T) / 8) bytes per
-// token), other (int32 epoch ids, one per stored basis/channel-epoch segment). Per-token
-// recovery also counts under scales: one f32 fill per stored token and the f32 recovery scale
-// vector [head_dim_k] of each stored epoch, once.
+// Bytes held, by part (docs/kv-cache.md has the layout of each):
+//  keys / values: the stored elements (full vectors, basis coefficients, kept channels; q4 half
+//    a byte each);
+//  positions: int32 original positions (once per layer while its heads agree, else per token);
+//  scales: q8 / fp8 one f32 per stored vector (per-token channel rows: per row), q4 one f16 per
+//    block of 32 (per-token rows: one f32 per row); per-token recovery / value fill one f32 per
+//    token; the f32 recovery scale vector of each held epoch, once;
+//  bases: f32 basis matrices (encoders and decoders), each counted once in the cache however
+//    many heads, epochs or clones hold it (attributed to the first layer holding it);
+//  indices: per-head channel subsets (uint16 per kept channel of each held epoch, once);
+//    per-token channels (uint8 per kept entry, uint16 when the width > 256; a variable count
+//    adds uint32 row offsets, n + 1 per segment side);
+//  bitmasks: per-token recovery sign bits (ceil((w - T) / 8) bytes per token; variable counts
+//    one bit stream);
+//  other: int32 epoch ids, one per stored epoch segment.
 // total() = keys + values + positions + scales + bases + indices + bitmasks + other;
 // per_layer: [n_layer], the same total split by layer.
 struct KvBytes {
@@ -55,94 +67,6 @@ struct KvBytes {
   std::vector<size_t> per_layer;
   size_t total() const {
     return keys + values + positions + scales + bases + indices + bitmasks + other;
-  }
-};
-
-// What a press decided for one (layer, kv head). Token axis: `keep` lists indices into the
-// head's stored tokens (0 .. n_tokens(il, ih)-1, strictly increasing) to keep; every other
-// token is dropped and its memory freed. keep_all = true keeps every token.
-//
-// Basis axis (optional): basis_k [head_dim_k, rank_k] row-major with orthonormal columns
-// (UᵀU = I within 1e-4), basis_v [head_dim_v, rank_v] likewise; rank 0 with an empty matrix =
-// no basis for that side (identity, full dims). Giving either starts a new basis epoch of the
-// head: every kept token that is still stored full-rank and is not an anchor is re-encoded as
-// coefficients k̃ = U_kᵀ k, ṽ = U_vᵀ v (in the cache dtype); tokens already stored in an
-// earlier epoch keep the basis they were encoded with; tokens appended later are encoded with
-// this (the head's current) basis. anchors: indices (same index space as keep, strictly
-// increasing, each one kept and still full-rank) of tokens that stay dense and exact; only
-// with a basis (or key channels). A cache that cannot apply a field must throw, never ignore it.
-//
-// Channel axis, keys (optional; ThinK): key_channels = the key channels (indices into
-// 0 .. head_dim_k-1, strictly increasing, non-empty) kept for the head, in the head's own
-// coordinates; not combinable with a basis (basis_k / basis_v must be empty). Like a basis it
-// starts a new epoch of the head: every kept token still stored dense and not an anchor keeps
-// only those channels (the others are dropped: they contribute zero to q·k, ThinK's
-// definition); tokens of earlier epochs keep theirs; tokens appended later are stored dense
-// (all channels) until the next plan with key_channels.
-//
-// Channel axis, keys, per token (SPARK / SWAN; optional): key_topk = T (1 <= T <= head_dim_k)
-// channels kept per token, listed in key_token_channels [n_rows][T] (each row strictly
-// increasing in [0, head_dim_k)), one row per kept token in keep order (n_rows = keep.size(),
-// or the head's token count with keep_all); rows of tokens that are not re-encoded (anchors,
-// tokens of earlier epochs) are validated and ignored. Starts an epoch like key_channels (the
-// same rules: no basis, no key_channels; tokens appended later stay dense). Recovery
-// (optional, SPARK): key_recovery_scale r [head_dim_k] and key_token_fill [n_rows] = sqrt(μ_t);
-// a pruned channel c of token t then contributes q_c · sign(k_tc) · key_token_fill[t] · r[c]
-// (the sign bit is taken from the stored key); without them a pruned channel contributes zero
-// (the ablation). Both are given or neither.
-//
-// Oblique bases (KQ-SVD; optional): decoder_k [head_dim_k, rank_k] (row-major, the basis_k's
-// shape; only with basis_k) makes scores (q·D_k)·k̃ while tokens are still encoded
-// k̃ = E_kᵀ k (E_k = basis_k), i.e. the key attention sees is D_k E_kᵀ k; decoder_v
-// [head_dim_v, rank_v] (only with basis_v) makes outputs (Σ a ṽ)·D_vᵀ, i.e. the value is
-// D_v E_vᵀ v. read_head reconstructs D·c. Empty = the basis itself (D = E). With a decoder the
-// side's basis need not be orthonormal; both matrices must be finite. Decoders belong to the
-// epoch: tokens of an epoch are always decoded with that epoch's decoder.
-// appends_dense (only with a basis or key channels): tokens appended after this plan stay dense
-// (full rank, exact, epoch -1 in head_layout) until a later plan with a basis re-encodes them into
-// its new epoch (OjaKV's decode buffer and recent window); tokens already in an epoch keep it.
-// false = appended tokens are encoded with the head's current basis at once (compressed
-// throughout). Channel epochs always append dense. A basis plan on a head that holds no tokens
-// yet (before prefill) is valid: it only sets the head's current basis, so with appends_dense
-// false every token appended later is encoded before any attention reads it.
-struct HeadPlan {
-  bool keep_all = true;
-  std::vector<int32_t> keep;
-  int rank_k = 0, rank_v = 0;
-  std::vector<float> basis_k, basis_v;
-  std::vector<float> decoder_k, decoder_v;
-  bool appends_dense = false;
-  std::vector<int32_t> anchors;
-  std::vector<int32_t> key_channels;
-  int key_topk = 0;
-  std::vector<int32_t> key_token_channels;
-  std::vector<float> key_recovery_scale, key_token_fill;
-  bool has_basis() const {
-    return rank_k != 0 || rank_v != 0 || !basis_k.empty() || !basis_v.empty() ||
-           !decoder_k.empty() || !decoder_v.empty();
-  }
-  bool has_channels() const {
-    return !key_channels.empty() || key_topk != 0 || !key_token_channels.empty() ||
-           !key_recovery_scale.empty() || !key_token_fill.empty();
-  }
-  bool planned() const {
-    return !keep_all || has_basis() || has_channels() || !anchors.empty();
-  }
-};
-
-// A plan for the whole cache: one HeadPlan per (layer, kv head).
-struct CompressionPlan {
-  int n_layer = 0;
-  int n_head_kv = 0;
-  std::vector<HeadPlan> heads;  // [n_layer * n_head_kv], index il * n_head_kv + ih
-  CompressionPlan() = default;
-  CompressionPlan(int n_layer_, int n_head_kv_)
-      : n_layer(n_layer_),
-        n_head_kv(n_head_kv_),
-        heads(static_cast<size_t>(n_layer_ * n_head_kv_)) {}
-  HeadPlan& at(int il, int ih) { return heads[static_cast<size_t>(il * n_head_kv + ih)]; }
-  const HeadPlan& at(int il, int ih) const {
-    return heads[static_cast<size_t>(il * n_head_kv + ih)];
   }
 };
 
@@ -237,11 +161,11 @@ class KvCache {
   int32_t n_past_ = 0;
 };
 
-// The token cache (src/kv/token_cache.cpp): per (layer, kv head) K [n_tok, head_dim_k] and
-// V [n_tok, head_dim_v] arrays in cfg.dtype (f32, f16, bf16 or q8), grown in chunks, with
-// per-head token counts and original positions. It starts uncompressed and applies token
-// plans (apply) in place, releasing the dropped tokens' memory; attention reads the kept
-// tokens directly. One implementation serves both, so the uncompressed path is the same code.
+// The token cache (src/kv/token_cache.h): per (layer, kv head) segments of tokens, each with
+// its own key and value encoding (basis -> channels -> precision); dense rows in the cache's
+// K / V types until a plan starts an epoch. It starts uncompressed and applies plans in place,
+// releasing the dropped tokens' memory; attention reads every encoding directly. One
+// implementation serves both, so the uncompressed path is the same code.
 std::unique_ptr<KvCache> make_kv_cache(const KvCacheConfig& cfg);
 // The uncompressed cache: the same token cache (kept so existing callers read naturally).
 std::unique_ptr<KvCache> make_dense_cache(const KvCacheConfig& cfg);

@@ -280,12 +280,7 @@ ObservedQueries last_queries(const ObservedQueries& q, int64_t w);
 HeadPlan head_plan_from_scores(const std::vector<float>& scores, int64_t k);
 // Sets +inf on the first n_sinks tokens and the last n_recent tokens (by stored order).
 void protect_sinks_recent(std::vector<float>* scores, int64_t n_sinks, int64_t n_recent);
-// `second` refers to tokens as seen through `first`; the result refers to the cache's tokens.
-// Token axis: second's selection of first's selection. Basis / channel fields (at most one of
-// the two plans may set them for a head, else Error): taken from the plan that sets them, its
-// anchors (and per-token channel rows) mapped to the cache's tokens and restricted to the
-// tokens kept.
-CompressionPlan compose_plans(const CompressionPlan& first, const CompressionPlan& second);
+// compose_plans (kv/plan.h) joins the plans of a composition, axis by axis.
 // True if any head of the plan is planned (HeadPlan::planned()).
 bool plan_is_planned(const CompressionPlan& plan);
 // Tokens kept by a plan for a head holding n_tok tokens.

@@ -3,11 +3,14 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
 
 #include "core/fp16.h"
+#include "hwy/targets.h"
+#include "kv/quant_formats.h"
 
 namespace kvtrim {
 namespace {
@@ -125,6 +128,247 @@ TEST(AttnKernels, Bf16AndQ8ScoresAndAccumMatchLoops) {
       }
     }
   }
+}
+
+// Runs f once per SIMD target compiled in and supported by this CPU (e.g. AVX2, SSE4, SSSE3,
+// EMU128 on an AVX2 machine), so the narrower targets' code paths are checked too.
+template <class F>
+void for_each_target(F f) {
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    SCOPED_TRACE(hwy::TargetName(target));
+    hwy::SetSupportedTargetsForTest(target);
+    f();
+    if (::testing::Test::HasFatalFailure()) break;
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
+
+// Keys K [n_t, d] (decoded f32) against the score kernel's output for the range [t0, t0 + n):
+// s[g * ld + t - t0] ≈ q_g · k_t within 1e-4 of Σ |q_i k_i|.
+void expect_scores(const std::vector<float>& q, int n_g, int64_t d, const std::vector<float>& k,
+                   int64_t t0, int64_t n, const std::vector<float>& s, int64_t ld) {
+  for (int g = 0; g < n_g; ++g) {
+    for (int64_t t = t0; t < t0 + n; ++t) {
+      double r = 0, a = 0;
+      for (int64_t i = 0; i < d; ++i) {
+        r += double(q[g * d + i]) * k[t * d + i];
+        a += std::fabs(double(q[g * d + i]) * k[t * d + i]);
+      }
+      ASSERT_NEAR(s[g * ld + t - t0], r, 1e-4 * (1 + a)) << "g " << g << " t " << t << " d " << d;
+    }
+  }
+}
+// acc [n_g, dv] (started at acc0) against acc0 + Σ_t p[g, t] · v_t, v [n_t, dv] decoded f32.
+void expect_accum(const std::vector<float>& p, int n_g, int64_t ld, const std::vector<float>& v,
+                  int64_t n_t, int64_t dv, const std::vector<float>& acc0,
+                  const std::vector<float>& acc) {
+  for (int g = 0; g < n_g; ++g) {
+    for (int64_t i = 0; i < dv; ++i) {
+      double r = acc0[g * dv + i], a = std::fabs(r);
+      for (int64_t t = 0; t < n_t; ++t) {
+        r += double(p[g * ld + t]) * v[t * dv + i];
+        a += std::fabs(double(p[g * ld + t]) * v[t * dv + i]);
+      }
+      ASSERT_NEAR(acc[g * dv + i], r, 1e-4 * (1 + a)) << "g " << g << " i " << i << " dv " << dv;
+    }
+  }
+}
+
+// fp8 (E4M3 codes, per-token key scale; value scale folded into p by the caller) and q4
+// (q4_0 blocks in the key tiles / value rows of quant_formats.h), over whole and partial ranges.
+void fp8_and_q4_match_loops() {
+  std::mt19937 rng(19);
+  std::normal_distribution<float> nd;
+  std::uniform_int_distribution<int> code(0, 255);
+  for (int64_t d : {1, 7, 16, 33, 64, 128, 256}) {
+    for (int n_g : {1, 3, 6, 9}) {
+      const int64_t n_t = 45, ld = 48;
+      const int64_t n_tiles = (n_t + kv::kKeyTile - 1) / kv::kKeyTile, nb = kv::q4_blocks(d);
+      const int64_t rb = kv::q4_row_bytes(d);
+      std::vector<float> q(n_g * d), p(n_g * ld), x(n_t * d);
+      std::vector<float> kf(n_t * d), vf(n_t * d), k4(n_t * d), v4(n_t * d);
+      std::vector<uint8_t> ktf(n_tiles * kv::kKeyTile * d), vtf(n_t * d);
+      std::vector<float> ksc(n_tiles * kv::kKeyTile, 1.f);
+      std::vector<uint8_t> kt4(n_tiles * kv::kKeyTile * d / 2 + d), vt4(n_t * rb);
+      std::vector<uint16_t> ks4(n_tiles * nb * kv::kKeyTile, 0), vs4(n_t * nb);
+      for (float& e : q) e = nd(rng);
+      for (float& e : p) e = std::fabs(nd(rng));
+      for (float& e : x) e = nd(rng);
+      for (int64_t t = 0; t < n_t; ++t) {
+        ksc[t] = 0.01f + std::fabs(nd(rng)) * 0.02f;
+        for (int64_t i = 0; i < d; ++i) {
+          uint8_t c = static_cast<uint8_t>(code(rng));
+          if ((c & 0x7f) == 0x7f) c ^= 1;  // no NaN codes
+          ktf[kv::key_tile_index(t, i, d)] = c;
+          kf[t * d + i] = ksc[t] * kv::fp8_e4m3_to_f32(c);
+          c = static_cast<uint8_t>(code(rng));
+          if ((c & 0x7f) == 0x7f) c ^= 2;
+          vtf[t * d + i] = c;
+          vf[t * d + i] = kv::fp8_e4m3_to_f32(c);
+        }
+        kv::q4_encode_key(x.data() + t * d, d, t, kt4.data(), ks4.data());
+        kv::q4_decode_key(kt4.data(), ks4.data(), t, d, k4.data() + t * d);
+        kv::q4_encode_row(x.data() + t * d, d, vt4.data() + t * rb, vs4.data() + t * nb);
+        kv::q4_decode_row(vt4.data() + t * rb, vs4.data() + t * nb, d, v4.data() + t * d);
+      }
+      // whole range, then ranges that start and end inside tiles
+      for (auto [t0, n] : {std::pair<int64_t, int64_t>{0, n_t}, {3, n_t - 7}, {17, 13}, {40, 5}}) {
+        std::vector<float> sf(n_g * ld, -1.f), s4(n_g * ld, -1.f);
+        kv::attn_scores_fp8(q.data(), n_g, d, ktf.data(), ksc.data(), t0, n, sf.data(), ld);
+        kv::attn_scores_q4(q.data(), n_g, d, kt4.data(), ks4.data(), t0, n, s4.data(), ld);
+        expect_scores(q, n_g, d, kf, t0, n, sf, ld);
+        expect_scores(q, n_g, d, k4, t0, n, s4, ld);
+      }
+      for (int64_t n : {n_t, int64_t{1}, int64_t{20}}) {
+        std::vector<float> acc0(n_g * d);
+        for (float& e : acc0) e = nd(rng);
+        std::vector<float> af = acc0, a4 = acc0;
+        kv::attn_accum_fp8(p.data(), n_g, ld, vtf.data(), n, d, af.data());
+        kv::attn_accum_q4(p.data(), n_g, ld, vt4.data(), vs4.data(), n, d, a4.data());
+        expect_accum(p, n_g, ld, vf, n, d, acc0, af);
+        expect_accum(p, n_g, ld, v4, n, d, acc0, a4);
+      }
+    }
+  }
+}
+
+// Sparse rows (per-token channel subsets) of every value type, uint8 / uint16 indices, fixed
+// and variable counts (rows with no entry and with every channel), against the same rows
+// decoded to dense [n, dim] with zeros in the dropped channels. dim > 512 takes the scalar path.
+void sparse_matches_loops() {
+  using kv::SparseType;
+  std::mt19937 rng(23);
+  std::normal_distribution<float> nd;
+  const SparseType types[] = {SparseType::kF32, SparseType::kF16, SparseType::kBF16,
+                              SparseType::kQ8, SparseType::kFP8};
+  for (int64_t dim : {1, 7, 16, 33, 64, 128, 256, 300, 600}) {
+    for (int idx_bytes : {1, 2}) {
+      if (idx_bytes == 1 && dim > 256) continue;
+      for (bool fixed : {true, false}) {
+        for (SparseType type : types) {
+          const int64_t n = 45, T = std::max<int64_t>(1, dim / 4);
+          // rows: channel lists and counts
+          std::vector<uint32_t> off(n + 1, 0);
+          std::vector<int64_t> ch;
+          for (int64_t t = 0; t < n; ++t) {
+            int64_t cnt = fixed ? T : std::uniform_int_distribution<int64_t>(0, dim)(rng);
+            if (!fixed && t == 1) cnt = 0;
+            if (!fixed && t == 2) cnt = dim;
+            std::vector<int64_t> all(dim);
+            for (int64_t i = 0; i < dim; ++i) all[i] = i;
+            std::shuffle(all.begin(), all.end(), rng);
+            all.resize(cnt);
+            std::sort(all.begin(), all.end());
+            ch.insert(ch.end(), all.begin(), all.end());
+            off[t + 1] = static_cast<uint32_t>(ch.size());
+          }
+          const size_t nnz = ch.size();
+          std::vector<uint8_t> i8(nnz);
+          std::vector<uint16_t> i16(nnz);
+          for (size_t j = 0; j < nnz; ++j) {
+            i8[j] = static_cast<uint8_t>(ch[j]);
+            i16[j] = static_cast<uint16_t>(ch[j]);
+          }
+          // values in the type, and the dense decoded rows
+          std::vector<float> f32(nnz), scale(n), dense(n * dim, 0.f);
+          std::vector<uint16_t> u16(nnz);
+          std::vector<int8_t> q8(nnz);
+          std::vector<uint8_t> fp8(nnz);
+          for (int64_t t = 0; t < n; ++t) {
+            std::vector<float> x(off[t + 1] - off[t]);
+            for (float& e : x) e = nd(rng);
+            const int64_t b = off[t];
+            switch (type) {
+              case SparseType::kF32:
+                std::copy(x.begin(), x.end(), f32.begin() + b);
+                break;
+              case SparseType::kF16:
+              case SparseType::kBF16:
+                for (size_t j = 0; j < x.size(); ++j) {
+                  u16[b + j] = type == SparseType::kF16 ? fp32_to_fp16(x[j]) : fp32_to_bf16(x[j]);
+                }
+                break;
+              case SparseType::kQ8:
+                scale[t] = kv::q8_encode(x.data(), static_cast<int64_t>(x.size()), &q8[b], 1);
+                break;
+              case SparseType::kFP8:
+                scale[t] = kv::fp8_encode(x.data(), static_cast<int64_t>(x.size()), &fp8[b], 1);
+                break;
+            }
+            for (int64_t j = b; j < off[t + 1]; ++j) {
+              float v = 0;
+              switch (type) {
+                case SparseType::kF32:
+                  v = f32[j];
+                  break;
+                case SparseType::kF16:
+                  v = fp16_to_fp32(u16[j]);
+                  break;
+                case SparseType::kBF16:
+                  v = bf16_to_fp32(u16[j]);
+                  break;
+                case SparseType::kQ8:
+                  v = scale[t] * q8[j];
+                  break;
+                case SparseType::kFP8:
+                  v = scale[t] * kv::fp8_e4m3_to_f32(fp8[j]);
+                  break;
+              }
+              dense[t * dim + ch[j]] = v;
+            }
+          }
+          kv::SparseRows r;
+          r.type = type;
+          r.vals = type == SparseType::kF32   ? static_cast<const void*>(f32.data())
+                   : type == SparseType::kQ8  ? static_cast<const void*>(q8.data())
+                   : type == SparseType::kFP8 ? static_cast<const void*>(fp8.data())
+                                              : static_cast<const void*>(u16.data());
+          r.idx = idx_bytes == 1 ? static_cast<const void*>(i8.data()) : i16.data();
+          r.idx_bytes = idx_bytes;
+          r.off = fixed ? nullptr : off.data();
+          r.T = fixed ? static_cast<int>(T) : 0;
+          r.scale = type == SparseType::kQ8 || type == SparseType::kFP8 ? scale.data() : nullptr;
+          r.dim = dim;
+          for (int n_g : {1, 3, 6, 9}) {
+            const int64_t ldq = dim + 3, ld = 48, ld_acc = dim + 5;
+            std::vector<float> q(n_g * ldq), qd(n_g * dim), p(n_g * ld);
+            for (float& e : q) e = nd(rng);
+            for (int g = 0; g < n_g; ++g) {
+              for (int64_t i = 0; i < dim; ++i) qd[g * dim + i] = q[g * ldq + i];
+            }
+            for (float& e : p) e = std::fabs(nd(rng));
+            for (auto [t0, m] : {std::pair<int64_t, int64_t>{0, n}, {3, n - 7}, {17, 13}}) {
+              std::vector<float> sc(n_g * ld, -1.f);
+              kv::sparse_scores(r, q.data(), n_g, ldq, t0, m, sc.data(), ld);
+              expect_scores(qd, n_g, dim, dense, t0, m, sc, ld);
+              // accum over rows [t0, t0 + m) with p indexed from t0; acc [n_g, ld_acc]
+              std::vector<float> acc(n_g * ld_acc), acc0(n_g * dim), got(n_g * dim);
+              for (float& e : acc) e = nd(rng);
+              for (int g = 0; g < n_g; ++g) {
+                for (int64_t i = 0; i < dim; ++i) acc0[g * dim + i] = acc[g * ld_acc + i];
+              }
+              const float pad = acc[dim];  // an element of the padding, never written
+              kv::sparse_accum(r, p.data(), n_g, ld, t0, m, acc.data(), ld_acc);
+              EXPECT_EQ(acc[dim], pad);
+              for (int g = 0; g < n_g; ++g) {
+                for (int64_t i = 0; i < dim; ++i) got[g * dim + i] = acc[g * ld_acc + i];
+              }
+              std::vector<float> rows(dense.begin() + t0 * dim, dense.begin() + (t0 + m) * dim);
+              expect_accum(p, n_g, ld, rows, m, dim, acc0, got);
+            }
+            if (::testing::Test::HasFatalFailure()) return;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(AttnKernels, Fp8AndQ4ScoresAndAccumMatchLoops) {
+  for_each_target(fp8_and_q4_match_loops);
+}
+TEST(AttnKernels, SparseScoresAndAccumMatchLoops) {
+  for_each_target(sparse_matches_loops);
 }
 
 TEST(AttnKernels, ExpSubSumAndF16Conversion) {

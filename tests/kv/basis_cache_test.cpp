@@ -26,12 +26,12 @@ using namespace kvtest;  // NOLINT: shared fixtures (kv_test_util.h)
 
 void set_basis(HeadPlan& hp, int dk, int rk, int dv, int rv, std::mt19937& rng) {
   if (rk > 0) {
-    hp.rank_k = rk;
-    hp.basis_k = random_basis(dk, rk, rng);
+    hp.key.rank = rk;
+    hp.key.basis = random_basis(dk, rk, rng);
   }
   if (rv > 0) {
-    hp.rank_v = rv;
-    hp.basis_v = random_basis(dv, rv, rng);
+    hp.value.rank = rv;
+    hp.value.basis = random_basis(dv, rv, rng);
   }
 }
 
@@ -188,19 +188,19 @@ TEST(BasisCache, TwoEpochsDecodeEachTokenWithItsOwnBasis) {
     append_in_span(*c, 50, 0, uk1, rk, uv1, rv, rng, &k, &v);
     CompressionPlan p1(1, nkv);
     for (int ih = 0; ih < nkv; ++ih) {
-      p1.at(0, ih).rank_k = rk;
-      p1.at(0, ih).basis_k = uk1;
-      p1.at(0, ih).rank_v = rv;
-      p1.at(0, ih).basis_v = uv1;
+      p1.at(0, ih).key.rank = rk;
+      p1.at(0, ih).key.basis = uk1;
+      p1.at(0, ih).value.rank = rv;
+      p1.at(0, ih).value.basis = uv1;
     }
     c->apply(p1);
     append_in_span(*c, 30, 50, uk1, rk, uv1, rv, rng, &k, &v);  // epoch 1 (current)
     CompressionPlan p2(1, nkv);
     for (int ih = 0; ih < nkv; ++ih) {
-      p2.at(0, ih).rank_k = rk;
-      p2.at(0, ih).basis_k = uk2;
-      p2.at(0, ih).rank_v = rv;
-      p2.at(0, ih).basis_v = uv2;
+      p2.at(0, ih).key.rank = rk;
+      p2.at(0, ih).key.basis = uk2;
+      p2.at(0, ih).value.rank = rv;
+      p2.at(0, ih).value.basis = uv2;
     }
     c->apply(p2);
     append_in_span(*c, 40, 80, uk2, rk, uv2, rv, rng, &k, &v);  // epoch 2
@@ -229,7 +229,8 @@ TEST(BasisCache, TwoEpochsDecodeEachTokenWithItsOwnBasis) {
     }
     ThreadPool pool(2);
     expect_attention_matches(*c, 4, 1, 119, &pool, rng, 5e-5, kv_dtype_name(t));
-    // bytes: coefficients, two bases per head (each once), one epoch id per segment
+    // bytes: coefficients, the two bases (both heads were given the same matrices: each is
+    // stored once in the cache), one epoch id per segment
     const size_t es = t == KvDtype::kF32 ? 4 : t == KvDtype::kQ8 ? 1 : 2;
     const size_t basis_bytes = (dk * rk + dv * rv) * 4;
     KvBytes b = c->bytes();
@@ -237,7 +238,7 @@ TEST(BasisCache, TwoEpochsDecodeEachTokenWithItsOwnBasis) {
     EXPECT_EQ(b.values, nkv * 120 * rv * es);
     EXPECT_EQ(b.positions, nkv * 120 * 4u);
     EXPECT_EQ(b.scales, t == KvDtype::kQ8 ? nkv * 120 * 8u : 0u);
-    EXPECT_EQ(b.bases, nkv * 2 * basis_bytes);
+    EXPECT_EQ(b.bases, 2 * basis_bytes);
     EXPECT_EQ(b.other, nkv * 2 * 4u);
     EXPECT_EQ(b.total(), b.per_layer[0]);
     // drop every epoch-1 token of head 0: its first basis is freed
@@ -247,7 +248,7 @@ TEST(BasisCache, TwoEpochsDecodeEachTokenWithItsOwnBasis) {
     c->apply(drop);
     b = c->bytes();
     EXPECT_EQ(c->n_tokens(0, 0), 40);
-    EXPECT_EQ(b.bases, 3 * basis_bytes);
+    EXPECT_EQ(b.bases, 2 * basis_bytes);  // head 1 still holds both
     EXPECT_EQ(b.other, 3 * 4u);
     EXPECT_EQ(b.keys, (120 + 40) * rk * es);
     expect_attention_matches(*c, 4, 1, 119, nullptr, rng, 5e-5, kv_dtype_name(t));
@@ -325,18 +326,18 @@ TEST(BasisCache, BadPlansAreClearErrorsAndLeaveTheCacheUnchanged) {
   };
   CompressionPlan p(2, 2);
   set_basis(p.at(1, 1), d, 3, d, 0, rng);
-  p.at(1, 1).basis_k[5] += 0.01f;
+  p.at(1, 1).key.basis[5] += 0.01f;
   expect_error(p, "(layer 1, kv head 1): key basis columns are not orthonormal");
   p.at(1, 1) = HeadPlan();
   set_basis(p.at(1, 1), d, 3, d, 0, rng);
-  p.at(1, 1).rank_k = 4;  // 24 floats for 8 x 4
+  p.at(1, 1).key.rank = 4;  // 24 floats for 8 x 4
   expect_error(p, "key basis holds 24 floats, expected head_dim 8 x rank 4 = 32");
   p.at(1, 1) = HeadPlan();
-  p.at(1, 1).basis_v = random_basis(d, 2, rng);  // rank 0 with a matrix
+  p.at(1, 1).value.basis = random_basis(d, 2, rng);  // rank 0 with a matrix
   expect_error(p, "value basis rank 0 is out of range [1, 8]");
   p.at(1, 1) = HeadPlan();
-  p.at(1, 1).rank_k = 9;
-  p.at(1, 1).basis_k.assign(9 * 8, 0.f);
+  p.at(1, 1).key.rank = 9;
+  p.at(1, 1).key.basis.assign(9 * 8, 0.f);
   expect_error(p, "key basis rank 9 is out of range [1, 8]");
   p.at(1, 1) = HeadPlan();
   p.at(1, 1).anchors = {1};

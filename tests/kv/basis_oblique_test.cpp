@@ -59,8 +59,8 @@ void set_side(const Side& s, int* rank, std::vector<float>* basis, std::vector<f
   *dec = s.d;
 }
 void set_epoch(HeadPlan& hp, const Epoch& ep) {
-  set_side(ep.k, &hp.rank_k, &hp.basis_k, &hp.decoder_k);
-  set_side(ep.v, &hp.rank_v, &hp.basis_v, &hp.decoder_v);
+  set_side(ep.k, &hp.key.rank, &hp.key.basis, &hp.key.decoder);
+  set_side(ep.v, &hp.value.rank, &hp.value.basis, &hp.value.decoder);
 }
 
 // x (d floats) as attention must see it in side s: D (Eᵀ x), in double.
@@ -363,8 +363,8 @@ TEST(BasisOblique, PlanBeforeAnyTokenEncodesEveryAppend) {
                     {ortho(d, r, rng), oblique(d, r, rng)}};
     CompressionPlan plan(2, nkv);
     for (int ih = 0; ih < nkv; ++ih) set_epoch(plan.at(0, ih), eps[ih]);
-    plan.at(1, 2).rank_k = r;  // layer 1: one head buffers its appends dense
-    plan.at(1, 2).basis_k = random_basis(d, r, rng);
+    plan.at(1, 2).key.rank = r;  // layer 1: one head buffers its appends dense
+    plan.at(1, 2).key.basis = random_basis(d, r, rng);
     plan.at(1, 2).appends_dense = true;
     c->apply(plan);
     EXPECT_EQ(c->n_past(), 0);
@@ -451,25 +451,25 @@ TEST(BasisOblique, BadPlansAreErrorsAndLeaveTheCacheUnchanged) {
   CompressionPlan p(2, 2);
   set_epoch(p.at(0, 0), Epoch{ortho(d, r, rng), ortho(d, r, rng)});
   set_epoch(p.at(1, 1), Epoch{oblique(d, r, rng), {}});
-  p.at(1, 1).decoder_k.pop_back();
+  p.at(1, 1).key.decoder.pop_back();
   expect_error(p,
                "(layer 1, kv head 1): key decoder holds 31 floats, expected head_dim 8 x rank 4");
   set_epoch(p.at(1, 1), Epoch{{}, oblique(d, r, rng)});
-  p.at(1, 1).decoder_v[3] = std::numeric_limits<float>::quiet_NaN();
+  p.at(1, 1).value.decoder[3] = std::numeric_limits<float>::quiet_NaN();
   expect_error(p, "value decoder element 3 is not finite");
   set_epoch(p.at(1, 1), Epoch{oblique(d, r, rng), {}});
-  p.at(1, 1).basis_k[7] = std::numeric_limits<float>::infinity();
+  p.at(1, 1).key.basis[7] = std::numeric_limits<float>::infinity();
   expect_error(p, "key basis element 7 is not finite");
   set_epoch(p.at(1, 1), Epoch{ortho(d, r, rng), {}});
-  p.at(1, 1).basis_k[2] = std::numeric_limits<float>::quiet_NaN();  // no decoder: orthonormality
+  p.at(1, 1).key.basis[2] = std::numeric_limits<float>::quiet_NaN();  // no decoder: orthonormality
   expect_error(p, "key basis columns are not orthonormal");
   p.at(1, 1) = HeadPlan();
-  p.at(1, 1).decoder_k = oblique(d, r, rng).d;
-  p.at(1, 1).rank_k = r;
+  p.at(1, 1).key.decoder = oblique(d, r, rng).d;
+  p.at(1, 1).key.rank = r;
   expect_error(p, "key decoder given without a key basis");
   p.at(1, 1) = HeadPlan();
   set_epoch(p.at(1, 1), Epoch{oblique(d, r, rng), {}});
-  p.at(1, 1).decoder_v = random_basis(d, r, rng);  // value decoder, no value basis
+  p.at(1, 1).value.decoder = random_basis(d, r, rng);  // value decoder, no value basis
   expect_error(p, "value decoder given without a value basis");
   p.at(1, 1) = HeadPlan();
   p.at(1, 1).appends_dense = true;
@@ -480,7 +480,7 @@ TEST(BasisOblique, BadPlansAreErrorsAndLeaveTheCacheUnchanged) {
   // a decoder of the wrong rank with a correct basis
   p.at(1, 1) = HeadPlan();
   set_epoch(p.at(1, 1), Epoch{oblique(d, r, rng), {}});
-  p.at(1, 1).decoder_k = oblique(d, r - 1, rng).d;
+  p.at(1, 1).key.decoder = oblique(d, r - 1, rng).d;
   expect_error(p, "key decoder holds 24 floats");
 }
 

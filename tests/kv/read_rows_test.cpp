@@ -17,10 +17,10 @@ namespace {
 using namespace kvtest;  // NOLINT: shared fixtures (kv_test_util.h)
 
 void set_basis(HeadPlan& hp, int dk, int rk, int dv, int rv, std::mt19937& rng) {
-  hp.rank_k = rk;
-  hp.basis_k = random_basis(dk, rk, rng);
-  hp.rank_v = rv;
-  hp.basis_v = random_basis(dv, rv, rng);
+  hp.key.rank = rk;
+  hp.key.basis = random_basis(dk, rk, rng);
+  hp.value.rank = rv;
+  hp.value.basis = random_basis(dv, rv, rng);
 }
 
 // read_head_rows(rows) against the same rows of read_head, bit for bit (also k or v alone).

@@ -19,9 +19,12 @@ struct CommonOptions {
   int64_t ctx = 0;
   int batch = 256;
   std::string kv_type = "f16";
+  std::string cache_type_k, cache_type_v;  // -ctk / -ctv ("": kv_type)
 };
 
 void add_common_options(CLI::App* app, CommonOptions& o);
+// The cache types as recorded in results files: "f16", or "k=q8,v=q4" when they differ.
+std::string kv_tag(const CommonOptions& o);
 
 // KV-cache compression options (run, chat, ppl).
 struct PressOptions {

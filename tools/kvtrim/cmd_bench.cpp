@@ -52,7 +52,7 @@ void bench(const BenchOptions& o) {
   };
   struct Row { std::string test; Stat tps; };
   std::vector<Row> rows;
-  std::fprintf(stderr, "threads: %d, reps: %d (+1 warm-up), kv: %s\n", s.pool().n_threads(), o.reps, o.common.kv_type.c_str());
+  std::fprintf(stderr, "threads: %d, reps: %d (+1 warm-up), kv: %s\n", s.pool().n_threads(), o.reps, kv_tag(o.common).c_str());
   for (int64_t n : o.prompts) {
     std::vector<double> tps;
     for (int r = 0; r <= o.reps; ++r) {

@@ -283,6 +283,8 @@ void register_calibrate(CLI::App& app) {
   c->remove_option(c->get_option("--ctx"));
   c->remove_option(c->get_option("--batch"));
   c->remove_option(c->get_option("--kv-type"));
+  c->remove_option(c->get_option("--cache-type-k"));
+  c->remove_option(c->get_option("--cache-type-v"));
   c->add_option("-f,--file", o->file,
                 "calibration text: a file or a directory of .txt files (default: WikiText-2 valid "
                 "from ../shared/data)");

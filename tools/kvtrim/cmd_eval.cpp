@@ -192,7 +192,7 @@ void run_ruler(const EvalRulerOptions& o) {
   // Everything that determines a result (not --samples / --tasks: more samples extend a run).
   const std::string cfg = eval::config_hash({"model=" + file_identity(model->gguf().path()),
                                              "format=" + std::string(eval::prompt_format_name(format)),
-                                             "kv=" + o.common.kv_type, "batch=" + std::to_string(o.common.batch),
+                                             "kv=" + kv_tag(o.common), "batch=" + std::to_string(o.common.batch),
                                              "press=" + press_desc, "protocol=kvpress-v1", source});
   std::unique_ptr<eval::ResultsFile> results;
   if (!o.out.empty()) results = std::make_unique<eval::ResultsFile>(o.out, cfg);
@@ -283,7 +283,7 @@ void run_mc(const EvalMcOptions& o) {
   }
   // Everything that determines a result (not --limit: more items extend a run).
   const std::string cfg = eval::config_hash({"model=" + file_identity(model->gguf().path()), "bench=" + o.bench,
-                                             "kv=" + o.common.kv_type, "batch=" + std::to_string(o.common.batch),
+                                             "kv=" + kv_tag(o.common), "batch=" + std::to_string(o.common.batch),
                                              "press=" + press_desc, "protocol=mc-loglik-v1", source});
   std::unique_ptr<eval::McResultsFile> results;
   if (!o.out.empty()) results = std::make_unique<eval::McResultsFile>(o.out, cfg);
@@ -381,7 +381,7 @@ void run_ppl(const EvalPplOptions& o) {
                    : "");
   // Everything that determines a window's numbers (not --max-tokens: more tokens extend a run).
   const std::string cfg = eval::config_hash(
-      {"model=" + file_identity(model->gguf().path()), "data=" + file_identity(o.file), "kv=" + o.common.kv_type,
+      {"model=" + file_identity(model->gguf().path()), "data=" + file_identity(o.file), "kv=" + kv_tag(o.common),
        "batch=" + std::to_string(o.common.batch), "press=" + press_desc, std::string("mode=") + eval::ppl_mode_name(c.mode),
        "ctx=" + std::to_string(c.ctx), "prefix=" + std::to_string(c.first_row()),
        "chunk=" + std::to_string(c.mode == eval::PplMode::kThroughout ? c.chunk : 0), "protocol=ppl-v1"});
@@ -542,7 +542,7 @@ void run_sweep(const EvalSweepOptions& o, const std::string& bench) {
     j.model = load_model(co);
     j.session = std::make_unique<Session>(*j.model, session_params(co));
     j.cells = grid;
-    std::vector<std::string> base = {"model=" + file_identity(j.model->gguf().path()), "kv=" + o.common.kv_type,
+    std::vector<std::string> base = {"model=" + file_identity(j.model->gguf().path()), "kv=" + kv_tag(o.common),
                                      "batch=" + std::to_string(o.common.batch)};
     if (ruler) {
       const eval::PromptFormat format = eval::resolve_prompt_format(o.ruler.format, *j.model);
@@ -685,7 +685,7 @@ void run_sweep_ppl(const EvalSweepOptions& o) {
     j.cells = grid;
     eval::set_cell_configs(
         &j.cells,
-        {"model=" + file_identity(j.model->gguf().path()), "data=" + file_identity(po.file), "kv=" + o.common.kv_type,
+        {"model=" + file_identity(j.model->gguf().path()), "data=" + file_identity(po.file), "kv=" + kv_tag(o.common),
          "batch=" + std::to_string(o.common.batch), std::string("mode=") + eval::ppl_mode_name(mode),
          "ctx=" + std::to_string(j.c.ctx), "prefix=" + std::to_string(j.c.first_row()),
          "chunk=" + std::to_string(mode == eval::PplMode::kThroughout ? j.c.chunk : 0)},

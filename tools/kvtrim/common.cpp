@@ -16,8 +16,21 @@ void add_common_options(CLI::App* app, CommonOptions& o) {
   app->add_option("-c,--ctx", o.ctx, "context limit in tokens (0 = the model's training context)")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
   app->add_option("-b,--batch", o.batch, "prefill chunk size in tokens")->capture_default_str()->check(CLI::PositiveNumber);
-  app->add_option("--kv-type", o.kv_type, "precision of stored keys/values")
-      ->capture_default_str()->check(CLI::IsMember({"f16", "f32", "bf16", "q8"}));
+  const std::vector<std::string> types = {"f16", "f32", "bf16", "q8", "q8_0", "fp8", "fp8_e4m3", "q4", "q4_0"};
+  app->add_option("--kv-type", o.kv_type,
+                  "precision of stored keys and values: f16, f32, bf16, q8 (= q8_0), fp8 (e4m3), q4 (= q4_0)")
+      ->capture_default_str()->check(CLI::IsMember(types));
+  app->add_option("--cache-type-k", o.cache_type_k, "precision of stored keys, also -ctk (default: --kv-type)")
+      ->check(CLI::IsMember(types));
+  app->add_option("--cache-type-v", o.cache_type_v, "precision of stored values, also -ctv (default: --kv-type)")
+      ->check(CLI::IsMember(types));
+}
+
+std::string kv_tag(const CommonOptions& o) {
+  const std::string k = o.cache_type_k.empty() ? o.kv_type : o.cache_type_k;
+  const std::string v = o.cache_type_v.empty() ? o.kv_type : o.cache_type_v;
+  auto canon = [](const std::string& t) { return std::string(kv_dtype_name(kv_dtype_from_name(t))); };
+  return canon(k) == canon(v) ? canon(k) : "k=" + canon(k) + ",v=" + canon(v);
 }
 
 void add_press_options(CLI::App* app, PressOptions& o) {
@@ -74,10 +87,9 @@ SessionParams session_params(const CommonOptions& o) {
   p.n_ctx = o.ctx;
   p.n_threads = o.threads;
   p.n_batch = o.batch;
-  p.kv_dtype = o.kv_type == "f32"    ? KvDtype::kF32
-               : o.kv_type == "bf16" ? KvDtype::kBF16
-               : o.kv_type == "q8"   ? KvDtype::kQ8
-                                     : KvDtype::kF16;
+  p.kv_dtype = kv_dtype_from_name(o.kv_type);
+  if (!o.cache_type_k.empty()) p.kv_dtype_k = kv_dtype_from_name(o.cache_type_k);
+  if (!o.cache_type_v.empty()) p.kv_dtype_v = kv_dtype_from_name(o.cache_type_v);
   return p;
 }
 

@@ -1,7 +1,10 @@
 // kvtrim: run, chat, ppl, inspect, bench. Library errors (kvtrim::Error) are printed as
 // "kvtrim: error: ..." with exit code 1; command-line mistakes exit with code 2.
 #include <cstdio>
+#include <cstring>
 #include <exception>
+#include <string>
+#include <vector>
 
 #include "cli.h"
 #include "core/error.h"
@@ -18,8 +21,16 @@ int main(int argc, char** argv) {
   kvtrim::cli::register_presses(app);
   kvtrim::cli::register_eval(app);
   kvtrim::cli::register_calibrate(app);
+  // llama.cpp's spellings -ctk / -ctv (CLI11 takes only one-letter short options).
+  std::vector<std::string> args;
+  for (int i = argc - 1; i >= 1; --i) {
+    const char* a = argv[i];
+    args.push_back(std::strcmp(a, "-ctk") == 0   ? "--cache-type-k"
+                   : std::strcmp(a, "-ctv") == 0 ? "--cache-type-v"
+                                                 : a);
+  }
   try {
-    app.parse(argc, argv);
+    app.parse(args);
   } catch (const CLI::ParseError& e) {
     const int rc = app.exit(e);
     return rc == 0 ? 0 : 2;

@@ -508,12 +508,12 @@ void LowRankPress::plan_layer(const PressContext& ctx, int il, Phase phase,
 
     HeadPlan& p = out->at(il, ih);
     p.keep_all = true;
-    p.rank_k = h.rk;
-    p.rank_v = h.rv;
-    p.basis_k = h.ek;
-    p.basis_v = h.ev;
-    p.decoder_k = h.dek;
-    p.decoder_v = h.dev;
+    p.key.rank = h.rk;
+    p.value.rank = h.rv;
+    p.key.basis = h.ek;
+    p.value.basis = h.ev;
+    p.key.decoder = h.dek;
+    p.value.decoder = h.dev;
     p.appends_dense = cfg_.oja || cfg_.has_anchors();
     for (int64_t j = 0; j < n; ++j)
       if (anchor[static_cast<size_t>(j)]) p.anchors.push_back(static_cast<int32_t>(j));

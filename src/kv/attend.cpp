@@ -1,0 +1,245 @@
+// TokenCache::attend (token_cache.h): flash-decoding style scheduling over segments.
+//
+// Work items are (query token, kv head, split s of n_split); an item serves all n_head /
+// n_head_kv query heads of its group, so each stored row is read once per group. For every
+// segment of the head it walks split s of the segment's visible run (its own sorted positions:
+// causal, within the sliding window; binary search) in blocks of kBlock tokens with an online
+// softmax, leaving one slot per segment in the segment's stored value space (segment_attend.h).
+// A second parallel pass per (query, kv head) merges each segment's splits (merge_softmax),
+// lifts the segment's slot to the output space once, merges the segments (merge_softmax again)
+// and normalises. Splitting runs keeps every thread busy during decode (n_q = 1, few kv heads).
+// The query is projected once per (query, segment) — before the items when the runs are split,
+// else inside the item — and reused by consecutive segments that see the same projection.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "kv/segment_attend.h"
+#include "kv/token_cache.h"
+
+namespace kvtrim::kv {
+namespace {
+
+// Visible run [lo, hi) of sorted positions p[0..n) for a query at q_pos.
+std::pair<int64_t, int64_t> visible_run(const int32_t* p, int64_t n, int32_t q_pos, int window) {
+  const int64_t hi = std::upper_bound(p, p + n, q_pos) - p;
+  int64_t lo = window > 0 ? std::lower_bound(p, p + n, q_pos - window + 1) - p : 0;
+  return {std::min(lo, hi), hi};
+}
+
+// Floats of a head's slots (every segment) for G query heads.
+int64_t slots_floats(const Head& H, int G) {
+  int64_t n = 0;
+  for (const Segment& S : H.segs) n += static_cast<int64_t>(G) * (slot_width(*S.enc) + 2);
+  return n;
+}
+
+// Floats of a head's projected queries (segments that need one, reused by the next segment
+// when it sees the same projection).
+int64_t qproj_floats(const Head& H, int G) {
+  int64_t n = 0;
+  const SideEncoding* prev = nullptr;
+  for (const Segment& S : H.segs) {
+    const SideEncoding& k = S.enc->k;
+    if (k.identity() || (prev && same_key_query(*prev, k))) continue;
+    n += static_cast<int64_t>(G) * key_query_width(k);
+    prev = &k;
+  }
+  return n;
+}
+
+// The projected query of each segment of H (dst: qproj_floats(H, G) floats): qp[si] points at
+// segment si's [G, key_query_width] (the raw group queries for an identity key side). compute
+// false: dst already holds them (only the pointers are set).
+void project_queries(const Head& H, const float* q_group, int G, float* dst, bool compute,
+                     std::vector<const float*>* qp) {
+  qp->assign(H.segs.size(), nullptr);
+  const SideEncoding* prev = nullptr;
+  const float* prev_q = nullptr;
+  for (size_t si = 0; si < H.segs.size(); ++si) {
+    const SideEncoding& k = H.segs[si].enc->k;
+    if (k.identity()) {
+      (*qp)[si] = q_group;
+      continue;
+    }
+    if (prev && same_key_query(*prev, k)) {
+      (*qp)[si] = prev_q;
+      continue;
+    }
+    if (compute) key_query(k, q_group, G, dst);
+    (*qp)[si] = prev_q = dst;
+    prev = &k;
+    dst += static_cast<int64_t>(G) * key_query_width(k);
+  }
+}
+
+}  // namespace
+
+void TokenCache::attend(int il, int64_t n_q, const float* q, const int32_t* q_pos,
+                        const AttnParams& p, float* out, ThreadPool* pool) const {
+  KVTRIM_CHECK(il >= 0 && il < cfg_.n_layer, "KV cache: layer %d out of range [0, %d)", il,
+               cfg_.n_layer);
+  KVTRIM_CHECK(p.n_head > 0 && p.n_head % cfg_.n_head_kv == 0,
+               "attention: n_head %d is not a positive multiple of n_head_kv %d", p.n_head,
+               cfg_.n_head_kv);
+  if (n_q <= 0) return;
+  const Layer& L = layers_[static_cast<size_t>(il)];
+  const int nkv = cfg_.n_head_kv, dk = cfg_.head_dim_k, dv = cfg_.head_dim_v;
+  const int G = p.n_head / nkv;
+
+  // Longest run an item may walk: a plain head's longest visible run, else all its tokens.
+  int64_t max_len = 0;
+  for (int ih = 0; ih < nkv; ++ih) {
+    const Head& H = L.heads[static_cast<size_t>(ih)];
+    if (!H.plain()) {
+      max_len = std::max(max_len, H.n_tokens());
+      continue;
+    }
+    const int32_t* pb = seg_pos(L, H, 0);
+    for (int64_t iq = 0; iq < n_q; ++iq) {
+      const auto [lo, hi] = visible_run(pb, H.segs[0].n(), q_pos[iq], p.sliding_window);
+      max_len = std::max(max_len, hi - lo);
+    }
+    if (L.shared) break;  // every head has the same positions
+  }
+  // Split long runs when there are fewer (query, kv head) pairs than threads.
+  const int nth = pool ? pool->n_threads() : 1;
+  const int64_t n_base = n_q * nkv;
+  int64_t n_split = 1;
+  if (n_base < 2 * nth) {
+    n_split = std::min((2 * nth + n_base - 1) / n_base, std::max<int64_t>(1, max_len / kMinSplit));
+  }
+  int64_t part_stride = 0;  // slots of one item: every segment's [G, aw], m [G], l [G]
+  for (const Head& H : L.heads) part_stride = std::max(part_stride, slots_floats(H, G));
+
+  // Split runs: each (query, head)'s projected queries once, before the items. (thread_local
+  // scratch is only touched through plain pointers inside the pool's lambdas: a thread_local
+  // named there would be the worker's own instance.)
+  thread_local std::vector<float> qproj_buf;
+  thread_local std::vector<int64_t> qproj_off;
+  if (n_split > 1) {
+    qproj_off.assign(static_cast<size_t>(n_base), 0);
+    int64_t nf = 0;
+    for (int64_t iq = 0; iq < n_q; ++iq) {
+      for (int ih = 0; ih < nkv; ++ih) {
+        qproj_off[static_cast<size_t>(iq * nkv + ih)] = nf;
+        nf += qproj_floats(L.heads[static_cast<size_t>(ih)], G);
+      }
+    }
+    qproj_buf.resize(static_cast<size_t>(nf));
+  }
+  const float* qproj_data = n_split > 1 ? qproj_buf.data() : nullptr;
+  const int64_t* qproj_at = qproj_off.data();
+  if (n_split > 1) {
+    std::vector<const float*> unused;
+    for (int64_t iq = 0; iq < n_q; ++iq)
+      for (int ih = 0; ih < nkv; ++ih)
+        project_queries(L.heads[static_cast<size_t>(ih)], q + (iq * p.n_head + ih * G) * dk, G,
+                        qproj_buf.data() + qproj_off[static_cast<size_t>(iq * nkv + ih)], true,
+                        &unused);
+  }
+  thread_local std::vector<float> parts;
+  parts.resize(static_cast<size_t>(n_base * n_split * part_stride));
+  float* parts_data = parts.data();
+
+  auto run_items = [&](int64_t b, int64_t e) {
+    std::vector<float> qbuf;  // this thread's projected queries (unsplit items)
+    std::vector<const float*> qp;
+    for (int64_t item = b; item < e; ++item) {
+      const int64_t s = item % n_split;
+      const int64_t iq = item / n_split / nkv;
+      const int ih = static_cast<int>(item / n_split % nkv);
+      const Head& H = L.heads[static_cast<size_t>(ih)];
+      const float* q_group = q + (iq * p.n_head + static_cast<int64_t>(ih) * G) * dk;
+      if (qproj_data) {
+        project_queries(H, q_group, G, const_cast<float*>(qproj_data) + qproj_at[iq * nkv + ih],
+                        false, &qp);  // pointers only: the buffer was filled above
+      } else {
+        qbuf.resize(static_cast<size_t>(qproj_floats(H, G)));
+        project_queries(H, q_group, G, qbuf.data(), true, &qp);
+      }
+      float* slot = parts_data + item * part_stride;
+      for (size_t si = 0; si < H.segs.size(); ++si) {
+        const Segment& S = H.segs[si];
+        const int aw = slot_width(*S.enc);
+        float* acc = slot;
+        float* m = acc + static_cast<int64_t>(G) * aw;
+        float* l = m + G;
+        slot = l + G;
+        const auto [lo, hi] = visible_run(seg_pos(L, H, si), S.n(), q_pos[iq], p.sliding_window);
+        const int64_t len = hi - lo;
+        const int64_t t0 = lo + len * s / n_split, t1 = lo + len * (s + 1) / n_split;
+        attend_rows(S.k, S.v, *S.enc, qp[si], G, p.scale, p.softcap, t0, t1, acc, m, l);
+      }
+    }
+  };
+  // Per (query, head): merge each segment's splits, lift once, merge the segments, normalise.
+  auto finish = [&](int64_t b, int64_t e) {
+    std::vector<float> merged, lifted;  // [n_seg][G, aw] / [n_seg][G, dv] (+ m, l)
+    std::vector<const float*> accs;
+    std::vector<float> ms, ls;
+    for (int64_t pair = b; pair < e; ++pair) {
+      const int64_t iq = pair / nkv;
+      const int ih = static_cast<int>(pair % nkv);
+      const Head& H = L.heads[static_cast<size_t>(ih)];
+      const size_t n_seg = H.segs.size();
+      const int64_t item0 = pair * n_split;
+      lifted.resize(n_seg * static_cast<size_t>(G) * (dv + 2));
+      float* lm = lifted.data() + n_seg * static_cast<size_t>(G) * dv;  // m [n_seg][G]
+      float* ll = lm + n_seg * static_cast<size_t>(G);                  // l [n_seg][G]
+      int64_t off = 0;  // the segment's slot offset inside a part
+      for (size_t si = 0; si < n_seg; ++si) {
+        const int aw = slot_width(*H.segs[si].enc);
+        merged.resize(static_cast<size_t>(G) * aw);
+        for (int g = 0; g < G; ++g) {
+          accs.resize(static_cast<size_t>(n_split));
+          ms.resize(static_cast<size_t>(n_split));
+          ls.resize(static_cast<size_t>(n_split));
+          for (int64_t sp = 0; sp < n_split; ++sp) {
+            const float* part = parts_data + (item0 + sp) * part_stride + off;
+            accs[static_cast<size_t>(sp)] = part + static_cast<int64_t>(g) * aw;
+            ms[static_cast<size_t>(sp)] = part[static_cast<int64_t>(G) * aw + g];
+            ls[static_cast<size_t>(sp)] = part[static_cast<int64_t>(G) * aw + G + g];
+          }
+          merge_softmax(static_cast<int>(n_split), accs.data(), ms.data(), ls.data(), aw,
+                        merged.data() + static_cast<int64_t>(g) * aw, &lm[si * G + g],
+                        &ll[si * G + g]);
+        }
+        lift_slot(*H.segs[si].enc, merged.data(), G, lifted.data() + si * G * dv);
+        off += static_cast<int64_t>(G) * (aw + 2);
+      }
+      for (int g = 0; g < G; ++g) {
+        float* o = out + (iq * p.n_head + static_cast<int64_t>(ih) * G + g) * dv;
+        accs.resize(n_seg);
+        ms.resize(n_seg);
+        ls.resize(n_seg);
+        for (size_t si = 0; si < n_seg; ++si) {
+          accs[si] = lifted.data() + (si * G + static_cast<size_t>(g)) * dv;
+          ms[si] = lm[si * G + g];
+          ls[si] = ll[si * G + g];
+        }
+        float m, l;
+        merge_softmax(static_cast<int>(n_seg), accs.data(), ms.data(), ls.data(), dv, o, &m, &l);
+        if (std::isinf(m)) continue;  // no visible key: zeros
+        const float inv = 1.f / l;
+        for (int i = 0; i < dv; ++i) o[i] *= inv;
+      }
+    }
+  };
+  const int64_t n_items = n_base * n_split;
+  if (pool && n_items > 1) {
+    pool->parallel_for(n_items, run_items);
+  } else {
+    run_items(0, n_items);
+  }
+  if (pool && n_base > 1) {
+    pool->parallel_for(n_base, finish);
+  } else {
+    finish(0, n_base);
+  }
+}
+
+}  // namespace kvtrim::kv

@@ -1,0 +1,298 @@
+// TokenCache::apply (token_cache.h): validate the whole plan, then per head select the kept
+// tokens of every segment, re-encode the kept dense tokens into the plan's new epoch, and keep
+// the number of live bases bounded by re-expressing old epochs in the newest basis.
+#include <malloc.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+#include "kv/token_cache.h"
+
+namespace kvtrim::kv {
+namespace {
+
+// One side of a new epoch's encoding from its spec.
+SideEncoding make_side(const SideSpec& sp, int d, KvDtype dflt, bool keys) {
+  SideEncoding s;
+  s.d = d;
+  s.dtype = sp.dtype.value_or(dflt);
+  if (sp.has_basis()) s.basis = intern_basis(d, sp.rank, sp.basis, sp.decoder);
+  const ChannelSpec& c = sp.channels;
+  if (!c.subset.empty()) {
+    s.mode = ChannelMode::kSubset;
+    s.subset.assign(c.subset.begin(), c.subset.end());
+  } else if (c.per_token()) {
+    s.mode = ChannelMode::kPerToken;
+    s.topk = c.topk;
+    if (keys) s.recovery = c.recovery_scale;
+    s.fill = !keys && !c.token_fill.empty();
+  }
+  return s;
+}
+
+bool same_side(const SideEncoding& a, const SideEncoding& b) {
+  return a.d == b.d && a.basis == b.basis && a.mode == b.mode && a.subset == b.subset &&
+         a.topk == b.topk && a.recovery == b.recovery && a.fill == b.fill && a.dtype == b.dtype;
+}
+
+// Per-token channel rows of a spec: start of each row in token_channels, and its length.
+struct Rows {
+  const ChannelSpec& c;
+  std::vector<size_t> start;
+  explicit Rows(const ChannelSpec& cs) : c(cs) {
+    if (!c.per_token()) return;
+    size_t at = 0;
+    const size_t n = c.topk > 0 ? c.token_channels.size() / static_cast<size_t>(c.topk) : c.token_counts.size();
+    for (size_t r = 0; r < n; ++r) {
+      start.push_back(at);
+      at += c.topk > 0 ? static_cast<size_t>(c.topk) : static_cast<size_t>(c.token_counts[r]);
+    }
+  }
+  int count(size_t r) const { return c.topk > 0 ? c.topk : c.token_counts[r]; }
+  const int32_t* channels(size_t r) const { return c.token_channels.data() + start[r]; }
+  float fill(size_t r) const { return c.token_fill.empty() ? 0.f : c.token_fill[r]; }
+};
+
+// Pushes coordinates c [width] into one side of a segment through its channel stage.
+void push_side(SideStore& st, const SideEncoding& e, const float* c, const Rows& rows, size_t r) {
+  if (e.mode == ChannelMode::kPerToken) {
+    st.push_sparse(c, rows.channels(r), rows.count(r), rows.fill(r));
+    return;
+  }
+  if (e.mode == ChannelMode::kSubset) {
+    thread_local std::vector<float> g;
+    g.resize(e.subset.size());
+    for (size_t j = 0; j < e.subset.size(); ++j) g[j] = c[e.subset[j]];
+    st.push_dense(g.data());
+    return;
+  }
+  st.push_dense(c);
+}
+
+}  // namespace
+
+HeadShape TokenCache::shape_of(const Layer& L, int il, int ih) const {
+  const Head& H = L.heads[static_cast<size_t>(ih)];
+  HeadShape s;
+  s.il = il;
+  s.ih = ih;
+  s.head_dim_k = cfg_.head_dim_k;
+  s.head_dim_v = cfg_.head_dim_v;
+  s.n_tokens = H.n_tokens();
+  if (!H.plain()) {
+    for (const auto& [seg, row] : order(L, H)) s.dense.push_back(seg == 0 ? 1 : 0);
+  }
+  return s;
+}
+
+std::shared_ptr<const SegmentEncoding> TokenCache::make_encoding(const HeadPlan& hp) {
+  auto e = std::make_shared<SegmentEncoding>();
+  e->id = next_epoch_++;
+  e->k = make_side(hp.key, cfg_.head_dim_k, cfg_.type_k(), true);
+  e->v = make_side(hp.value, cfg_.head_dim_v, cfg_.type_v(), false);
+  e->appends_dense = hp.appends_dense;
+  return e;
+}
+
+void TokenCache::apply(const CompressionPlan& plan) {
+  const int nl = cfg_.n_layer, nkv = cfg_.n_head_kv;
+  KVTRIM_CHECK(plan.n_layer == nl && plan.n_head_kv == nkv,
+               "compression plan is for %d layers x %d kv heads, but the KV cache has %d x %d",
+               plan.n_layer, plan.n_head_kv, nl, nkv);
+  KVTRIM_CHECK(plan.heads.size() == static_cast<size_t>(nl) * static_cast<size_t>(nkv),
+               "compression plan holds %zu head plans, expected %d layers x %d kv heads = %d",
+               plan.heads.size(), nl, nkv, nl * nkv);
+  // Validate everything before touching storage: a rejected plan leaves the cache as it was.
+  for (int il = 0; il < nl; ++il)
+    for (int ih = 0; ih < nkv; ++ih)
+      validate_head_plan(plan.at(il, ih), shape_of(layers_[static_cast<size_t>(il)], il, ih));
+  const size_t before = bytes().total();
+  for (int il = 0; il < nl; ++il) {
+    Layer& L = layers_[static_cast<size_t>(il)];
+    const HeadPlan& h0 = plan.at(il, 0);
+    bool any = false, same = true;  // any head planned; all heads planned alike (tokens only)
+    for (int ih = 0; ih < nkv; ++ih) {
+      const HeadPlan& hp = plan.at(il, ih);
+      any = any || hp.planned();
+      same = same && !hp.has_epoch() && hp.anchors.empty() && !hp.appends_dense &&
+             hp.keep_all == h0.keep_all && (hp.keep_all || hp.keep == h0.keep);
+    }
+    if (!any) continue;
+    if (L.shared && same) {  // the same rows in every head: positions stay shared
+      if (h0.keep_all) continue;
+      for (Head& H : L.heads) {
+        H.segs[0].k.select(h0.keep);
+        H.segs[0].v.select(h0.keep);
+      }
+      std::vector<int32_t> np(h0.keep.size());
+      for (size_t j = 0; j < np.size(); ++j) np[j] = L.pos[static_cast<size_t>(h0.keep[j])];
+      L.pos = std::move(np);
+      continue;
+    }
+    if (L.shared) {  // heads diverge: each keeps its own positions from now on
+      for (Head& H : L.heads) H.segs[0].pos = L.pos;
+      std::vector<int32_t>().swap(L.pos);
+      L.shared = false;
+    }
+    for (int ih = 0; ih < nkv; ++ih) {
+      const HeadPlan& hp = plan.at(il, ih);
+      if (hp.planned()) apply_head(L, L.heads[static_cast<size_t>(ih)], ih, hp);
+    }
+  }
+  const size_t after = bytes().total();
+  // Large frees from the heap (buffers that grew by steps) only leave the process when the
+  // allocator gives the pages back.
+  if (before > after && before - after >= kTrimBytes) malloc_trim(0);
+}
+
+void TokenCache::apply_head(Layer& L, Head& H, int ih, const HeadPlan& hp) {
+  (void)ih;
+  const int dk = cfg_.head_dim_k, dv = cfg_.head_dim_v;
+  std::shared_ptr<const SegmentEncoding> ne = hp.has_epoch() ? make_encoding(hp) : nullptr;
+  const std::vector<std::pair<int, int64_t>> ord = order(L, H);
+  std::vector<std::vector<int32_t>> keep_seg(H.segs.size());
+  std::vector<int32_t> reenc, reenc_row;  // dense rows to re-encode, and their plan rows
+  size_t ia = 0;
+  int32_t prow = 0;  // plan row of the token being taken (keep order)
+  auto take = [&](int64_t g) {
+    const bool anchor = ia < hp.anchors.size() && hp.anchors[ia] == g;
+    if (anchor) ++ia;
+    const auto [sg, j] = ord[static_cast<size_t>(g)];
+    if (sg > 0 || !ne || anchor) {
+      keep_seg[static_cast<size_t>(sg)].push_back(static_cast<int32_t>(j));
+    } else {
+      reenc.push_back(static_cast<int32_t>(j));
+      reenc_row.push_back(prow);
+    }
+    ++prow;
+  };
+  if (hp.keep_all) {
+    for (int64_t g = 0; g < static_cast<int64_t>(ord.size()); ++g) take(g);
+  } else {
+    for (int32_t g : hp.keep) take(g);
+  }
+  Segment ns;  // the new epoch's segment, re-encoded from the dense rows still stored
+  if (ne && !reenc.empty()) {
+    ns = new_segment(ne);
+    const SegmentEncoding& e = *ne;
+    const Rows rk(hp.key.channels), rv(hp.value.channels);
+    int64_t ent_k = 0, ent_v = 0;
+    for (int32_t r : reenc_row) {
+      if (e.k.per_token()) ent_k += rk.count(static_cast<size_t>(r));
+      if (e.v.per_token()) ent_v += rv.count(static_cast<size_t>(r));
+    }
+    const int64_t n = static_cast<int64_t>(reenc.size());
+    ns.k.reserve(n, ent_k, 1, n);
+    ns.v.reserve(n, ent_v, 1, n);
+    std::vector<float> kf(static_cast<size_t>(dk)), vf(static_cast<size_t>(dv)),
+        ck(static_cast<size_t>(e.k.width())), cv(static_cast<size_t>(e.v.width()));
+    const Segment& D = H.segs[0];
+    ns.pos.resize(static_cast<size_t>(n));
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t j = reenc[static_cast<size_t>(r)];
+      D.k.get(D.enc->k, j, kf.data());
+      D.v.get(D.enc->v, j, vf.data());
+      e.k.to_coords(kf.data(), 1, dk, ck.data());
+      e.v.to_coords(vf.data(), 1, dv, cv.data());
+      const size_t pr = static_cast<size_t>(reenc_row[static_cast<size_t>(r)]);
+      push_side(ns.k, e.k, ck.data(), rk, pr);
+      push_side(ns.v, e.v, cv.data(), rv, pr);
+      ns.pos[static_cast<size_t>(r)] = D.pos[static_cast<size_t>(j)];
+    }
+  }
+  for (size_t sg = 0; sg < H.segs.size(); ++sg) {
+    Segment& S = H.segs[sg];
+    const std::vector<int32_t>& kp = keep_seg[sg];
+    S.k.select(kp);
+    S.v.select(kp);
+    if (kp.size() != S.pos.size() || S.pos.capacity() != S.pos.size()) {
+      std::vector<int32_t> np(kp.size());  // exact size: the old capacity is released
+      for (size_t j = 0; j < np.size(); ++j) np[j] = S.pos[static_cast<size_t>(kp[j])];
+      S.pos = std::move(np);
+    }
+  }
+  // an epoch no token uses any more is freed with its last segment (unless it is current)
+  std::erase_if(H.segs, [](const Segment& S) { return !S.enc->dense() && S.n() == 0; });
+  if (ns.n() > 0) H.segs.push_back(std::move(ns));
+  if (ne) H.cur = std::move(ne);
+  if (cfg_.max_live_bases > 0) bound_live_bases(L, H);
+}
+
+// Re-expresses the tokens of every older basis epoch in the newest epoch's encoding when the
+// head holds more than max_live_bases distinct bases: c' = E_newᵀ D_old c per side (exact when
+// the spans agree), merged by position into the newest segment. Only sides stored whole (all
+// channels) are re-expressed; epochs with channels keep their own encoding.
+void TokenCache::bound_live_bases(const Layer& L, Head& H) const {
+  (void)L;
+  auto bases_of = [](const SegmentEncoding& e) {
+    return std::make_pair(e.k.basis.get(), e.v.basis.get());
+  };
+  std::vector<std::pair<const BasisMat*, const BasisMat*>> live;
+  auto note = [&](const SegmentEncoding& e) {
+    if (!e.k.basis && !e.v.basis) return;
+    const auto b = bases_of(e);
+    if (std::find(live.begin(), live.end(), b) == live.end()) live.push_back(b);
+  };
+  if (H.cur) note(*H.cur);
+  for (const Segment& S : H.segs)
+    if (!S.enc->dense()) note(*S.enc);
+  if (static_cast<int>(live.size()) <= cfg_.max_live_bases || H.segs.size() < 3) return;
+  // the newest epoch segment is the target; older ones with a basis and whole sides merge in
+  const size_t ti = H.segs.size() - 1;
+  const SegmentEncoding& te = *H.segs[ti].enc;
+  auto mergeable = [&](const SegmentEncoding& e) {
+    if (e.dense() || &e == &te || (!e.k.basis && !e.v.basis) || bases_of(e) == bases_of(te))
+      return false;
+    const std::pair<const SideEncoding*, const SideEncoding*> sides[] = {{&e.k, &te.k},
+                                                                         {&e.v, &te.v}};
+    for (const auto& [a, b] : sides) {
+      if (same_side(*a, *b)) continue;
+      if (a->mode != ChannelMode::kAll || b->mode != ChannelMode::kAll) return false;
+    }
+    return true;
+  };
+  std::vector<size_t> from;
+  for (size_t s = 1; s < ti; ++s)
+    if (mergeable(*H.segs[s].enc)) from.push_back(s);
+  if (from.empty()) return;
+  Segment& T = H.segs[ti];
+  int64_t total = T.n();
+  for (size_t s : from) total += H.segs[s].n();
+  Segment M = new_segment(T.enc);
+  M.k.reserve(total, 0, 1, total);
+  M.v.reserve(total, 0, 1, total);
+  // rows of the target and the merged segments, by position
+  std::vector<std::pair<int32_t, std::pair<size_t, int64_t>>> rows;
+  for (size_t s : from)
+    for (int64_t j = 0; j < H.segs[s].n(); ++j) rows.push_back({H.segs[s].pos[static_cast<size_t>(j)], {s, j}});
+  for (int64_t j = 0; j < T.n(); ++j) rows.push_back({T.pos[static_cast<size_t>(j)], {ti, j}});
+  std::sort(rows.begin(), rows.end());
+  const int dk = cfg_.head_dim_k, dv = cfg_.head_dim_v;
+  std::vector<float> c, x, c2;
+  auto move_side = [&](SideStore& dst, const SideEncoding& de, const SideStore& src,
+                       const SideEncoding& se, int64_t j, int d) {
+    c.resize(static_cast<size_t>(se.width()));
+    src.get(se, j, c.data());
+    if (!same_side(se, de)) {  // through the full vector: E_newᵀ (D_old c)
+      x.resize(static_cast<size_t>(d));
+      se.from_coords(c.data(), 1, x.data(), d);
+      c2.resize(static_cast<size_t>(de.width()));
+      de.to_coords(x.data(), 1, d, c2.data());
+      dst.push_dense(c2.data());
+      return;
+    }
+    dst.push_dense(c.data());  // same encoding (whole sides): decoded and re-encoded
+  };
+  for (const auto& [p, sj] : rows) {
+    const Segment& S = H.segs[sj.first];
+    move_side(M.k, te.k, S.k, S.enc->k, sj.second, dk);
+    move_side(M.v, te.v, S.v, S.enc->v, sj.second, dv);
+    M.pos.push_back(p);
+  }
+  H.segs[ti] = std::move(M);
+  for (auto it = from.rbegin(); it != from.rend(); ++it)
+    H.segs.erase(H.segs.begin() + static_cast<std::ptrdiff_t>(*it));
+}
+
+}  // namespace kvtrim::kv

@@ -1,0 +1,80 @@
+// Segment encodings (encoding.h): basis interning and the basis stage's maps.
+#include "kv/encoding.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "kv/attn_kernels.h"
+
+namespace kvtrim::kv {
+namespace {
+
+uint64_t hash_floats(const std::vector<float>& v, uint64_t h) {
+  for (float x : v) {
+    uint32_t b;
+    std::memcpy(&b, &x, sizeof(b));
+    h = (h ^ b) * 0x100000001b3ull;  // FNV-1a over 32-bit words
+  }
+  return h;
+}
+
+}  // namespace
+
+std::shared_ptr<const BasisMat> intern_basis(int d, int r, const std::vector<float>& enc,
+                                             const std::vector<float>& dec) {
+  static std::mutex mu;
+  static std::multimap<uint64_t, std::weak_ptr<const BasisMat>> table;
+  const uint64_t h = hash_floats(dec, hash_floats(enc, 0xcbf29ce484222325ull ^ (uint64_t(d) << 32 | uint32_t(r))));
+  std::lock_guard<std::mutex> lock(mu);
+  auto [b, e] = table.equal_range(h);
+  for (auto it = b; it != e;) {
+    std::shared_ptr<const BasisMat> m = it->second.lock();
+    if (!m) {  // its last user is gone
+      it = table.erase(it);
+      continue;
+    }
+    if (m->d == d && m->r == r && m->enc == enc && m->dec == dec) return m;
+    ++it;
+  }
+  auto m = std::make_shared<BasisMat>();
+  m->d = d;
+  m->r = r;
+  m->enc = enc;
+  m->dec = dec;
+  table.emplace(h, m);
+  return m;
+}
+
+void SideEncoding::to_coords(const float* x, int64_t n, int64_t ldx, float* c) const {
+  if (!basis) {
+    for (int64_t j = 0; j < n; ++j) std::copy(x + j * ldx, x + j * ldx + d, c + j * d);
+    return;
+  }
+  const int r = basis->r;
+  std::fill(c, c + n * r, 0.f);
+  // c[j, :] = Σ_i x[j, i] U[i, :]: the weighted-sum kernel with U's rows as the "values"
+  attn_accum_f32(x, static_cast<int>(n), ldx, basis->enc.data(), d, r, c);
+}
+
+void SideEncoding::query_coords(const float* q, int64_t n, float* qc) const {
+  if (!basis) {
+    std::copy(q, q + n * d, qc);
+    return;
+  }
+  const int r = basis->r;
+  std::fill(qc, qc + n * r, 0.f);
+  attn_accum_f32(q, static_cast<int>(n), d, basis->decoder().data(), d, r, qc);
+}
+
+void SideEncoding::from_coords(const float* c, int64_t n, float* x, int64_t ldx) const {
+  if (!basis) {
+    for (int64_t j = 0; j < n; ++j) std::copy(c + j * d, c + (j + 1) * d, x + j * ldx);
+    return;
+  }
+  // x[j, i] = Σ_k D[i, k] c[j, k]
+  rows_dot_f32(basis->decoder().data(), d, basis->r, c, static_cast<int>(n), basis->r, x, ldx);
+}
+
+}  // namespace kvtrim::kv

@@ -1,0 +1,81 @@
+// How one segment (epoch) of a head stores its keys and its values (DESIGN.md §3): per side,
+// basis -> channels -> precision. Immutable once built and shared by pointer (a segment, the
+// head's current encoding, clones of the cache).
+//
+//   x [d] --basis--> c [w] = Uᵀx (w = rank; identity: c = x, w = d)
+//         --channels--> all of c | c[S] (a per-head subset) | per token (c_j, j) for j in the
+//                       token's own list (+ recovery / fill for the others)
+//         --precision--> f32 | f16 | bf16 | q8 | fp8 | q4 elements (side_store.h)
+//
+// Attention reads each stage directly: the query is projected once per segment (q·D_k, D_k =
+// the decoder or U), the values are accumulated in the stored space and lifted once per
+// segment ((Σ a ṽ) scattered back to w coordinates, then ·D_vᵀ).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "kv/kv_types.h"
+
+namespace kvtrim::kv {
+
+// A basis matrix, stored once however many heads, epochs, caches or sessions use it
+// (intern_basis): encoder U [d, r] row-major f32 and, for oblique bases, decoder D [d, r].
+struct BasisMat {
+  int d = 0, r = 0;
+  std::vector<float> enc;  // [d, r]
+  std::vector<float> dec;  // [d, r] (empty: the encoder itself)
+  const std::vector<float>& decoder() const { return dec.empty() ? enc : dec; }
+  size_t bytes() const { return (enc.size() + dec.size()) * sizeof(float); }
+};
+// The one shared instance with this content (a process-wide table of weak references: two
+// plans giving equal matrices get the same pointer; freed with its last user).
+std::shared_ptr<const BasisMat> intern_basis(int d, int r, const std::vector<float>& enc,
+                                             const std::vector<float>& dec);
+
+enum class ChannelMode : uint8_t { kAll, kSubset, kPerToken };
+
+// One side (keys or values) of an encoding.
+struct SideEncoding {
+  int d = 0;                              // head dim of the side
+  std::shared_ptr<const BasisMat> basis;  // null: identity
+  ChannelMode mode = ChannelMode::kAll;
+  std::vector<uint16_t> subset;  // kSubset: kept coordinates (increasing, < width())
+  int topk = 0;                  // kPerToken: fixed count; 0 = a variable count per token
+  std::vector<float> recovery;   // keys, kPerToken: r [width()] (empty: pruned read zero)
+  bool fill = false;             // values, kPerToken: a per-token fill for pruned coordinates
+  KvDtype dtype = KvDtype::kF16;
+
+  int width() const { return basis ? basis->r : d; }
+  // Elements of a dense stored row: width(), or |subset|; per-token rows have their own count.
+  int stored() const {
+    return mode == ChannelMode::kSubset ? static_cast<int>(subset.size()) : width();
+  }
+  bool identity() const { return !basis && mode == ChannelMode::kAll; }
+  bool per_token() const { return mode == ChannelMode::kPerToken; }
+  bool recovers() const { return !recovery.empty(); }
+  // Bytes held once per encoding (not per token): subset indices (uint16) and the recovery
+  // scale (f32); bases are counted separately (shared).
+  size_t subset_bytes() const { return subset.size() * sizeof(uint16_t); }
+  size_t recovery_bytes() const { return recovery.size() * sizeof(float); }
+
+  // c [n, width()] = x [n, d] (rows ldx apart) through the basis.
+  void to_coords(const float* x, int64_t n, int64_t ldx, float* c) const;
+  // The query seen by stored coordinates: qc [n, width()] = q [n, d] · D (D = decoder or U).
+  void query_coords(const float* q, int64_t n, float* qc) const;
+  // x [n, d] = D · c [n, width()] (rows ldx apart): back from coordinates (values, read_head).
+  void from_coords(const float* c, int64_t n, float* x, int64_t ldx) const;
+};
+
+// The encoding of one segment of a head: keys and values. id: the epoch id (unique in the
+// cache; -1 = the dense rows).
+struct SegmentEncoding {
+  int32_t id = -1;
+  SideEncoding k, v;
+  bool appends_dense = false;  // tokens appended after it stay dense (channel epochs always)
+  bool dense() const { return id < 0; }
+  bool appends_here() const { return !appends_dense && !k.per_token() && !v.per_token() &&
+                                     k.mode != ChannelMode::kSubset && v.mode != ChannelMode::kSubset; }
+};
+
+}  // namespace kvtrim::kv

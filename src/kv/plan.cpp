@@ -1,0 +1,281 @@
+// Plan validation and composition (plan.h).
+#include "kv/plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "core/error.h"
+
+namespace kvtrim {
+namespace {
+
+#define PLAN_CHECK(cond, fmt, ...)                                                   \
+  KVTRIM_CHECK(cond, "compression plan (layer %d, kv head %d): " fmt, s.il, s.ih, \
+               ##__VA_ARGS__)
+
+// Indices strictly increasing in [0, n).
+void check_indices(const std::vector<int32_t>& v, int64_t n, const char* what, const HeadShape& s,
+                   const char* range) {
+  for (size_t j = 0; j < v.size(); ++j) {
+    PLAN_CHECK(v[j] >= 0 && v[j] < n, "%s[%zu] = %d is out of range [0, %lld) (%s)", what, j, v[j],
+               static_cast<long long>(n), range);
+    PLAN_CHECK(j == 0 || v[j] > v[j - 1], "%s[%zu] = %d after %d (must be strictly increasing)",
+               what, j, v[j], v[j - 1]);
+  }
+}
+
+// The basis stage of one side: none, or U [d, r] orthonormal (or any finite U with a decoder).
+void check_basis(const SideSpec& sp, int d, const char* side, const HeadShape& s) {
+  const std::vector<float>& U = sp.basis;
+  const std::vector<float>& D = sp.decoder;
+  const int r = sp.rank;
+  PLAN_CHECK(D.empty() || !U.empty(), "%s decoder given without a %s basis (the encoder)", side,
+             side);
+  if (r == 0 && U.empty()) return;
+  PLAN_CHECK(r >= 1 && r <= d, "%s basis rank %d is out of range [1, %d]", side, r, d);
+  PLAN_CHECK(U.size() == static_cast<size_t>(d) * static_cast<size_t>(r),
+             "%s basis holds %zu floats, expected head_dim %d x rank %d = %d", side, U.size(), d, r,
+             d * r);
+  if (!D.empty()) {
+    PLAN_CHECK(D.size() == U.size(),
+               "%s decoder holds %zu floats, expected head_dim %d x rank %d = %d (the basis's "
+               "shape)",
+               side, D.size(), d, r, d * r);
+    for (const std::vector<float>* m : {&U, &D}) {
+      for (size_t i = 0; i < m->size(); ++i)
+        PLAN_CHECK(std::isfinite((*m)[i]), "%s %s element %zu is not finite", side,
+                   m == &U ? "basis" : "decoder", i);
+    }
+    return;  // oblique: no orthonormality required
+  }
+  double worst = 0;
+  for (int a = 0; a < r; ++a) {
+    for (int b = a; b < r; ++b) {
+      double dot = 0;
+      for (int i = 0; i < d; ++i)
+        dot += static_cast<double>(U[static_cast<size_t>(i) * r + a]) *
+               U[static_cast<size_t>(i) * r + b];
+      const double dev = std::fabs(dot - (a == b ? 1.0 : 0.0));
+      if (!(dev <= worst)) worst = std::isnan(dev) ? std::numeric_limits<double>::infinity() : dev;
+    }
+  }
+  PLAN_CHECK(worst <= 1e-4,
+             "%s basis columns are not orthonormal (max |UᵀU - I| = %g, tolerance 1e-4)", side,
+             worst);
+}
+
+// The channel stage of one side, in the coordinates after the basis (width w).
+void check_channels(const ChannelSpec& c, int w, bool keys, size_t rows, const char* side,
+                    const HeadShape& s) {
+  if (!c.set()) return;
+  if (!c.subset.empty()) {
+    PLAN_CHECK(!c.per_token() && c.recovery_scale.empty() && c.token_fill.empty(),
+               "%s channels: a per-head subset and per-token channels cannot be combined", side);
+    PLAN_CHECK(c.subset.size() <= static_cast<size_t>(w), "%zu %s channels for width %d",
+               c.subset.size(), side, w);
+    check_indices(c.subset, w, keys ? "key_channels" : "value_channels", s,
+                  "coordinates after the basis");
+    return;
+  }
+  PLAN_CHECK(c.per_token(), "%s channels: recovery_scale / token_fill given without per-token "
+             "channels", side);
+  PLAN_CHECK(c.topk >= 0 && c.topk <= w, "%s topk %d is out of range [1, %d] (width)", side,
+             c.topk, w);
+  size_t total = 0;
+  if (c.topk > 0) {
+    PLAN_CHECK(c.token_counts.empty(), "%s channels: topk %d and token_counts cannot both be given",
+               side, c.topk);
+    total = rows * static_cast<size_t>(c.topk);
+  } else {
+    PLAN_CHECK(c.token_counts.size() == rows,
+               "%s channels: token_counts holds %zu counts, expected %zu kept tokens (topk 0 = a "
+               "variable count per token)",
+               side, c.token_counts.size(), rows);
+    for (size_t r = 0; r < rows; ++r) {
+      PLAN_CHECK(c.token_counts[r] >= 1 && c.token_counts[r] <= w,
+                 "%s token_counts[%zu] = %d is out of range [1, %d]", side, r, c.token_counts[r], w);
+      total += static_cast<size_t>(c.token_counts[r]);
+    }
+  }
+  PLAN_CHECK(c.token_channels.size() == total,
+             "%s token_channels holds %zu indices, expected %zu (kept tokens x channels per token)",
+             side, c.token_channels.size(), total);
+  size_t at = 0;
+  for (size_t r = 0; r < rows; ++r) {
+    const size_t n = c.topk > 0 ? static_cast<size_t>(c.topk) : static_cast<size_t>(c.token_counts[r]);
+    for (size_t j = 0; j < n; ++j) {
+      const int32_t ch = c.token_channels[at + j];
+      PLAN_CHECK(ch >= 0 && ch < w && (j == 0 || ch > c.token_channels[at + j - 1]),
+                 "%s token_channels row %zu entry %zu = %d is out of range [0, %d) or not strictly "
+                 "increasing",
+                 side, r, j, ch, w);
+    }
+    at += n;
+  }
+  if (keys) {
+    PLAN_CHECK(c.recovery_scale.empty() == c.token_fill.empty(),
+               "key recovery_scale and token_fill are given together or not at all");
+    if (!c.recovery_scale.empty())
+      PLAN_CHECK(c.recovery_scale.size() == static_cast<size_t>(w),
+                 "key recovery_scale holds %zu floats, expected the width %d",
+                 c.recovery_scale.size(), w);
+  } else {
+    PLAN_CHECK(c.recovery_scale.empty(),
+               "value channels take a fill per token (token_fill), not a recovery_scale");
+  }
+  PLAN_CHECK(c.token_fill.empty() || c.token_fill.size() == rows,
+             "%s token_fill holds %zu floats, expected %zu kept tokens", side, c.token_fill.size(),
+             rows);
+  for (float x : c.recovery_scale) PLAN_CHECK(std::isfinite(x), "%s recovery_scale is not finite", side);
+  for (float x : c.token_fill) PLAN_CHECK(std::isfinite(x), "%s token_fill is not finite", side);
+}
+
+}  // namespace
+
+void validate_head_plan(const HeadPlan& hp, const HeadShape& s) {
+  const int64_t n = s.n_tokens;
+  check_basis(hp.key, s.head_dim_k, "key", s);
+  check_basis(hp.value, s.head_dim_v, "value", s);
+  const size_t rows = hp.keep_all ? static_cast<size_t>(n) : hp.keep.size();
+  check_channels(hp.key.channels, hp.key.rank > 0 ? hp.key.rank : s.head_dim_k, true, rows, "key",
+                 s);
+  check_channels(hp.value.channels, hp.value.rank > 0 ? hp.value.rank : s.head_dim_v, false, rows,
+                 "value", s);
+  PLAN_CHECK(!hp.appends_dense || hp.has_epoch(),
+             "appends_dense is given without a basis or channels (it says how tokens appended "
+             "after the plan's epoch are stored)");
+  if (!hp.keep_all) check_indices(hp.keep, n, "keep", s, "the head's stored tokens");
+  if (!hp.anchors.empty()) {
+    PLAN_CHECK(hp.has_epoch(),
+               "anchors are given without a basis or channels (anchors are the tokens an epoch "
+               "leaves dense)");
+    check_indices(hp.anchors, n, "anchors", s, "the head's stored tokens");
+    for (size_t j = 0; j < hp.anchors.size(); ++j) {
+      const int32_t a = hp.anchors[j];
+      PLAN_CHECK(hp.keep_all || std::binary_search(hp.keep.begin(), hp.keep.end(), a),
+                 "anchors[%zu] = %d is not kept", j, a);
+      PLAN_CHECK(s.dense.empty() || s.dense[static_cast<size_t>(a)],
+                 "anchors[%zu] = %d is already stored in a basis (its full-rank vector is gone)", j,
+                 a);
+    }
+  }
+}
+
+#undef PLAN_CHECK
+
+namespace {
+
+// Rows `pick` of a per-token array whose row r has len(r) entries.
+template <class T, class Len>
+std::vector<T> select_rows(const std::vector<T>& rows, const std::vector<int32_t>& pick, Len len) {
+  if (rows.empty()) return rows;
+  std::vector<size_t> start;
+  size_t at = 0;
+  for (size_t r = 0; at < rows.size(); ++r) {
+    start.push_back(at);
+    at += len(r);
+  }
+  std::vector<T> out;
+  for (int32_t p : pick) {
+    KVTRIM_CHECK(p >= 0 && static_cast<size_t>(p) < start.size(),
+                 "compose_plans: per-token row %d out of range", p);
+    const size_t b = start[static_cast<size_t>(p)];
+    out.insert(out.end(), rows.begin() + static_cast<std::ptrdiff_t>(b),
+               rows.begin() + static_cast<std::ptrdiff_t>(b + len(static_cast<size_t>(p))));
+  }
+  return out;
+}
+
+// The per-token rows of c restricted to the rows `pick` (second plan's keep over first's rows).
+ChannelSpec select_channel_rows(const ChannelSpec& c, const std::vector<int32_t>& pick) {
+  ChannelSpec o = c;
+  if (!c.per_token()) return o;
+  const size_t T = static_cast<size_t>(c.topk);
+  o.token_channels = select_rows(c.token_channels, pick, [&](size_t r) {
+    return T > 0 ? T : static_cast<size_t>(c.token_counts[r]);
+  });
+  o.token_counts = select_rows(c.token_counts, pick, [](size_t) { return size_t{1}; });
+  o.token_fill = select_rows(c.token_fill, pick, [](size_t) { return size_t{1}; });
+  return o;
+}
+
+// One side of the composition: stages from the plan that sets them; conflicts refused.
+SideSpec compose_side(const SideSpec& a, const SideSpec& b, bool b_keeps_all,
+                      const std::vector<int32_t>& b_keep, const char* side, size_t i, int nkv) {
+  const int il = static_cast<int>(i / static_cast<size_t>(std::max(1, nkv)));
+  const int ih = static_cast<int>(i % static_cast<size_t>(std::max(1, nkv)));
+  KVTRIM_CHECK(!(a.has_basis() && b.has_basis()),
+               "compose_plans: two presses both set a %s basis for layer %d kv head %d (bases on the "
+               "same side do not compose)",
+               side, il, ih);
+  KVTRIM_CHECK(!(a.channels.set() && b.channels.set()),
+               "compose_plans: two presses both set %s channels for layer %d kv head %d (channel "
+               "choices on the same side do not compose)",
+               side, il, ih);
+  KVTRIM_CHECK(!((a.has_basis() && b.channels.set()) || (b.has_basis() && a.channels.set())),
+               "compose_plans: one press sets a %s basis and another %s channels for layer %d kv "
+               "head %d (the channels were chosen in the coordinates the basis changes)",
+               side, side, il, ih);
+  KVTRIM_CHECK(!(a.dtype && b.dtype && *a.dtype != *b.dtype),
+               "compose_plans: two presses set different %s precisions (%s, %s) for layer %d kv "
+               "head %d",
+               side, kv_dtype_name(*a.dtype), kv_dtype_name(*b.dtype), il, ih);
+  SideSpec o;
+  const SideSpec& bs = a.has_basis() ? a : b;
+  o.rank = bs.rank;
+  o.basis = bs.basis;
+  o.decoder = bs.decoder;
+  o.dtype = a.dtype ? a.dtype : b.dtype;
+  if (b.channels.set()) {
+    o.channels = b.channels;  // b's rows follow b's keep order, which is the result's
+  } else if (a.channels.set()) {
+    o.channels = b_keeps_all ? a.channels : select_channel_rows(a.channels, b_keep);
+  }
+  return o;
+}
+
+}  // namespace
+
+CompressionPlan compose_plans(const CompressionPlan& first, const CompressionPlan& second) {
+  KVTRIM_CHECK(first.n_layer == second.n_layer && first.n_head_kv == second.n_head_kv,
+               "compose_plans: shapes differ (%dx%d vs %dx%d)", first.n_layer, first.n_head_kv,
+               second.n_layer, second.n_head_kv);
+  CompressionPlan out(first.n_layer, first.n_head_kv);
+  for (size_t i = 0; i < first.heads.size(); ++i) {
+    const HeadPlan& a = first.heads[i];
+    const HeadPlan& b = second.heads[i];
+    HeadPlan& o = out.heads[i];
+    // second's token indices count first's kept tokens
+    auto through_a = [&](int32_t t, const char* what) {
+      if (a.keep_all) return t;
+      KVTRIM_CHECK(t >= 0 && static_cast<size_t>(t) < a.keep.size(),
+                   "compose_plans: %s %d out of range (%zu tokens after the first plan)", what, t,
+                   a.keep.size());
+      return a.keep[static_cast<size_t>(t)];
+    };
+    // Token axis.
+    o.keep_all = a.keep_all && b.keep_all;
+    if (b.keep_all) {
+      o.keep = a.keep;
+    } else {
+      o.keep.resize(b.keep.size());
+      for (size_t j = 0; j < b.keep.size(); ++j) o.keep[j] = through_a(b.keep[j], "index");
+    }
+    // Key and value encodings, each side separately.
+    o.key = compose_side(a.key, b.key, b.keep_all, b.keep, "key", i, first.n_head_kv);
+    o.value = compose_side(a.value, b.value, b.keep_all, b.keep, "value", i, first.n_head_kv);
+    o.appends_dense = a.appends_dense || b.appends_dense;
+    // Anchors: first's that are still kept, plus second's mapped through first.
+    std::vector<int32_t> anchors;
+    for (int32_t t : a.anchors)
+      if (o.keep_all || std::binary_search(o.keep.begin(), o.keep.end(), t)) anchors.push_back(t);
+    for (int32_t t : b.anchors) anchors.push_back(through_a(t, "anchor"));
+    std::sort(anchors.begin(), anchors.end());
+    anchors.erase(std::unique(anchors.begin(), anchors.end()), anchors.end());
+    o.anchors = std::move(anchors);
+  }
+  return out;
+}
+
+}  // namespace kvtrim

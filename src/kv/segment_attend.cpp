@@ -1,0 +1,269 @@
+// Attention over one segment per encoding (segment_attend.h): the block loop with the online
+// softmax, and which kernel scores / accumulates each stage's layout.
+#include "kv/segment_attend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kv/attn_kernels.h"
+#include "kv/token_cache.h"
+
+namespace kvtrim::kv {
+namespace {
+
+// Stored value width of a slot (without the fill sum).
+int value_stored(const SideEncoding& v) { return v.per_token() ? v.width() : v.stored(); }
+
+// s[g, t - b] (rows ld apart) = qs_g · k_t for rows [b, b + nb) of a dense key store.
+void dense_scores(const SideStore& k, const float* qs, int G, int64_t b, int64_t nb, float* s,
+                  int64_t ld) {
+  const int64_t d = k.row_elems();
+  switch (k.dtype()) {
+    case KvDtype::kF32:
+      attn_scores_f32(qs, G, d, reinterpret_cast<const float*>(k.data()), b, nb, s, ld);
+      return;
+    case KvDtype::kF16:
+      attn_scores_f16(qs, G, d, reinterpret_cast<const uint16_t*>(k.data()), b, nb, s, ld);
+      return;
+    case KvDtype::kBF16:
+      attn_scores_bf16(qs, G, d, reinterpret_cast<const uint16_t*>(k.data()), b, nb, s, ld);
+      return;
+    case KvDtype::kQ8:
+      attn_scores_q8(qs, G, d, reinterpret_cast<const int8_t*>(k.data()), k.row_scale(), b, nb, s,
+                     ld);
+      return;
+    case KvDtype::kFP8:
+    case KvDtype::kQ4:
+      break;
+  }
+  for (int64_t t = 0; t < nb; ++t) {  // generic path: decoded element by element
+    for (int g = 0; g < G; ++g) {
+      float dot = 0;
+      for (int64_t i = 0; i < d; ++i) dot += qs[g * d + i] * k.dense_at(b + t, static_cast<int>(i));
+      s[g * ld + t] = dot;
+    }
+  }
+}
+
+// Per-token key rows: s[g, t - b] = Σ_kept qs_g[c] k_tc + fill_t Σ_pruned ± qr_g[c] (qr = qs ∘ r,
+// only with recovery). qs, qr: [G, w].
+void sparse_scores(const SideStore& k, int w, const float* qs, const float* qr, int G, int64_t b,
+                   int64_t nb, float* s, int64_t ld) {
+  thread_local std::vector<float> val;
+  thread_local std::vector<int> ch;
+  const bool rec = qr != nullptr;
+  thread_local std::vector<char> kept;
+  for (int64_t t = b; t < b + nb; ++t) {
+    const int64_t e0 = k.row_begin(t);
+    const int cnt = k.row_count(t);
+    val.resize(static_cast<size_t>(cnt));
+    ch.resize(static_cast<size_t>(cnt));
+    for (int j = 0; j < cnt; ++j) {
+      val[static_cast<size_t>(j)] = k.entry_at(t, e0 + j);
+      ch[static_cast<size_t>(j)] =
+          k.idx_bytes() == 1 ? k.idx()[e0 + j] : reinterpret_cast<const uint16_t*>(k.idx())[e0 + j];
+    }
+    for (int g = 0; g < G; ++g) {
+      const float* q = qs + static_cast<int64_t>(g) * w;
+      float dot = 0;
+      for (int j = 0; j < cnt; ++j) dot += q[ch[static_cast<size_t>(j)]] * val[static_cast<size_t>(j)];
+      s[g * ld + (t - b)] = dot;
+    }
+    if (!rec) continue;
+    // Σ over pruned coordinates (in coordinate order) of ±qr_c, times the token's fill
+    kept.assign(static_cast<size_t>(w), 0);
+    for (int j = 0; j < cnt; ++j) kept[static_cast<size_t>(ch[static_cast<size_t>(j)])] = 1;
+    const uint8_t* sg = k.signs();
+    const float fill = k.fills()[t];
+    for (int g = 0; g < G; ++g) {
+      const float* r = qr + static_cast<int64_t>(g) * w;
+      float acc = 0;
+      int64_t bit = k.sign_bit(t);
+      for (int c = 0; c < w; ++c) {
+        if (kept[static_cast<size_t>(c)]) continue;
+        acc += ((sg[bit >> 3] >> (bit & 7)) & 1) ? -r[c] : r[c];
+        ++bit;
+      }
+      s[g * ld + (t - b)] += fill * acc;
+    }
+  }
+}
+
+// acc[g, :] (rows aw apart) += Σ_t p[g, t - b] v_t over rows [b, b + nb) of a dense value store.
+void dense_accum(const SideStore& v, const float* p, int G, int64_t ldp, int64_t b, int64_t nb,
+                 float* acc) {
+  const int64_t dv = v.row_elems();
+  thread_local std::vector<float> pv;
+  switch (v.dtype()) {
+    case KvDtype::kF32:
+      attn_accum_f32(p, G, ldp, reinterpret_cast<const float*>(v.data()) + b * dv, nb, dv, acc);
+      return;
+    case KvDtype::kF16:
+      attn_accum_f16(p, G, ldp, reinterpret_cast<const uint16_t*>(v.data()) + b * dv, nb, dv, acc);
+      return;
+    case KvDtype::kBF16:
+      attn_accum_bf16(p, G, ldp, reinterpret_cast<const uint16_t*>(v.data()) + b * dv, nb, dv, acc);
+      return;
+    case KvDtype::kQ8: {
+      // v_t = v_scale[t] · code_t: fold the scale into the weights, p'[g, t] = p[g, t] · v_scale[t]
+      pv.resize(static_cast<size_t>(G) * static_cast<size_t>(nb));
+      const float* vsc = v.row_scale() + b;
+      for (int g = 0; g < G; ++g)
+        for (int64_t t = 0; t < nb; ++t) pv[static_cast<size_t>(g * nb + t)] = p[g * ldp + t] * vsc[t];
+      attn_accum_q8(pv.data(), G, nb, reinterpret_cast<const int8_t*>(v.data()) + b * dv, nb, dv,
+                    acc);
+      return;
+    }
+    case KvDtype::kFP8:
+    case KvDtype::kQ4:
+      break;
+  }
+  for (int64_t t = 0; t < nb; ++t) {  // generic path
+    for (int64_t i = 0; i < dv; ++i) {
+      const float x = v.dense_at(b + t, static_cast<int>(i));
+      for (int g = 0; g < G; ++g) acc[g * dv + i] += p[g * ldp + t] * x;
+    }
+  }
+}
+
+// Per-token value rows: acc[g, c] += p·v_tc for kept c; with fill, acc[g, w] (the fill sum) +=
+// p·fill_t and acc[g, c] -= p·fill_t for kept c (so that adding the fill sum to every coordinate
+// at the lift gives fill_t on the pruned ones).
+void sparse_accum(const SideStore& v, int w, bool fill, const float* p, int G, int64_t ldp,
+                  int64_t b, int64_t nb, float* acc, int aw) {
+  for (int64_t t = b; t < b + nb; ++t) {
+    const int64_t e0 = v.row_begin(t);
+    const int cnt = v.row_count(t);
+    const float f = fill ? v.fills()[t] : 0.f;
+    for (int g = 0; g < G; ++g) {
+      const float pt = p[g * ldp + (t - b)];
+      float* a = acc + static_cast<int64_t>(g) * aw;
+      for (int j = 0; j < cnt; ++j) {
+        const int c = v.idx_bytes() == 1 ? v.idx()[e0 + j]
+                                         : reinterpret_cast<const uint16_t*>(v.idx())[e0 + j];
+        a[c] += pt * (v.entry_at(t, e0 + j) - f);
+      }
+      if (fill) a[w] += pt * f;
+    }
+  }
+}
+
+}  // namespace
+
+int key_query_width(const SideEncoding& k) { return k.per_token() ? k.width() : k.stored(); }
+
+void key_query(const SideEncoding& k, const float* q, int G, float* qk) {
+  if (k.mode != ChannelMode::kSubset) {
+    k.query_coords(q, G, qk);
+    return;
+  }
+  thread_local std::vector<float> full;
+  full.resize(static_cast<size_t>(G) * static_cast<size_t>(k.width()));
+  k.query_coords(q, G, full.data());
+  const int s = k.stored(), w = k.width();
+  for (int g = 0; g < G; ++g)
+    for (int j = 0; j < s; ++j) qk[g * s + j] = full[static_cast<size_t>(g * w + k.subset[static_cast<size_t>(j)])];
+}
+
+bool same_key_query(const SideEncoding& a, const SideEncoding& b) {
+  return a.basis == b.basis && a.d == b.d && (a.mode == ChannelMode::kSubset) == (b.mode == ChannelMode::kSubset) &&
+         a.subset == b.subset;
+}
+
+int slot_width(const SegmentEncoding& e) { return value_stored(e.v) + (e.v.fill ? 1 : 0); }
+
+void attend_rows(const SideStore& k, const SideStore& v, const SegmentEncoding& e, const float* qk,
+                 int G, float scale, float softcap, int64_t t0, int64_t t1, float* acc, float* m,
+                 float* l) {
+  const int kw = key_query_width(e.k), aw = slot_width(e);
+  // scaled queries [G, kw]; recovery weights qr = qs ∘ r [G, kw]; scores [G, kBlock]
+  thread_local std::vector<float> qs, qr, s;
+  qs.resize(static_cast<size_t>(G) * kw);
+  s.resize(static_cast<size_t>(G) * kBlock);
+  for (int64_t i = 0; i < static_cast<int64_t>(G) * kw; ++i) qs[static_cast<size_t>(i)] = qk[i] * scale;
+  const bool rec = e.k.per_token() && e.k.recovers();
+  if (rec) {
+    qr.resize(qs.size());
+    for (int64_t i = 0; i < static_cast<int64_t>(G) * kw; ++i)
+      qr[static_cast<size_t>(i)] = qs[static_cast<size_t>(i)] * e.k.recovery[static_cast<size_t>(i % kw)];
+  }
+  std::fill(acc, acc + static_cast<int64_t>(G) * aw, 0.f);
+  for (int g = 0; g < G; ++g) {
+    m[g] = -std::numeric_limits<float>::infinity();
+    l[g] = 0;
+  }
+  for (int64_t b = t0; b < t1; b += kBlock) {
+    const int64_t nb = std::min(kBlock, t1 - b);
+    // s[g, t] = scale · q_g · k_t
+    if (k.sparse()) {
+      sparse_scores(k, kw, qs.data(), rec ? qr.data() : nullptr, G, b, nb, s.data(), kBlock);
+    } else {
+      dense_scores(k, qs.data(), G, b, nb, s.data(), kBlock);
+    }
+    for (int g = 0; g < G; ++g) {
+      float* sg = s.data() + static_cast<int64_t>(g) * kBlock;
+      if (softcap > 0) {
+        for (int64_t t = 0; t < nb; ++t) sg[t] = softcap * std::tanh(sg[t] / softcap);
+      }
+      // online softmax: rescale what was accumulated when the running max grows
+      const float mb = *std::max_element(sg, sg + nb);
+      if (mb > m[g]) {
+        const float f = std::isinf(m[g]) ? 0.f : std::exp(m[g] - mb);
+        l[g] *= f;
+        float* ag = acc + static_cast<int64_t>(g) * aw;
+        for (int i = 0; i < aw; ++i) ag[i] *= f;
+        m[g] = mb;
+      }
+      l[g] += exp_sub_sum(sg, nb, m[g]);  // sg[t] = e^{s_t - m}
+    }
+    // acc_g += Σ_t p[g, t] v_t
+    if (v.sparse()) {
+      sparse_accum(v, e.v.width(), e.v.fill, s.data(), G, kBlock, b, nb, acc, aw);
+    } else {
+      dense_accum(v, s.data(), G, kBlock, b, nb, acc);
+    }
+  }
+}
+
+void lift_slot(const SegmentEncoding& e, const float* acc, int G, float* out) {
+  const SideEncoding& v = e.v;
+  const int aw = slot_width(e), w = v.width();
+  if (v.identity() && !v.fill) {  // already in the output space
+    std::copy(acc, acc + static_cast<int64_t>(G) * aw, out);
+    return;
+  }
+  thread_local std::vector<float> c;
+  c.assign(static_cast<size_t>(G) * static_cast<size_t>(w), 0.f);
+  for (int g = 0; g < G; ++g) {
+    const float* a = acc + static_cast<int64_t>(g) * aw;
+    float* cg = c.data() + static_cast<int64_t>(g) * w;
+    if (v.mode == ChannelMode::kSubset) {
+      for (size_t j = 0; j < v.subset.size(); ++j) cg[v.subset[j]] = a[j];
+    } else {
+      const float f = v.fill ? a[w] : 0.f;
+      for (int i = 0; i < w; ++i) cg[i] = a[i] + f;
+    }
+  }
+  v.from_coords(c.data(), G, out, v.d);
+}
+
+void merge_softmax(int n, const float* const* accs, const float* ms, const float* ls,
+                   int64_t width, float* acc, float* m, float* l) {
+  float M = -std::numeric_limits<float>::infinity();
+  for (int s = 0; s < n; ++s) M = std::max(M, ms[s]);
+  std::fill(acc, acc + width, 0.f);
+  *m = M;
+  *l = 0;
+  if (std::isinf(M)) return;  // no visible key
+  for (int s = 0; s < n; ++s) {
+    if (std::isinf(ms[s])) continue;
+    const float f = std::exp(ms[s] - M);
+    *l += f * ls[s];
+    const float* a = accs[s];
+    for (int64_t i = 0; i < width; ++i) acc[i] += f * a[i];
+  }
+}
+
+}  // namespace kvtrim::kv

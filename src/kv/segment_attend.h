@@ -1,0 +1,43 @@
+// Attention over one segment, per encoding (private to src/kv; attend.cpp schedules it).
+//
+// A work item holds, per segment, a softmax state ("slot") in the segment's stored value space:
+//   acc [G, aw] unnormalised Σ_t e^{s_t - m} ṽ_t   (aw = slot_width: the stored value width,
+//                                                   plus one fill sum for value fill)
+//   m [G] running max, l [G] Σ_t e^{s_t - m}
+// lift_slot takes acc to the output space once per segment ((Σ a ṽ) scattered to the value
+// coordinates, pruned coordinates' fill added, then ·D_vᵀ); merge_softmax joins states.
+#pragma once
+#include <cstdint>
+
+#include "kv/encoding.h"
+#include "kv/side_store.h"
+
+namespace kvtrim::kv {
+
+// Elements of a segment's projected query per query head: the key side's stored dense width
+// (subset: |S|), or the full coordinate width for per-token keys.
+int key_query_width(const SideEncoding& k);
+// qk [G, key_query_width] = the group's queries q [G, d] seen by the stored key elements:
+// projected with the key decoder (q·D_k) and, for a subset, gathered (q[S]).
+void key_query(const SideEncoding& k, const float* q, int G, float* qk);
+// True when two segments' key sides see the same projected query (reuse it).
+bool same_key_query(const SideEncoding& a, const SideEncoding& b);
+// Floats of one slot of G query heads: G · (slot_width + 2).
+int slot_width(const SegmentEncoding& e);
+
+// Rows [t0, t1) of segment stores (k, v) with encoding e for the group's G query heads:
+// qk [G, key_query_width] (unscaled), slot acc [G, slot_width] / m [G] / l [G] (initialised here).
+void attend_rows(const SideStore& k, const SideStore& v, const SegmentEncoding& e, const float* qk,
+                 int G, float scale, float softcap, int64_t t0, int64_t t1, float* acc, float* m,
+                 float* l);
+
+// out [G, dv] = the slot's accumulator acc [G, slot_width] in the output space.
+void lift_slot(const SegmentEncoding& e, const float* acc, int G, float* out);
+
+// The one online-softmax merge: M = max_s m_s, acc = Σ_s e^{m_s - M} acc_s,
+// l = Σ_s e^{m_s - M} l_s over n states (acc_s: [width] at accs[s]; states with m = -inf
+// skipped; all skipped: m = -inf, acc = 0).
+void merge_softmax(int n, const float* const* accs, const float* ms, const float* ls,
+                   int64_t width, float* acc, float* m, float* l);
+
+}  // namespace kvtrim::kv

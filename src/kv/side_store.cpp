@@ -1,0 +1,405 @@
+// One side's storage of a segment (side_store.h).
+#include "kv/side_store.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+#include "core/fp16.h"
+#include "kv/attn_kernels.h"
+#include "kv/quant_formats.h"
+
+namespace kvtrim::kv {
+namespace {
+
+int n_blocks(int s) { return static_cast<int>(q4_blocks(s)); }
+
+// q4_0's rule over any n elements: m = the first element of largest |x|, scale = m / -8,
+// code = min(15, trunc(x / scale + 8.5)); returns the f32 scale (dense rows store it as f16 per
+// block of 32, exactly q4_encode_block; per-token rows keep one f32 scale per row).
+float q4_encode_any(const float* x, int64_t n, uint8_t* codes) {
+  float amax = 0, m = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    if (std::fabs(x[j]) > amax) {
+      amax = std::fabs(x[j]);
+      m = x[j];
+    }
+  }
+  const float d = m / -8.f, id = d != 0.f ? 1.f / d : 0.f;
+  for (int64_t j = 0; j < n; ++j)
+    codes[j] = static_cast<uint8_t>(std::min(15, static_cast<int>(static_cast<int8_t>(x[j] * id + 8.5f))));
+  return d;
+}
+
+// Where element i of a stored vector goes: elem index (f32/f16/bf16/q8/fp8: element units;
+// q4: nibble units, byte = idx / 2, high nibble if odd).
+struct Slot {
+  bool tiled;
+  int s;
+  int64_t at(int64_t t, int64_t i) const {
+    return tiled ? key_tile_index(t, i, s) : t * s + i;
+  }
+  // q4 nibble index: tiled keys pack two tokens per byte, rows two elements per byte.
+  int64_t nib(int64_t t, int64_t i) const {
+    if (tiled) return ((t / kKeyTile) * s * (kKeyTile / 2) + i * (kKeyTile / 2) + (t % kKeyTile) / 2) * 2 + (t & 1);
+    return t * ((s + 1) / 2) * 2 + i;
+  }
+};
+
+void put_nibble(uint8_t* base, int64_t nib, int code) {
+  uint8_t& b = base[nib >> 1];
+  b = (nib & 1) ? static_cast<uint8_t>((b & 0x0F) | (code << 4)) : static_cast<uint8_t>((b & 0xF0) | code);
+}
+int get_nibble(const uint8_t* base, int64_t nib) {
+  return (nib & 1) ? base[nib >> 1] >> 4 : base[nib >> 1] & 0x0F;
+}
+
+// Encodes x[n] (plain precisions: into dst element slots at(j)); returns the scale (q8 / fp8 /
+// q4-per-row) or 1.
+template <class At>
+float encode_elems(KvDtype t, const float* x, int64_t n, uint8_t* dst, At at) {
+  switch (t) {
+    case KvDtype::kF32:
+      for (int64_t j = 0; j < n; ++j) reinterpret_cast<float*>(dst)[at(j)] = x[j];
+      return 1.f;
+    case KvDtype::kF16:
+      for (int64_t j = 0; j < n; ++j) reinterpret_cast<uint16_t*>(dst)[at(j)] = fp32_to_fp16(x[j]);
+      return 1.f;
+    case KvDtype::kBF16:
+      for (int64_t j = 0; j < n; ++j) reinterpret_cast<uint16_t*>(dst)[at(j)] = fp32_to_bf16(x[j]);
+      return 1.f;
+    case KvDtype::kQ8: {
+      std::vector<int8_t> c(static_cast<size_t>(n));
+      const float sc = q8_encode(x, n, c.data(), 1);
+      for (int64_t j = 0; j < n; ++j) reinterpret_cast<int8_t*>(dst)[at(j)] = c[static_cast<size_t>(j)];
+      return sc;
+    }
+    case KvDtype::kFP8: {
+      std::vector<uint8_t> c(static_cast<size_t>(n));
+      const float sc = fp8_encode(x, n, c.data(), 1);
+      for (int64_t j = 0; j < n; ++j) dst[at(j)] = c[static_cast<size_t>(j)];
+      return sc;
+    }
+    case KvDtype::kQ4: {  // at(j) is a nibble index; one scale over the n elements
+      std::vector<uint8_t> c(static_cast<size_t>(n));
+      const float sc = q4_encode_any(x, n, c.data());
+      for (int64_t j = 0; j < n; ++j) put_nibble(dst, at(j), c[static_cast<size_t>(j)]);
+      return sc;
+    }
+  }
+  return 1.f;
+}
+
+float decode_elem(KvDtype t, const uint8_t* src, int64_t at, float scale) {
+  switch (t) {
+    case KvDtype::kF32:
+      return reinterpret_cast<const float*>(src)[at];
+    case KvDtype::kF16:
+      return fp16_to_fp32(reinterpret_cast<const uint16_t*>(src)[at]);
+    case KvDtype::kBF16:
+      return bf16_to_fp32(reinterpret_cast<const uint16_t*>(src)[at]);
+    case KvDtype::kQ8:
+      return static_cast<float>(reinterpret_cast<const int8_t*>(src)[at]) * scale;
+    case KvDtype::kFP8:
+      return fp8_e4m3_to_f32(src[at]) * scale;
+    case KvDtype::kQ4:
+      return static_cast<float>(get_nibble(src, at) - 8) * scale;
+  }
+  return 0.f;
+}
+
+bool has_row_scale(KvDtype t) { return t == KvDtype::kQ8 || t == KvDtype::kFP8; }
+
+}  // namespace
+
+void SideStore::init(const SideEncoding& e, bool keys) {
+  dtype_ = e.dtype;
+  w_ = e.width();
+  sparse_ = e.per_token();
+  tiled_ = keys && !sparse_;
+  s_ = e.stored();
+  T_ = sparse_ ? e.topk : 0;
+  var_ = sparse_ && T_ == 0;
+  rec_ = sparse_ && keys && e.recovers();
+  fill_ = sparse_ && (rec_ || (!keys && e.fill));
+  isz_ = sparse_ ? (w_ <= 256 ? 1 : 2) : 0;
+  sb_ = rec_ && !var_ ? (w_ - T_ + 7) / 8 : 0;
+  n_ = cap_ = cap_ent_ = 0;
+  off_.clear();
+  if (var_) off_.push_back(0);
+}
+
+size_t SideStore::elem_bytes(int64_t count) const {
+  switch (dtype_) {
+    case KvDtype::kF32:
+      return static_cast<size_t>(count) * 4;
+    case KvDtype::kF16:
+    case KvDtype::kBF16:
+      return static_cast<size_t>(count) * 2;
+    case KvDtype::kQ8:
+    case KvDtype::kFP8:
+      return static_cast<size_t>(count);
+    case KvDtype::kQ4:
+      return static_cast<size_t>(count + 1) / 2;
+  }
+  return 0;
+}
+
+void SideStore::realloc_to(int64_t cap, int64_t cap_ent, bool grow, const int32_t* keep,
+                           int64_t n_keep) {
+  SideStore N = std::move(*this);  // layout fields copied below; buffers moved
+  *this = SideStore();
+  dtype_ = N.dtype_;
+  tiled_ = N.tiled_;
+  sparse_ = N.sparse_;
+  var_ = N.var_;
+  rec_ = N.rec_;
+  fill_ = N.fill_;
+  w_ = N.w_;
+  s_ = N.s_;
+  T_ = N.T_;
+  isz_ = N.isz_;
+  sb_ = N.sb_;
+  cap_ = cap;
+  cap_ent_ = cap_ent;
+  // grow: the stored prefix is copied; else rows keep[0 .. n_keep) are gathered
+  const int64_t rows = grow ? N.n_ : n_keep;
+  if (sparse_) {
+    data_.alloc(elem_bytes(cap_ent) + 1);
+    idx_.alloc(static_cast<size_t>(cap_ent) * static_cast<size_t>(isz_));
+    if (has_row_scale(dtype_) || dtype_ == KvDtype::kQ4) scale_.alloc(static_cast<size_t>(cap) * 4);
+    if (fill_) fills_.alloc(static_cast<size_t>(cap) * 4);
+    if (rec_) signs_.alloc(var_ ? static_cast<size_t>(cap * w_ + 7) / 8 : static_cast<size_t>(cap * sb_));
+    if (var_) off_.assign(1, 0);
+    int64_t ent = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t t = grow ? r : keep[r];
+      const int64_t b = N.row_begin(t), c = N.row_count(t);
+      if (dtype_ == KvDtype::kQ4) {
+        for (int64_t j = 0; j < c; ++j) put_nibble(data_.p.get(), ent + j, get_nibble(N.data_.p.get(), b + j));
+      } else {
+        const size_t es = elem_bytes(1);
+        std::memcpy(data_.p.get() + ent * es, N.data_.p.get() + b * es, static_cast<size_t>(c) * es);
+      }
+      std::memcpy(idx_.p.get() + ent * isz_, N.idx_.p.get() + b * N.isz_, static_cast<size_t>(c * isz_));
+      if (scale_.n) scale_.as<float>()[r] = N.scale_.as<float>()[t];
+      if (fill_) fills_.as<float>()[r] = N.fills_.as<float>()[t];
+      if (rec_) {
+        const int64_t nb = w_ - c, from = N.sign_bit(t);
+        const int64_t to = var_ ? r * w_ - ent : r * sb_ * 8;
+        for (int64_t j = 0; j < nb; ++j) {
+          const int bit = (N.signs_.p[(from + j) >> 3] >> ((from + j) & 7)) & 1;
+          uint8_t& o = signs_.p[(to + j) >> 3];
+          o = static_cast<uint8_t>(bit ? (o | (1u << ((to + j) & 7))) : (o & ~(1u << ((to + j) & 7))));
+        }
+      }
+      ent += c;
+      if (var_) off_.push_back(static_cast<uint32_t>(ent));
+    }
+    n_ = rows;
+    return;
+  }
+  // dense rows
+  const int nblk = n_blocks(s_);
+  if (tiled_) {
+    data_.alloc(elem_bytes(cap * s_));
+  } else {
+    data_.alloc(dtype_ == KvDtype::kQ4 ? static_cast<size_t>(cap) * ((s_ + 1) / 2)
+                                       : elem_bytes(cap * s_));
+  }
+  if (has_row_scale(dtype_)) scale_.alloc(static_cast<size_t>(cap) * 4);
+  if (dtype_ == KvDtype::kQ4) scale_.alloc(static_cast<size_t>(cap) * nblk * 2);
+  if (grow && rows > 0) {  // the stored prefix (whole key tiles) copied as is
+    const int64_t up = tiled_ ? (rows + kKeyTile - 1) / kKeyTile * kKeyTile : rows;
+    const size_t nbytes = tiled_ ? elem_bytes(up * s_)
+                                 : (dtype_ == KvDtype::kQ4 ? static_cast<size_t>(up) * ((s_ + 1) / 2)
+                                                           : elem_bytes(up * s_));
+    std::memcpy(data_.p.get(), N.data_.p.get(), nbytes);
+    if (scale_.n) {
+      const size_t sbytes = dtype_ == KvDtype::kQ4 ? static_cast<size_t>(up) * nblk * 2 : static_cast<size_t>(rows) * 4;
+      std::memcpy(scale_.p.get(), N.scale_.p.get(), sbytes);
+    }
+  } else if (rows > 0) {
+    const Slot sl{tiled_, s_};
+    const size_t es = elem_bytes(1);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t t = keep[r];
+      if (dtype_ == KvDtype::kQ4) {
+        for (int i = 0; i < s_; ++i) put_nibble(data_.p.get(), sl.nib(r, i), get_nibble(N.data_.p.get(), sl.nib(t, i)));
+        for (int b = 0; b < nblk; ++b) {
+          const int64_t fr = tiled_ ? ((t / kKeyTile) * nblk + b) * kKeyTile + t % kKeyTile : t * nblk + b;
+          const int64_t to = tiled_ ? ((r / kKeyTile) * nblk + b) * kKeyTile + r % kKeyTile : r * nblk + b;
+          scale_.as<uint16_t>()[to] = N.scale_.as<uint16_t>()[fr];
+        }
+        continue;
+      }
+      if (tiled_) {
+        for (int i = 0; i < s_; ++i)
+          std::memcpy(data_.p.get() + sl.at(r, i) * es, N.data_.p.get() + sl.at(t, i) * es, es);
+      } else {
+        std::memcpy(data_.p.get() + r * s_ * es, N.data_.p.get() + t * s_ * es, static_cast<size_t>(s_) * es);
+      }
+      if (scale_.n) scale_.as<float>()[r] = N.scale_.as<float>()[t];
+    }
+  }
+  n_ = rows;
+}
+
+void SideStore::reserve(int64_t rows, int64_t entries, int64_t min_step, int64_t max_rows) {
+  if (rows <= cap_ && entries <= cap_ent_) return;
+  int64_t cap = cap_;
+  if (rows > cap_) {
+    cap = std::max({rows, 2 * cap_, min_step});
+    cap = std::min(cap, std::max(rows, max_rows));
+    cap = (cap + kKeyTile - 1) / kKeyTile * kKeyTile;  // whole key tiles
+  }
+  int64_t ce = cap_ent_;
+  if (sparse_ && entries > cap_ent_) ce = std::max({entries, 2 * cap_ent_, min_step * std::max(1, T_)});
+  realloc_to(cap, ce, /*grow=*/true, nullptr, n_);
+}
+
+void SideStore::push_dense(const float* x) {
+  KVTRIM_ASSERT(!sparse_ && n_ < cap_);
+  const int64_t t = n_;
+  const Slot sl{tiled_, s_};
+  if (dtype_ == KvDtype::kQ4) {
+    const int nblk = n_blocks(s_);
+    for (int b = 0; b < nblk; ++b) {
+      const int i0 = b * static_cast<int>(kQ4Block), nb = std::min(static_cast<int>(kQ4Block), s_ - i0);
+      const float sc = encode_elems(dtype_, x + i0, nb, data_.p.get(), [&](int64_t j) { return sl.nib(t, i0 + j); });
+      const int64_t at = tiled_ ? ((t / kKeyTile) * nblk + b) * kKeyTile + t % kKeyTile : t * nblk + b;
+      scale_.as<uint16_t>()[at] = fp32_to_fp16(sc);
+    }
+  } else if (tiled_) {
+    const float sc = encode_elems(dtype_, x, s_, data_.p.get(), [&](int64_t j) { return sl.at(t, j); });
+    if (has_row_scale(dtype_)) scale_.as<float>()[t] = sc;
+  } else if (dtype_ == KvDtype::kF16) {
+    f32_to_f16_row(x, data_.as<uint16_t>() + t * s_, s_);
+  } else {
+    const float sc = encode_elems(dtype_, x, s_, data_.p.get(), [&](int64_t j) { return t * s_ + j; });
+    if (has_row_scale(dtype_)) scale_.as<float>()[t] = sc;
+  }
+  ++n_;
+}
+
+void SideStore::push_sparse(const float* c, const int32_t* ch, int cnt, float fill) {
+  KVTRIM_ASSERT(sparse_ && n_ < cap_);
+  const int64_t t = n_, e0 = entries();
+  KVTRIM_ASSERT(e0 + cnt <= cap_ent_);
+  std::vector<float> vals(static_cast<size_t>(cnt));
+  for (int j = 0; j < cnt; ++j) vals[static_cast<size_t>(j)] = c[ch[j]];
+  const float sc = encode_elems(dtype_, vals.data(), cnt, data_.p.get(), [&](int64_t j) { return e0 + j; });
+  if (scale_.n) scale_.as<float>()[t] = sc;
+  for (int j = 0; j < cnt; ++j) {
+    if (isz_ == 1) {
+      idx_.p[e0 + j] = static_cast<uint8_t>(ch[j]);
+    } else {
+      idx_.as<uint16_t>()[e0 + j] = static_cast<uint16_t>(ch[j]);
+    }
+  }
+  if (fill_) fills_.as<float>()[t] = fill;
+  if (var_) off_.push_back(static_cast<uint32_t>(e0 + cnt));
+  if (rec_) {  // sign bits of the pruned coordinates, in coordinate order
+    const int64_t b0 = var_ ? t * w_ - e0 : t * sb_ * 8;
+    int jj = 0;
+    int64_t ord = 0;
+    for (int i = 0; i < w_; ++i) {
+      if (jj < cnt && ch[jj] == i) {
+        ++jj;
+        continue;
+      }
+      const int64_t bit = b0 + ord++;
+      uint8_t& o = signs_.p[bit >> 3];
+      o = static_cast<uint8_t>(c[i] < 0 ? (o | (1u << (bit & 7))) : (o & ~(1u << (bit & 7))));
+    }
+  }
+  ++n_;
+}
+
+float SideStore::dense_at(int64_t t, int j) const {
+  const Slot sl{tiled_, s_};
+  if (dtype_ == KvDtype::kQ4) {
+    const int nblk = n_blocks(s_), b = j / static_cast<int>(kQ4Block);
+    const int64_t at = tiled_ ? ((t / kKeyTile) * nblk + b) * kKeyTile + t % kKeyTile : t * nblk + b;
+    return decode_elem(dtype_, data_.p.get(), sl.nib(t, j), fp16_to_fp32(scale_.as<uint16_t>()[at]));
+  }
+  const float sc = has_row_scale(dtype_) ? scale_.as<float>()[t] : 1.f;
+  return decode_elem(dtype_, data_.p.get(), sl.at(t, j), sc);
+}
+
+float SideStore::entry_at(int64_t t, int64_t e) const {
+  const float sc = scale_.n ? scale_.as<float>()[t] : 1.f;
+  return decode_elem(dtype_, data_.p.get(), e, sc);
+}
+
+void SideStore::get(const SideEncoding& e, int64_t t, float* c) const {
+  if (!sparse_) {
+    if (e.mode == ChannelMode::kSubset) {
+      std::fill(c, c + w_, 0.f);
+      for (int j = 0; j < s_; ++j) c[e.subset[static_cast<size_t>(j)]] = dense_at(t, j);
+    } else {
+      for (int j = 0; j < s_; ++j) c[j] = dense_at(t, j);
+    }
+    return;
+  }
+  const int64_t b = row_begin(t);
+  const int cnt = row_count(t);
+  const float fill = fill_ ? fills_.as<float>()[t] : 0.f;
+  // pruned coordinates: value fill, key recovery ±fill·r[c], or zero
+  std::vector<char> kept(static_cast<size_t>(w_), 0);
+  for (int j = 0; j < cnt; ++j) {
+    const int ch = isz_ == 1 ? idx_.p[b + j] : idx_.as<uint16_t>()[b + j];
+    c[ch] = entry_at(t, b + j);
+    kept[static_cast<size_t>(ch)] = 1;
+  }
+  int64_t bit = rec_ ? sign_bit(t) : 0;
+  for (int i = 0; i < w_; ++i) {
+    if (kept[static_cast<size_t>(i)]) continue;
+    if (rec_) {
+      const float f = fill * e.recovery[static_cast<size_t>(i)];
+      c[i] = ((signs_.p[bit >> 3] >> (bit & 7)) & 1) ? -f : f;
+      ++bit;
+    } else {
+      c[i] = fill_ ? fill : 0.f;
+    }
+  }
+}
+
+bool SideStore::select(const std::vector<int32_t>& keep) {
+  const int64_t n_keep = static_cast<int64_t>(keep.size());
+  const int64_t cap = (n_keep + kKeyTile - 1) / kKeyTile * kKeyTile;
+  int64_t ent = 0;
+  if (sparse_) {
+    for (int32_t t : keep) ent += row_count(t);
+  }
+  if (n_keep == n_ && cap == cap_ && ent == cap_ent_) return false;  // every row, exact storage
+  realloc_to(cap, ent, /*grow=*/false, keep.data(), n_keep);
+  return true;
+}
+
+void SideStore::truncate(int64_t n) {
+  if (n >= n_) return;
+  n_ = n;
+  if (var_) off_.resize(static_cast<size_t>(n) + 1);
+}
+
+SideBytes SideStore::bytes() const {
+  SideBytes b;
+  const size_t n = static_cast<size_t>(n_);
+  if (sparse_) {
+    const int64_t ent = entries();
+    b.elems = elem_bytes(ent);
+    b.indices = static_cast<size_t>(ent) * static_cast<size_t>(isz_) + (var_ ? (n + 1) * 4 : 0);
+    if (scale_.n) b.scales += n * 4;
+    if (fill_) b.scales += n * 4;
+    if (rec_) b.bitmasks = var_ ? static_cast<size_t>(n_ * w_ - ent + 7) / 8 : n * static_cast<size_t>(sb_);
+    return b;
+  }
+  b.elems = dtype_ == KvDtype::kQ4 && !tiled_ ? n * static_cast<size_t>((s_ + 1) / 2)
+                                               : elem_bytes(n_ * s_);
+  if (has_row_scale(dtype_)) b.scales = n * 4;
+  if (dtype_ == KvDtype::kQ4) b.scales = n * static_cast<size_t>(n_blocks(s_)) * 2;
+  return b;
+}
+
+}  // namespace kvtrim::kv

@@ -1,0 +1,126 @@
+// Storage of one side (keys or values) of one segment of a (layer, kv head): the precision
+// stage's byte layout (docs/kv-cache.md has it byte by byte).
+//
+// Dense rows (channels all or a per-head subset; s = elements per row = SideEncoding::stored()):
+//   keys, tiled: tiles of kKeyTile = 16 tokens, transposed inside the tile, element (t, i) at
+//     key_tile_index(t, i, s) (attn_kernels.h); q4 packs two tokens per byte (quant_formats.h);
+//   values, row-major [n, s]; q4 packs two elements per byte.
+//   q8 / fp8: one f32 scale per row (scale [cap]); q4: one f16 scale per block of 32 elements
+//   of a row (keys: [cap/16][n_blk][16], values: [cap][n_blk]).
+// Per-token rows (channels chosen per token, keys and values alike): row t keeps cnt_t entries
+//   (value, coordinate), packed row-major from entry off_t: vals [entries] in the dtype
+//   (q8 / fp8 / q4 codes with one f32 scale per row), idx [entries] uint8 (width <= 256) or
+//   uint16, off [n + 1] uint32 only for a variable count (fixed: off_t = t·T); fills [n] f32
+//   (keys with recovery: sqrt(μ_t); values with fill: the fill value), signs (keys with
+//   recovery): one bit per pruned coordinate in coordinate order, bit = 1 if negative; fixed
+//   count: ceil((w - T) / 8) bytes per row; variable: one bit stream, row t from bit t·w - off_t.
+#pragma once
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "kv/encoding.h"
+#include "kv/kv_types.h"
+
+namespace kvtrim::kv {
+
+// An uninitialised byte buffer: pages are touched (made resident) only when written.
+struct Buf {
+  std::unique_ptr<uint8_t[]> p;
+  size_t n = 0;
+  Buf() = default;
+  Buf(const Buf& o) { *this = o; }  // deep copy (KvCache::clone)
+  Buf& operator=(const Buf& o) {
+    if (this != &o) {
+      alloc(o.n);
+      if (o.n) std::memcpy(p.get(), o.p.get(), o.n);
+    }
+    return *this;
+  }
+  Buf(Buf&&) noexcept = default;
+  Buf& operator=(Buf&&) noexcept = default;
+  void alloc(size_t bytes) {
+    p = bytes ? std::make_unique_for_overwrite<uint8_t[]>(bytes) : nullptr;
+    n = bytes;
+  }
+  template <typename T>
+  T* as() {
+    return reinterpret_cast<T*>(p.get());
+  }
+  template <typename T>
+  const T* as() const {
+    return reinterpret_cast<const T*>(p.get());
+  }
+};
+
+// Bytes held by a side store, by part (kv_cache.h KvBytes).
+struct SideBytes {
+  size_t elems = 0, scales = 0, indices = 0, bitmasks = 0;
+};
+
+class SideStore {
+ public:
+  // Layout for an encoding's side; keys = tiled dense rows.
+  void init(const SideEncoding& e, bool keys);
+
+  int64_t n() const { return n_; }
+  KvDtype dtype() const { return dtype_; }
+  bool sparse() const { return sparse_; }
+  int row_elems() const { return s_; }  // dense: elements per row
+
+  // Capacity for `rows` rows (and, per-token, `entries` entries); grows geometrically from
+  // `min_step` rows, never past `max_rows` (unless more are needed); the stored prefix is kept.
+  void reserve(int64_t rows, int64_t entries, int64_t min_step, int64_t max_rows);
+  // Dense: row n() <- x [row_elems()] (the kept coordinates), encoded in the dtype.
+  void push_dense(const float* x);
+  // Per-token: row n() <- the coordinates ch [cnt] (increasing) of c [width], fill (recovery /
+  // value fill; ignored without).
+  void push_sparse(const float* c, const int32_t* ch, int cnt, float fill);
+  // Row t reconstructed in coordinates: c [width] (dense subset / per-token: pruned coordinates
+  // zero, or their recovery / fill).
+  void get(const SideEncoding& e, int64_t t, float* c) const;
+  // Keeps rows keep[0..) (increasing), reallocated to exactly that many (whole key tiles).
+  // Returns false (and does nothing) when keep is every row and storage is already exact.
+  bool select(const std::vector<int32_t>& keep);
+  void truncate(int64_t n);
+  SideBytes bytes() const;
+
+  // Raw views for the attention kernels.
+  const uint8_t* data() const { return data_.p.get(); }
+  const float* row_scale() const { return scale_.as<float>(); }
+  const uint16_t* block_scale() const { return scale_.as<uint16_t>(); }
+  const uint8_t* idx() const { return idx_.p.get(); }
+  int idx_bytes() const { return isz_; }
+  const uint32_t* offsets() const { return var_ ? off_.data() : nullptr; }
+  int topk() const { return T_; }
+  const float* fills() const { return fills_.as<float>(); }
+  const uint8_t* signs() const { return signs_.p.get(); }
+  int64_t row_begin(int64_t t) const { return var_ ? off_[static_cast<size_t>(t)] : t * T_; }
+  int row_count(int64_t t) const {
+    return var_ ? static_cast<int>(off_[static_cast<size_t>(t) + 1] - off_[static_cast<size_t>(t)]) : T_;
+  }
+  // First sign bit of row t (recovery): fixed rows are byte aligned.
+  int64_t sign_bit(int64_t t) const { return var_ ? t * w_ - off_[static_cast<size_t>(t)] : t * sb_ * 8; }
+  // Element j of a dense row t / entry e of the per-token entries, as f32 (scales applied).
+  float dense_at(int64_t t, int j) const;
+  float entry_at(int64_t t, int64_t e) const;
+
+ private:
+  size_t elem_bytes(int64_t count) const;  // bytes of `count` stored elements
+  void realloc_to(int64_t cap, int64_t cap_ent, bool grow, const int32_t* keep, int64_t n_keep);
+  int64_t entries() const { return sparse_ ? row_begin(n_) : 0; }
+
+  KvDtype dtype_ = KvDtype::kF16;
+  bool tiled_ = false, sparse_ = false, var_ = false, rec_ = false, fill_ = false;
+  int w_ = 0;    // coordinates (width)
+  int s_ = 0;    // dense: elements per row
+  int T_ = 0;    // per-token fixed count (0: variable)
+  int isz_ = 0;  // per-token index bytes
+  int sb_ = 0;   // fixed per-token rows with recovery: sign bytes per row
+  int64_t n_ = 0, cap_ = 0, cap_ent_ = 0;
+  Buf data_, scale_, idx_, fills_, signs_;
+  std::vector<uint32_t> off_;  // variable per-token rows: [n + 1]
+};
+
+}  // namespace kvtrim::kv
