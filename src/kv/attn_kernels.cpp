@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "core/fp16.h"
@@ -58,18 +59,26 @@ HWY_INLINE hn::Vec<DF> load_row(DF df, const int8_t* p) {
   const hn::Rebind<int32_t, DF> di32;
   return hn::ConvertTo(df, hn::PromoteTo(di32, hn::LoadU(di8, p)));
 }
-// fp8 E4M3 codes: the value · 2^-8 (exact for every non-NaN code, subnormals included).
+// fp8 E4M3 codes: the value · 2^-120, as the f32 with the code's sign in bit 31 and its
+// exponent and mantissa in bits 26..20 (sign-extend, shift left 20, clear bits 30..27): the
+// normal codes are normal floats and the subnormal codes m·2^-9 the f32 subnormals m·2^-129,
+// both exact; no conversion instruction (cheaper than the f16 route on AVX2).
 template <class DF>
 HWY_INLINE hn::Vec<DF> load_row(DF df, const uint8_t* p) {
-  const hn::Rebind<uint8_t, DF> du8;
-  const hn::Rebind<uint16_t, DF> du16;
-  const hn::Rebind<hwy::float16_t, DF> dh;
-  const auto w = hn::ShiftLeft<7>(hn::PromoteTo(du16, hn::LoadU(du8, p)));
-  const auto h = hn::Add(w, hn::And(w, hn::Set(du16, 0x4000)));  // sign: bit 14 -> bit 15
-  return hn::PromoteTo(df, hn::BitCast(dh, h));
+  const hn::Rebind<int8_t, DF> di8;
+  const hn::Rebind<int32_t, DF> di32;
+  const auto w = hn::ShiftLeft<20>(hn::PromoteTo(di32, hn::LoadU(di8, reinterpret_cast<const int8_t*>(p))));
+  return hn::BitCast(df, hn::And(w, hn::Set(di32, static_cast<int32_t>(0x87ffffffu))));
 }
-HWY_INLINE float scalar(uint8_t b) {
-  return fp16_to_fp32(static_cast<uint16_t>(((b & 0x80u) << 8) | ((b & 0x7fu) << 7)));
+template <int K, class DF, typename T>
+HWY_INLINE void load_vecs(DF df, const T* p, hn::Vec<DF>* out) {
+  constexpr int64_t N = hn::MaxLanes(df);
+  for (int c = 0; c < K; ++c) out[c] = load_row(df, p + c * N);
+}
+constexpr float kFp8Mul = 0x1p120f;  // undoes load_row(uint8_t)'s 2^-120
+HWY_INLINE float scalar(uint8_t b) {  // as load_row: the value · 2^-120
+  const auto w = static_cast<uint32_t>(static_cast<int32_t>(static_cast<int8_t>(b)) << 20);
+  return fp32_from_bits(w & 0x87ffffffu);
 }
 HWY_INLINE float scalar(hwy::bfloat16_t b) {
   uint16_t bits;
@@ -86,6 +95,92 @@ HWY_INLINE float scalar(uint16_t h) {
   return fp16_to_fp32(h);
 }
 
+// The group's query heads are processed in batches of at most kMaxBatch (8 -> 4 + 4,
+// 9 -> 5 + 4), each by a kernel compiled for its batch size G, whose accumulators stay in
+// registers. Zen 2 / AVX2 needs about 10 independent FMA chains to hide the FMA latency (5
+// cycles, 2 per cycle): with few query heads the kernels add chains by splitting the rows of a
+// tile into P phases (scores) or by covering C vectors of channels at once (accumulate).
+constexpr int kMaxBatch = 6;
+template <class F>
+HWY_INLINE void for_batches(int n_g, const F& f) {
+  const int nb = (n_g + kMaxBatch - 1) / kMaxBatch;
+  for (int b = 0, g0 = 0; b < nb; ++b) {
+    const int ng = n_g / nb + (b < n_g % nb ? 1 : 0);
+    f(g0, ng);
+    g0 += ng;
+  }
+}
+// f(std::integral_constant<int, ng>()) for 1 <= ng <= kMaxBatch.
+template <class F>
+HWY_INLINE void with_batch(int ng, const F& f) {
+  switch (ng) {
+    case 1: return f(std::integral_constant<int, 1>());
+    case 2: return f(std::integral_constant<int, 2>());
+    case 3: return f(std::integral_constant<int, 3>());
+    case 4: return f(std::integral_constant<int, 4>());
+    case 5: return f(std::integral_constant<int, 5>());
+    default: return f(std::integral_constant<int, 6>());
+  }
+}
+
+// s [G, ld_s] for tokens [t0, t0 + n_t) of one tile-aligned run; see scores_impl.
+template <int G, typename T>
+HWY_NOINLINE void scores_batch(const float* q, int64_t d, const T* k, const float* k_scale,
+                               float scale_mul, int64_t t0, int64_t n_t, float* s, int64_t ld_s) {
+  const hn::CappedTag<float, kKeyTile> df;
+  using V = hn::Vec<decltype(df)>;
+  constexpr int64_t N = hn::MaxLanes(df);
+  constexpr int64_t nv = kKeyTile / N;  // vectors per tile row (1 on AVX-512, 2 on AVX2)
+  constexpr int P = static_cast<int>(HWY_MAX(1, HWY_MIN(4, 12 / (G * nv))));  // row phases
+  const int64_t d_main = d / P * P;
+  HWY_ALIGN float tmp[kKeyTile];
+  const int64_t t_end = t0 + n_t;
+  for (int64_t tile = t0 / kKeyTile; tile * kKeyTile < t_end; ++tile) {
+    const T* kt = k + tile * d * kKeyTile;
+    V acc[P][G][nv];
+    for (int ph = 0; ph < P; ++ph) {
+      for (int g = 0; g < G; ++g) {
+        for (int64_t j = 0; j < nv; ++j) acc[ph][g][j] = hn::Zero(df);
+      }
+    }
+    // one row: its nv vectors, then one broadcast of q at a time (few registers live)
+    const auto row_fma = [&](int ph, int64_t i) HWY_ATTR {
+      V kv[nv];
+      load_vecs<nv>(df, kt + i * kKeyTile, kv);
+      for (int g = 0; g < G; ++g) {
+        const V qb = hn::Set(df, q[g * d + i]);
+        for (int64_t j = 0; j < nv; ++j) acc[ph][g][j] = hn::MulAdd(qb, kv[j], acc[ph][g][j]);
+      }
+    };
+    for (int64_t i = 0; i < d_main; i += P) {
+      for (int ph = 0; ph < P; ++ph) row_fma(ph, i + ph);
+    }
+    for (int64_t i = d_main; i < d; ++i) row_fma(0, i);
+    for (int ph = 1; ph < P; ++ph) {
+      for (int g = 0; g < G; ++g) {
+        for (int64_t j = 0; j < nv; ++j) acc[0][g][j] = hn::Add(acc[0][g][j], acc[ph][g][j]);
+      }
+    }
+    if (k_scale) {
+      for (int64_t j = 0; j < nv; ++j) {
+        const V sc = hn::LoadU(df, k_scale + tile * kKeyTile + j * N);
+        for (int g = 0; g < G; ++g)
+          acc[0][g][j] = hn::Mul(hn::Mul(acc[0][g][j], sc), hn::Set(df, scale_mul));
+      }
+    }
+    const int64_t lo = std::max(t0, tile * kKeyTile), hi = std::min(t_end, (tile + 1) * kKeyTile);
+    for (int g = 0; g < G; ++g) {
+      float* sg = s + g * ld_s - t0;
+      if (hi - lo == kKeyTile) {  // whole tile in range
+        for (int64_t j = 0; j < nv; ++j) hn::StoreU(acc[0][g][j], df, sg + lo + j * N);
+      } else {
+        for (int64_t j = 0; j < nv; ++j) hn::Store(acc[0][g][j], df, tmp + j * N);
+        for (int64_t t = lo; t < hi; ++t) sg[t] = tmp[t - tile * kKeyTile];
+      }
+    }
+  }
+}
+
 // Scores over tiled keys: lanes run over the kKeyTile tokens of a tile. k_scale (q8 / fp8,
 // else nullptr): [whole tiles] per-token factor applied to the tile's dot products, times
 // scale_mul (fp8: 2^8, undoing load_row's 2^-8).
@@ -93,42 +188,71 @@ template <typename T>
 HWY_INLINE void scores_impl(const float* q, int n_g, int64_t d, const T* k, const float* k_scale,
                             int64_t t0, int64_t n_t, float* s, int64_t ld_s,
                             float scale_mul = 1.f) {
-  const hn::CappedTag<float, kKeyTile> df;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
-  const int64_t nv = kKeyTile / N;  // vectors per tile row (1 on AVX-512, 2 on AVX2)
-  constexpr int kG = 4;             // query heads per register batch
-  constexpr int64_t kMaxV = kKeyTile / HWY_MIN(HWY_LANES(float), kKeyTile);  // >= nv
-  HWY_ALIGN float tmp[kKeyTile];
-  const int64_t t_end = t0 + n_t;
-  for (int64_t tile = t0 / kKeyTile; tile * kKeyTile < t_end; ++tile) {
-    const T* kt = k + tile * d * kKeyTile;
-    const int64_t lo = std::max(t0, tile * kKeyTile), hi = std::min(t_end, (tile + 1) * kKeyTile);
-    for (int g0 = 0; g0 < n_g; g0 += kG) {
-      const int ng = std::min(kG, n_g - g0);
-      hn::Vec<decltype(df)> acc[kG][kMaxV];
-      for (int g = 0; g < ng; ++g) {
-        for (int64_t j = 0; j < nv; ++j) acc[g][j] = hn::Zero(df);
+  for_batches(n_g, [&](int g0, int ng) {
+    with_batch(ng, [&](auto G) {
+      scores_batch<decltype(G)::value>(q + g0 * d, d, k, k_scale, scale_mul, t0, n_t,
+                                       s + g0 * ld_s, ld_s);
+    });
+  });
+}
+
+// C vectors of channels [i, i + C·N) of acc [G, dv] += Σ_t p[g][t] · v[t][...]; scaled: the
+// sums start at zero and acc += out_mul · sum.
+template <int G, int C, typename T>
+HWY_INLINE void accum_group(const float* p, int64_t ld_p, const T* v, int64_t n_t, int64_t dv,
+                            float* acc_out, bool scaled, float out_mul) {
+  const hn::ScalableTag<float> df;
+  using V = hn::Vec<decltype(df)>;
+  constexpr int64_t N = hn::MaxLanes(df);
+  V acc[G][C];
+  for (int g = 0; g < G; ++g) {
+    for (int c = 0; c < C; ++c)
+      acc[g][c] = scaled ? hn::Zero(df) : hn::LoadU(df, acc_out + g * dv + c * N);
+  }
+  for (int64_t t = 0; t < n_t; ++t) {
+    const T* row = v + t * dv;
+    if constexpr (C > G) {  // the G weights live, one row vector at a time
+      V bp[G];
+      for (int g = 0; g < G; ++g) bp[g] = hn::Set(df, p[g * ld_p + t]);
+      for (int c = 0; c < C; ++c) {
+        const V vv = load_row(df, row + c * N);
+        for (int g = 0; g < G; ++g) acc[g][c] = hn::MulAdd(bp[g], vv, acc[g][c]);
       }
-      for (int64_t i = 0; i < d; ++i) {
-        const T* row = kt + i * kKeyTile;
-        for (int64_t j = 0; j < nv; ++j) {
-          const auto kv = load_row(df, row + j * N);
-          for (int g = 0; g < ng; ++g)
-            acc[g][j] = hn::MulAdd(hn::Set(df, q[(g0 + g) * d + i]), kv, acc[g][j]);
-        }
+    } else {  // the C row vectors live, one weight at a time
+      V vv[C];
+      load_vecs<C>(df, row, vv);
+      for (int g = 0; g < G; ++g) {
+        const V bp = hn::Set(df, p[g * ld_p + t]);
+        for (int c = 0; c < C; ++c) acc[g][c] = hn::MulAdd(bp, vv[c], acc[g][c]);
       }
-      if (k_scale) {
-        for (int64_t j = 0; j < nv; ++j) {
-          const auto sc =
-              hn::Mul(hn::LoadU(df, k_scale + tile * kKeyTile + j * N), hn::Set(df, scale_mul));
-          for (int g = 0; g < ng; ++g) acc[g][j] = hn::Mul(acc[g][j], sc);
-        }
-      }
-      for (int g = 0; g < ng; ++g) {
-        for (int64_t j = 0; j < nv; ++j) hn::Store(acc[g][j], df, tmp + j * N);
-        float* sg = s + (g0 + g) * ld_s - t0;
-        for (int64_t t = lo; t < hi; ++t) sg[t] = tmp[t - tile * kKeyTile];
-      }
+    }
+  }
+  for (int g = 0; g < G; ++g) {
+    for (int c = 0; c < C; ++c) {
+      float* out = acc_out + g * dv + c * N;
+      if (scaled) acc[g][c] = hn::MulAdd(acc[g][c], hn::Set(df, out_mul), hn::LoadU(df, out));
+      hn::StoreU(acc[g][c], df, out);
+    }
+  }
+}
+
+template <int G, typename T>
+HWY_NOINLINE void accum_batch(const float* p, int64_t ld_p, const T* v, int64_t n_t, int64_t dv,
+                              float* acc_out, float out_mul) {
+  const hn::ScalableTag<float> df;
+  constexpr int64_t N = hn::MaxLanes(df);
+  constexpr int C = G == 1 ? 8 : G == 2 ? 6 : G == 3 ? 4 : G == 4 ? 3 : 2;  // vectors at once
+  const bool scaled = out_mul != 1.f;
+  const int64_t d_vec = dv / N * N;
+  int64_t i = 0;
+  for (; i + C * N <= d_vec; i += C * N)
+    accum_group<G, C>(p, ld_p, v + i, n_t, dv, acc_out + i, scaled, out_mul);
+  for (; i < d_vec; i += N) accum_group<G, 1>(p, ld_p, v + i, n_t, dv, acc_out + i, scaled, out_mul);
+  for (; i < dv; ++i) {
+    for (int g = 0; g < G; ++g) {
+      float r = scaled ? 0.f : acc_out[g * dv + i];
+      for (int64_t t = 0; t < n_t; ++t) r += p[g * ld_p + t] * scalar(v[t * dv + i]);
+      acc_out[g * dv + i] = scaled ? acc_out[g * dv + i] + out_mul * r : r;
     }
   }
 }
@@ -137,35 +261,12 @@ HWY_INLINE void scores_impl(const float* q, int n_g, int64_t d, const T* k, cons
 template <typename T>
 HWY_INLINE void accum_impl(const float* p, int n_g, int64_t ld_p, const T* v, int64_t n_t,
                            int64_t dv, float* acc_out, float out_mul = 1.f) {
-  const bool scaled = out_mul != 1.f;
-  const hn::ScalableTag<float> df;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
-  const int64_t d_vec = dv / N * N;
-  for (int g0 = 0; g0 < n_g; g0 += kMaxG) {
-    const int ng = std::min(kMaxG, n_g - g0);
-    for (int64_t i = 0; i < d_vec; i += N) {
-      hn::Vec<decltype(df)> acc[kMaxG];
-      for (int g = 0; g < ng; ++g)
-        acc[g] = scaled ? hn::Zero(df) : hn::LoadU(df, acc_out + (g0 + g) * dv + i);
-      for (int64_t t = 0; t < n_t; ++t) {
-        const auto vv = load_row(df, v + t * dv + i);
-        for (int g = 0; g < ng; ++g)
-          acc[g] = hn::MulAdd(hn::Set(df, p[(g0 + g) * ld_p + t]), vv, acc[g]);
-      }
-      for (int g = 0; g < ng; ++g) {
-        float* out = acc_out + (g0 + g) * dv + i;
-        if (scaled) acc[g] = hn::MulAdd(acc[g], hn::Set(df, out_mul), hn::LoadU(df, out));
-        hn::StoreU(acc[g], df, out);
-      }
-    }
-    for (int64_t i = d_vec; i < dv; ++i) {
-      for (int g = 0; g < ng; ++g) {
-        float r = scaled ? 0.f : acc_out[(g0 + g) * dv + i];
-        for (int64_t t = 0; t < n_t; ++t) r += p[(g0 + g) * ld_p + t] * scalar(v[t * dv + i]);
-        acc_out[(g0 + g) * dv + i] = scaled ? acc_out[(g0 + g) * dv + i] + out_mul * r : r;
-      }
-    }
-  }
+  for_batches(n_g, [&](int g0, int ng) {
+    with_batch(ng, [&](auto G) {
+      accum_batch<decltype(G)::value>(p + g0 * ld_p, ld_p, v, n_t, dv, acc_out + g0 * dv,
+                                      out_mul);
+    });
+  });
 }
 
 void ScoresF32(const float* q, int n_g, int64_t d, const float* k, int64_t t0, int64_t n_t,
@@ -204,11 +305,11 @@ void AccumQ8(const float* p, int n_g, int64_t ld_p, const int8_t* v, int64_t n_t
 
 void ScoresFP8(const float* q, int n_g, int64_t d, const uint8_t* k, const float* k_scale,
                int64_t t0, int64_t n_t, float* s, int64_t ld_s) {
-  scores_impl(q, n_g, d, k, k_scale, t0, n_t, s, ld_s, 256.f);
+  scores_impl(q, n_g, d, k, k_scale, t0, n_t, s, ld_s, kFp8Mul);
 }
 void AccumFP8(const float* p, int n_g, int64_t ld_p, const uint8_t* v, int64_t n_t, int64_t dv,
               float* acc) {
-  accum_impl(p, n_g, ld_p, v, n_t, dv, acc, 256.f);
+  accum_impl(p, n_g, ld_p, v, n_t, dv, acc, kFp8Mul);
 }
 
 // The nibbles of Lanes(df) consecutive bytes as f32 codes 0..15: lo = low nibbles, hi = high.

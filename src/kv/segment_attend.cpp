@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kv/attn_kernels.h"
+#include "kv/quant_formats.h"
 #include "kv/token_cache.h"
 
 namespace kvtrim::kv {
@@ -35,16 +36,43 @@ void dense_scores(const SideStore& k, const float* qs, int G, int64_t b, int64_t
                      ld);
       return;
     case KvDtype::kFP8:
+      attn_scores_fp8(qs, G, d, k.data(), k.row_scale(), b, nb, s, ld);
+      return;
     case KvDtype::kQ4:
+      attn_scores_q4(qs, G, d, k.data(), k.block_scale(), b, nb, s, ld);
+      return;
+  }
+}
+
+// The kernels' view of per-token rows (q4 rows have no kernel: nullopt).
+bool sparse_view(const SideStore& st, int w, SparseRows* r) {
+  switch (st.dtype()) {
+    case KvDtype::kF32:
+      r->type = SparseType::kF32;
       break;
+    case KvDtype::kF16:
+      r->type = SparseType::kF16;
+      break;
+    case KvDtype::kBF16:
+      r->type = SparseType::kBF16;
+      break;
+    case KvDtype::kQ8:
+      r->type = SparseType::kQ8;
+      break;
+    case KvDtype::kFP8:
+      r->type = SparseType::kFP8;
+      break;
+    case KvDtype::kQ4:
+      return false;
   }
-  for (int64_t t = 0; t < nb; ++t) {  // generic path: decoded element by element
-    for (int g = 0; g < G; ++g) {
-      float dot = 0;
-      for (int64_t i = 0; i < d; ++i) dot += qs[g * d + i] * k.dense_at(b + t, static_cast<int>(i));
-      s[g * ld + t] = dot;
-    }
-  }
+  r->vals = st.data();
+  r->idx = st.idx();
+  r->idx_bytes = st.idx_bytes();
+  r->off = st.offsets();
+  r->T = st.topk();
+  r->scale = st.dtype() == KvDtype::kQ8 || st.dtype() == KvDtype::kFP8 ? st.row_scale() : nullptr;
+  r->dim = w;
+  return true;
 }
 
 // Per-token key rows: s[g, t - b] = Σ_kept qs_g[c] k_tc + fill_t Σ_pruned ± qr_g[c] (qr = qs ∘ r,
@@ -55,6 +83,12 @@ void sparse_scores(const SideStore& k, int w, const float* qs, const float* qr, 
   thread_local std::vector<int> ch;
   const bool rec = qr != nullptr;
   thread_local std::vector<char> kept;
+  SparseRows view;
+  const bool kern = sparse_view(k, w, &view);
+  if (kern) {
+    kvtrim::kv::sparse_scores(view, qs, G, w, b, nb, s, ld);
+    if (!rec) return;
+  }
   for (int64_t t = b; t < b + nb; ++t) {
     const int64_t e0 = k.row_begin(t);
     const int cnt = k.row_count(t);
@@ -65,7 +99,7 @@ void sparse_scores(const SideStore& k, int w, const float* qs, const float* qr, 
       ch[static_cast<size_t>(j)] =
           k.idx_bytes() == 1 ? k.idx()[e0 + j] : reinterpret_cast<const uint16_t*>(k.idx())[e0 + j];
     }
-    for (int g = 0; g < G; ++g) {
+    for (int g = 0; g < G && !kern; ++g) {
       const float* q = qs + static_cast<int64_t>(g) * w;
       float dot = 0;
       for (int j = 0; j < cnt; ++j) dot += q[ch[static_cast<size_t>(j)]] * val[static_cast<size_t>(j)];
@@ -116,14 +150,18 @@ void dense_accum(const SideStore& v, const float* p, int G, int64_t ldp, int64_t
                     acc);
       return;
     }
-    case KvDtype::kFP8:
-    case KvDtype::kQ4:
-      break;
-  }
-  for (int64_t t = 0; t < nb; ++t) {  // generic path
-    for (int64_t i = 0; i < dv; ++i) {
-      const float x = v.dense_at(b + t, static_cast<int>(i));
-      for (int g = 0; g < G; ++g) acc[g * dv + i] += p[g * ldp + t] * x;
+    case KvDtype::kFP8: {  // the per-row scale folded into the weights, as for q8
+      pv.resize(static_cast<size_t>(G) * static_cast<size_t>(nb));
+      const float* vsc = v.row_scale() + b;
+      for (int g = 0; g < G; ++g)
+        for (int64_t t = 0; t < nb; ++t) pv[static_cast<size_t>(g * nb + t)] = p[g * ldp + t] * vsc[t];
+      attn_accum_fp8(pv.data(), G, nb, v.data() + b * dv, nb, dv, acc);
+      return;
+    }
+    case KvDtype::kQ4: {  // the kernel applies the block scales
+      const int64_t rb = q4_row_bytes(dv), nblk = q4_blocks(dv);
+      attn_accum_q4(p, G, ldp, v.data() + b * rb, v.block_scale() + b * nblk, nb, dv, acc);
+      return;
     }
   }
 }
@@ -133,6 +171,11 @@ void dense_accum(const SideStore& v, const float* p, int G, int64_t ldp, int64_t
 // at the lift gives fill_t on the pruned ones).
 void sparse_accum(const SideStore& v, int w, bool fill, const float* p, int G, int64_t ldp,
                   int64_t b, int64_t nb, float* acc, int aw) {
+  SparseRows view;
+  if (!fill && sparse_view(v, w, &view)) {
+    kvtrim::kv::sparse_accum(view, p, G, ldp, b, nb, acc, aw);
+    return;
+  }
   for (int64_t t = b; t < b + nb; ++t) {
     const int64_t e0 = v.row_begin(t);
     const int cnt = v.row_count(t);
