@@ -76,76 +76,24 @@ void project_queries(const Head& H, const float* q_group, int G, float* dst, boo
   }
 }
 
-}  // namespace
+// One attend() call: the layer, the queries and the split plan; item() and finish() run inside
+// the pool (scratch is per call of them, so each worker has its own).
+struct AttendJob {
+  const Layer& L;
+  const float* q;        // [n_q, n_head, dk]
+  const int32_t* q_pos;  // [n_q]
+  const AttnParams& p;
+  float* out;            // [n_q, n_head, dv]
+  int nkv, dk, dv, G;
+  int64_t n_split = 1, part_stride = 0;
+  float* parts = nullptr;            // [n_q * nkv * n_split, part_stride]: every item's slots
+  const float* qproj = nullptr;      // split runs: projected queries, filled before the items
+  const int64_t* qproj_at = nullptr; // [n_q * nkv] their offsets
 
-void TokenCache::attend(int il, int64_t n_q, const float* q, const int32_t* q_pos,
-                        const AttnParams& p, float* out, ThreadPool* pool) const {
-  KVTRIM_CHECK(il >= 0 && il < cfg_.n_layer, "KV cache: layer %d out of range [0, %d)", il,
-               cfg_.n_layer);
-  KVTRIM_CHECK(p.n_head > 0 && p.n_head % cfg_.n_head_kv == 0,
-               "attention: n_head %d is not a positive multiple of n_head_kv %d", p.n_head,
-               cfg_.n_head_kv);
-  if (n_q <= 0) return;
-  const Layer& L = layers_[static_cast<size_t>(il)];
-  const int nkv = cfg_.n_head_kv, dk = cfg_.head_dim_k, dv = cfg_.head_dim_v;
-  const int G = p.n_head / nkv;
+  const float* q_group(int64_t iq, int ih) const { return q + (iq * p.n_head + static_cast<int64_t>(ih) * G) * dk; }
 
-  // Longest run an item may walk: a plain head's longest visible run, else all its tokens.
-  int64_t max_len = 0;
-  for (int ih = 0; ih < nkv; ++ih) {
-    const Head& H = L.heads[static_cast<size_t>(ih)];
-    if (!H.plain()) {
-      max_len = std::max(max_len, H.n_tokens());
-      continue;
-    }
-    const int32_t* pb = seg_pos(L, H, 0);
-    for (int64_t iq = 0; iq < n_q; ++iq) {
-      const auto [lo, hi] = visible_run(pb, H.segs[0].n(), q_pos[iq], p.sliding_window);
-      max_len = std::max(max_len, hi - lo);
-    }
-    if (L.shared) break;  // every head has the same positions
-  }
-  // Split long runs when there are fewer (query, kv head) pairs than threads.
-  const int nth = pool ? pool->n_threads() : 1;
-  const int64_t n_base = n_q * nkv;
-  int64_t n_split = 1;
-  if (n_base < 2 * nth) {
-    n_split = std::min((2 * nth + n_base - 1) / n_base, std::max<int64_t>(1, max_len / kMinSplit));
-  }
-  int64_t part_stride = 0;  // slots of one item: every segment's [G, aw], m [G], l [G]
-  for (const Head& H : L.heads) part_stride = std::max(part_stride, slots_floats(H, G));
-
-  // Split runs: each (query, head)'s projected queries once, before the items. (thread_local
-  // scratch is only touched through plain pointers inside the pool's lambdas: a thread_local
-  // named there would be the worker's own instance.)
-  thread_local std::vector<float> qproj_buf;
-  thread_local std::vector<int64_t> qproj_off;
-  if (n_split > 1) {
-    qproj_off.assign(static_cast<size_t>(n_base), 0);
-    int64_t nf = 0;
-    for (int64_t iq = 0; iq < n_q; ++iq) {
-      for (int ih = 0; ih < nkv; ++ih) {
-        qproj_off[static_cast<size_t>(iq * nkv + ih)] = nf;
-        nf += qproj_floats(L.heads[static_cast<size_t>(ih)], G);
-      }
-    }
-    qproj_buf.resize(static_cast<size_t>(nf));
-  }
-  const float* qproj_data = n_split > 1 ? qproj_buf.data() : nullptr;
-  const int64_t* qproj_at = qproj_off.data();
-  if (n_split > 1) {
-    std::vector<const float*> unused;
-    for (int64_t iq = 0; iq < n_q; ++iq)
-      for (int ih = 0; ih < nkv; ++ih)
-        project_queries(L.heads[static_cast<size_t>(ih)], q + (iq * p.n_head + ih * G) * dk, G,
-                        qproj_buf.data() + qproj_off[static_cast<size_t>(iq * nkv + ih)], true,
-                        &unused);
-  }
-  thread_local std::vector<float> parts;
-  parts.resize(static_cast<size_t>(n_base * n_split * part_stride));
-  float* parts_data = parts.data();
-
-  auto run_items = [&](int64_t b, int64_t e) {
+  // Items [b, e): split s of every segment's visible run of (query iq, head ih) into its slots.
+  void items(int64_t b, int64_t e) const {
     std::vector<float> qbuf;  // this thread's projected queries (unsplit items)
     std::vector<const float*> qp;
     for (int64_t item = b; item < e; ++item) {
@@ -153,15 +101,13 @@ void TokenCache::attend(int il, int64_t n_q, const float* q, const int32_t* q_po
       const int64_t iq = item / n_split / nkv;
       const int ih = static_cast<int>(item / n_split % nkv);
       const Head& H = L.heads[static_cast<size_t>(ih)];
-      const float* q_group = q + (iq * p.n_head + static_cast<int64_t>(ih) * G) * dk;
-      if (qproj_data) {
-        project_queries(H, q_group, G, const_cast<float*>(qproj_data) + qproj_at[iq * nkv + ih],
-                        false, &qp);  // pointers only: the buffer was filled above
+      if (qproj) {  // pointers only: the buffer was filled before the items
+        project_queries(H, q_group(iq, ih), G, const_cast<float*>(qproj) + qproj_at[iq * nkv + ih], false, &qp);
       } else {
         qbuf.resize(static_cast<size_t>(qproj_floats(H, G)));
-        project_queries(H, q_group, G, qbuf.data(), true, &qp);
+        project_queries(H, q_group(iq, ih), G, qbuf.data(), true, &qp);
       }
-      float* slot = parts_data + item * part_stride;
+      float* slot = parts + item * part_stride;
       for (size_t si = 0; si < H.segs.size(); ++si) {
         const Segment& S = H.segs[si];
         const int aw = slot_width(*S.enc);
@@ -169,16 +115,18 @@ void TokenCache::attend(int il, int64_t n_q, const float* q, const int32_t* q_po
         float* m = acc + static_cast<int64_t>(G) * aw;
         float* l = m + G;
         slot = l + G;
-        const auto [lo, hi] = visible_run(seg_pos(L, H, si), S.n(), q_pos[iq], p.sliding_window);
+        const auto [lo, hi] = visible_run(segment_positions(L, H, si), S.n(), q_pos[iq], p.sliding_window);
         const int64_t len = hi - lo;
         const int64_t t0 = lo + len * s / n_split, t1 = lo + len * (s + 1) / n_split;
         attend_rows(S.k, S.v, *S.enc, qp[si], G, p.scale, p.softcap, t0, t1, acc, m, l);
       }
     }
-  };
-  // Per (query, head): merge each segment's splits, lift once, merge the segments, normalise.
-  auto finish = [&](int64_t b, int64_t e) {
-    std::vector<float> merged, lifted;  // [n_seg][G, aw] / [n_seg][G, dv] (+ m, l)
+  }
+
+  // Pairs [b, e) of (query, head): merge each segment's splits, lift it once, merge the
+  // segments, normalise into out.
+  void finish(int64_t b, int64_t e) const {
+    std::vector<float> merged, lifted;  // [G, aw] / [n_seg][G, dv] then m, l [n_seg][G]
     std::vector<const float*> accs;
     std::vector<float> ms, ls;
     for (int64_t pair = b; pair < e; ++pair) {
@@ -186,36 +134,34 @@ void TokenCache::attend(int il, int64_t n_q, const float* q, const int32_t* q_po
       const int ih = static_cast<int>(pair % nkv);
       const Head& H = L.heads[static_cast<size_t>(ih)];
       const size_t n_seg = H.segs.size();
-      const int64_t item0 = pair * n_split;
       lifted.resize(n_seg * static_cast<size_t>(G) * (dv + 2));
-      float* lm = lifted.data() + n_seg * static_cast<size_t>(G) * dv;  // m [n_seg][G]
-      float* ll = lm + n_seg * static_cast<size_t>(G);                  // l [n_seg][G]
+      float* lm = lifted.data() + n_seg * static_cast<size_t>(G) * dv;
+      float* ll = lm + n_seg * static_cast<size_t>(G);
       int64_t off = 0;  // the segment's slot offset inside a part
       for (size_t si = 0; si < n_seg; ++si) {
         const int aw = slot_width(*H.segs[si].enc);
         merged.resize(static_cast<size_t>(G) * aw);
+        accs.resize(static_cast<size_t>(n_split));
+        ms.resize(static_cast<size_t>(n_split));
+        ls.resize(static_cast<size_t>(n_split));
         for (int g = 0; g < G; ++g) {
-          accs.resize(static_cast<size_t>(n_split));
-          ms.resize(static_cast<size_t>(n_split));
-          ls.resize(static_cast<size_t>(n_split));
           for (int64_t sp = 0; sp < n_split; ++sp) {
-            const float* part = parts_data + (item0 + sp) * part_stride + off;
+            const float* part = parts + (pair * n_split + sp) * part_stride + off;
             accs[static_cast<size_t>(sp)] = part + static_cast<int64_t>(g) * aw;
             ms[static_cast<size_t>(sp)] = part[static_cast<int64_t>(G) * aw + g];
             ls[static_cast<size_t>(sp)] = part[static_cast<int64_t>(G) * aw + G + g];
           }
           merge_softmax(static_cast<int>(n_split), accs.data(), ms.data(), ls.data(), aw,
-                        merged.data() + static_cast<int64_t>(g) * aw, &lm[si * G + g],
-                        &ll[si * G + g]);
+                        merged.data() + static_cast<int64_t>(g) * aw, &lm[si * G + g], &ll[si * G + g]);
         }
         lift_slot(*H.segs[si].enc, merged.data(), G, lifted.data() + si * G * dv);
         off += static_cast<int64_t>(G) * (aw + 2);
       }
+      accs.resize(n_seg);
+      ms.resize(n_seg);
+      ls.resize(n_seg);
       for (int g = 0; g < G; ++g) {
         float* o = out + (iq * p.n_head + static_cast<int64_t>(ih) * G + g) * dv;
-        accs.resize(n_seg);
-        ms.resize(n_seg);
-        ls.resize(n_seg);
         for (size_t si = 0; si < n_seg; ++si) {
           accs[si] = lifted.data() + (si * G + static_cast<size_t>(g)) * dv;
           ms[si] = lm[si * G + g];
@@ -228,17 +174,80 @@ void TokenCache::attend(int il, int64_t n_q, const float* q, const int32_t* q_po
         for (int i = 0; i < dv; ++i) o[i] *= inv;
       }
     }
-  };
-  const int64_t n_items = n_base * n_split;
+  }
+};
+
+// Decode splits: when there are fewer (query, kv head) pairs than threads, each run is split
+// in pieces of at least kMinSplit tokens. max_len: a plain head's longest visible run, else
+// all its tokens.
+int64_t split_count(const Layer& L, int64_t n_q, const int32_t* q_pos, int window, int nth) {
+  const int64_t n_base = n_q * static_cast<int64_t>(L.heads.size());
+  if (n_base >= 2 * nth) return 1;
+  int64_t max_len = 0;
+  for (size_t ih = 0; ih < L.heads.size(); ++ih) {
+    const Head& H = L.heads[ih];
+    if (!H.plain()) {
+      max_len = std::max(max_len, H.n_tokens());
+      continue;
+    }
+    const int32_t* pb = segment_positions(L, H, 0);
+    for (int64_t iq = 0; iq < n_q; ++iq) {
+      const auto [lo, hi] = visible_run(pb, H.segs[0].n(), q_pos[iq], window);
+      max_len = std::max(max_len, hi - lo);
+    }
+    if (L.shared) break;  // every head has the same positions
+  }
+  return std::min((2 * nth + n_base - 1) / n_base, std::max<int64_t>(1, max_len / kMinSplit));
+}
+
+}  // namespace
+
+void TokenCache::attend(int il, int64_t n_q, const float* q, const int32_t* q_pos,
+                        const AttnParams& p, float* out, ThreadPool* pool) const {
+  KVTRIM_CHECK(il >= 0 && il < cfg_.n_layer, "KV cache: layer %d out of range [0, %d)", il,
+               cfg_.n_layer);
+  KVTRIM_CHECK(p.n_head > 0 && p.n_head % cfg_.n_head_kv == 0,
+               "attention: n_head %d is not a positive multiple of n_head_kv %d", p.n_head,
+               cfg_.n_head_kv);
+  if (n_q <= 0) return;
+  const Layer& L = layers_[static_cast<size_t>(il)];
+  const int nkv = cfg_.n_head_kv;
+  AttendJob job{L, q, q_pos, p, out, nkv, cfg_.head_dim_k, cfg_.head_dim_v, p.n_head / nkv};
+  const int G = job.G;
+  const int64_t n_base = n_q * nkv;
+  job.n_split = split_count(L, n_q, q_pos, p.sliding_window, pool ? pool->n_threads() : 1);
+  for (const Head& H : L.heads) job.part_stride = std::max(job.part_stride, slots_floats(H, G));
+  // (thread_local scratch is only touched here and through plain pointers inside the pool's
+  // tasks: a thread_local named there would be the worker's own instance.)
+  thread_local std::vector<float> qproj_buf, parts;
+  thread_local std::vector<int64_t> qproj_off;
+  if (job.n_split > 1) {  // split runs: each (query, head)'s projected queries once, here
+    qproj_off.assign(static_cast<size_t>(n_base), 0);
+    int64_t nf = 0;
+    for (int64_t i = 0; i < n_base; ++i) {
+      qproj_off[static_cast<size_t>(i)] = nf;
+      nf += qproj_floats(L.heads[static_cast<size_t>(i % nkv)], G);
+    }
+    qproj_buf.resize(static_cast<size_t>(nf));
+    std::vector<const float*> unused;
+    for (int64_t i = 0; i < n_base; ++i)
+      project_queries(L.heads[static_cast<size_t>(i % nkv)], job.q_group(i / nkv, static_cast<int>(i % nkv)), G,
+                      qproj_buf.data() + qproj_off[static_cast<size_t>(i)], true, &unused);
+    job.qproj = qproj_buf.data();
+    job.qproj_at = qproj_off.data();
+  }
+  parts.resize(static_cast<size_t>(n_base * job.n_split * job.part_stride));
+  job.parts = parts.data();
+  const int64_t n_items = n_base * job.n_split;
   if (pool && n_items > 1) {
-    pool->parallel_for(n_items, run_items);
+    pool->parallel_for(n_items, [&](int64_t b, int64_t e) { job.items(b, e); });
   } else {
-    run_items(0, n_items);
+    job.items(0, n_items);
   }
   if (pool && n_base > 1) {
-    pool->parallel_for(n_base, finish);
+    pool->parallel_for(n_base, [&](int64_t b, int64_t e) { job.finish(b, e); });
   } else {
-    finish(0, n_base);
+    job.finish(0, n_base);
   }
 }
 

@@ -118,7 +118,7 @@ void TokenCache::append(int il, int64_t n, const float* k, const float* v, const
 std::vector<std::pair<int, int64_t>> TokenCache::order(const Layer& L, const Head& H) const {
   std::vector<std::pair<int32_t, std::pair<int, int64_t>>> t;
   for (size_t s = 0; s < H.segs.size(); ++s) {
-    const int32_t* p = seg_pos(L, H, s);
+    const int32_t* p = segment_positions(L, H, s);
     for (int64_t j = 0; j < H.segs[s].n(); ++j) t.push_back({p[j], {static_cast<int>(s), j}});
   }
   if (H.segs.size() > 1) std::sort(t.begin(), t.end());
@@ -157,7 +157,7 @@ void TokenCache::read_head(int il, int ih, std::vector<float>* k, std::vector<fl
     const auto [sg, j] = ord[static_cast<size_t>(t)];
     read_row(H, static_cast<size_t>(sg), j, k ? k->data() + t * dk : nullptr,
              v ? v->data() + t * dv : nullptr);
-    if (pos) (*pos)[static_cast<size_t>(t)] = seg_pos(L, H, static_cast<size_t>(sg))[j];
+    if (pos) (*pos)[static_cast<size_t>(t)] = segment_positions(L, H, static_cast<size_t>(sg))[j];
   }
 }
 

@@ -52,6 +52,11 @@ struct Layer {
   std::vector<Head> heads;   // [n_head_kv]
 };
 
+// Positions of segment si of head H in layer L (shared layers: the layer's).
+inline const int32_t* segment_positions(const Layer& L, const Head& H, size_t si) {
+  return L.shared ? L.pos.data() : H.segs[si].pos.data();
+}
+
 class TokenCache final : public KvCache {
  public:
   explicit TokenCache(KvCacheConfig cfg);
@@ -73,10 +78,6 @@ class TokenCache final : public KvCache {
   void reset() override;
 
  private:
-  // Positions of segment si of head ih (shared layers: the layer's).
-  const int32_t* seg_pos(const Layer& L, const Head& H, size_t si) const {
-    return L.shared ? L.pos.data() : H.segs[si].pos.data();
-  }
   // The head's tokens in position order: (segment, row).
   std::vector<std::pair<int, int64_t>> order(const Layer& L, const Head& H) const;
   int32_t last_pos(const Layer& L, const Head& H) const;

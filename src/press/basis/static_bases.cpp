@@ -8,7 +8,7 @@
 //                   K-SVD.
 //   kqsvd           KQ-SVD: the best rank-r approximation of the score matrix Q·Kᵀ (and of
 //                   V·W_O for values) under the calibration statistics; oblique (an encoder
-//                   and a decoder, HeadPlan::decoder_k / decoder_v).
+//                   and a decoder, HeadPlan::key.decoder / value.decoder).
 //   staticpca       StaticPCA, the OjaKV paper's static baseline (Zhu et al. 2025, §6): the
 //                   calibration PCA basis, reconstructed on the fly; with hybrid > 0 (plus
 //                   sinks / recent) it is the paper's StaticPCA-H ablation (Table 6).
