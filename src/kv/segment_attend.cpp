@@ -44,7 +44,7 @@ void dense_scores(const SideStore& k, const float* qs, int G, int64_t b, int64_t
   }
 }
 
-// The kernels' view of per-token rows (q4 rows have no kernel: nullopt).
+// The kernels' view of per-token rows; false for q4 rows (no kernel: the generic path).
 bool sparse_view(const SideStore& st, int w, SparseRows* r) {
   switch (st.dtype()) {
     case KvDtype::kF32:

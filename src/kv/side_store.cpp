@@ -346,7 +346,8 @@ void SideStore::get(const SideEncoding& e, int64_t t, float* c) const {
   const int cnt = row_count(t);
   const float fill = fill_ ? fills_.as<float>()[t] : 0.f;
   // pruned coordinates: value fill, key recovery ±fill·r[c], or zero
-  std::vector<char> kept(static_cast<size_t>(w_), 0);
+  thread_local std::vector<char> kept;
+  kept.assign(static_cast<size_t>(w_), 0);
   for (int j = 0; j < cnt; ++j) {
     const int ch = isz_ == 1 ? idx_.p[b + j] : idx_.as<uint16_t>()[b + j];
     c[ch] = entry_at(t, b + j);
