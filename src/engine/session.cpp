@@ -38,6 +38,7 @@ Session::Session(const Model& model, SessionParams p)
   cfg.dtype = p_.kv_dtype;
   cfg.dtype_k = p_.kv_dtype_k;
   cfg.dtype_v = p_.kv_dtype_v;
+  cfg.rotate_quantized = p_.kv_rotate;
   cache_ = make_kv_cache(cfg);
   logits_.resize(static_cast<size_t>(model.hparams().n_vocab));
 }

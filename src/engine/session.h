@@ -28,6 +28,7 @@ struct SessionParams {
   int n_batch = 256;     // prefill chunk size (tokens per forward call)
   KvDtype kv_dtype = KvDtype::kF16;          // precision of stored keys and values ...
   std::optional<KvDtype> kv_dtype_k, kv_dtype_v;  // ... unless set per side (-ctk / -ctv)
+  bool kv_rotate = true;  // quantized dense rows in a Hadamard rotation (KvCacheConfig::rotate_quantized)
 };
 
 struct GenerateParams {

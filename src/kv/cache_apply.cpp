@@ -191,8 +191,7 @@ void TokenCache::apply_head(Layer& L, Head& H, int ih, const HeadPlan& hp) {
     ns.pos.resize(static_cast<size_t>(n));
     for (int64_t r = 0; r < n; ++r) {
       const int64_t j = reenc[static_cast<size_t>(r)];
-      D.k.get(D.enc->k, j, kf.data());
-      D.v.get(D.enc->v, j, vf.data());
+      read_row(H, 0, j, kf.data(), vf.data());  // the dense row, back in head coordinates
       e.k.to_coords(kf.data(), 1, dk, ck.data());
       e.v.to_coords(vf.data(), 1, dv, cv.data());
       const size_t pr = static_cast<size_t>(reenc_row[static_cast<size_t>(r)]);

@@ -2,6 +2,7 @@
 #include "kv/encoding.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -45,6 +46,15 @@ std::shared_ptr<const BasisMat> intern_basis(int d, int r, const std::vector<flo
   m->dec = dec;
   table.emplace(h, m);
   return m;
+}
+
+std::shared_ptr<const BasisMat> hadamard_basis(int d) {
+  std::vector<float> h(static_cast<size_t>(d) * static_cast<size_t>(d));
+  const float s = 1.f / std::sqrt(static_cast<float>(d));
+  for (int i = 0; i < d; ++i)
+    for (int j = 0; j < d; ++j)  // H[i, j] = (-1)^popcount(i & j)
+      h[static_cast<size_t>(i) * d + j] = (__builtin_popcount(static_cast<unsigned>(i & j)) & 1) ? -s : s;
+  return intern_basis(d, d, h, {});
 }
 
 void SideEncoding::to_coords(const float* x, int64_t n, int64_t ldx, float* c) const {

@@ -33,6 +33,10 @@ struct BasisMat {
 std::shared_ptr<const BasisMat> intern_basis(int d, int r, const std::vector<float>& enc,
                                              const std::vector<float>& dec);
 
+// The normalised Hadamard matrix H_d / sqrt(d) (Sylvester order; symmetric, orthonormal) as an
+// interned basis; d a power of two.
+std::shared_ptr<const BasisMat> hadamard_basis(int d);
+
 enum class ChannelMode : uint8_t { kAll, kSubset, kPerToken };
 
 // One side (keys or values) of an encoding.

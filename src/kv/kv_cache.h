@@ -40,6 +40,13 @@ struct KvCacheConfig {
   // span is lost, as when those tokens had been encoded in it). Periodic basis updates (OjaKV)
   // then never hold more than a few bases per head. 0 = no bound.
   int max_live_bases = 2;
+  // Quantized dense rows (q8 / fp8 / q4 on a side whose head dim is a power of two) are stored
+  // in a fixed orthonormal rotation, the normalised Hadamard matrix H/sqrt(d): it spreads
+  // outlier channels over the whole vector before quantisation (QuaRot; llama.cpp rotates its
+  // quantized KV cache the same way). Scores are unchanged in exact arithmetic (q·H)·(Hᵀk);
+  // the query is rotated once per segment and the value sum once per query. One matrix per
+  // head dim, stored once (bytes().bases).
+  bool rotate_quantized = false;
   KvDtype type_k() const { return dtype_k.value_or(dtype); }
   KvDtype type_v() const { return dtype_v.value_or(dtype); }
 };

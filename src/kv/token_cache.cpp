@@ -30,6 +30,12 @@ TokenCache::TokenCache(KvCacheConfig cfg) : KvCache(std::move(cfg)) {
   e->k.dtype = cfg_.type_k();
   e->v.d = cfg_.head_dim_v;
   e->v.dtype = cfg_.type_v();
+  if (cfg_.rotate_quantized) {
+    for (SideEncoding* sd : {&e->k, &e->v}) {
+      const bool quantized = sd->dtype == KvDtype::kQ8 || sd->dtype == KvDtype::kFP8 || sd->dtype == KvDtype::kQ4;
+      if (quantized && (sd->d & (sd->d - 1)) == 0) sd->basis = hadamard_basis(sd->d);
+    }
+  }
   dense_enc_ = std::move(e);
   layers_.resize(static_cast<size_t>(cfg_.n_layer));
   for (Layer& L : layers_) {
@@ -102,6 +108,17 @@ void TokenCache::append(int il, int64_t n, const float* k, const float* v, const
       for (int64_t j = 0; j < n; ++j) {
         S->k.push_dense(ck.data() + j * e.k.width());
         S->v.push_dense(cv.data() + j * e.v.width());
+      }
+    } else if (!S->enc->k.identity() || !S->enc->v.identity()) {  // rotated dense rows
+      const SegmentEncoding& e = *S->enc;
+      ck.resize(static_cast<size_t>(n * dk));
+      cv.resize(static_cast<size_t>(n * dv));
+      e.k.to_coords(kh, n, nkv * dk, ck.data());
+      e.v.to_coords(vh, n, nkv * dv, cv.data());
+      reserve(*S, S->n() + n, 0, 0);
+      for (int64_t j = 0; j < n; ++j) {
+        S->k.push_dense(ck.data() + j * dk);
+        S->v.push_dense(cv.data() + j * dv);
       }
     } else {
       reserve(*S, S->n() + n, 0, 0);
@@ -211,9 +228,8 @@ KvBytes TokenCache::bytes() const {
         l.indices += kb.indices + vb.indices;
         l.bitmasks += kb.bitmasks + vb.bitmasks;
         if (!L.shared) l.positions += static_cast<size_t>(S.n()) * sizeof(int32_t);
-        if (S.enc->dense()) continue;
-        l.other += sizeof(int32_t);  // the segment's epoch id
-        held.push_back(S.enc.get());
+        if (!S.enc->dense()) l.other += sizeof(int32_t);  // the segment's epoch id
+        held.push_back(S.enc.get());  // (dense rows: only a rotation of quantized rows counts)
       }
       std::sort(held.begin(), held.end());
       held.erase(std::unique(held.begin(), held.end()), held.end());

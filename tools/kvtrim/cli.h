@@ -20,10 +20,12 @@ struct CommonOptions {
   int batch = 256;
   std::string kv_type = "f16";
   std::string cache_type_k, cache_type_v;  // -ctk / -ctv ("": kv_type)
+  bool no_kv_rotate = false;                // --no-kv-rotate: quantized rows unrotated
 };
 
 void add_common_options(CLI::App* app, CommonOptions& o);
-// The cache types as recorded in results files: "f16", or "k=q8,v=q4" when they differ.
+// The cache types as recorded in results files: "f16", or "k=q8,v=q4" when they differ, with
+// "+hadamard" when quantized rows are rotated (the default).
 std::string kv_tag(const CommonOptions& o);
 
 // KV-cache compression options (run, chat, ppl).

@@ -24,13 +24,21 @@ void add_common_options(CLI::App* app, CommonOptions& o) {
       ->check(CLI::IsMember(types));
   app->add_option("--cache-type-v", o.cache_type_v, "precision of stored values, also -ctv (default: --kv-type)")
       ->check(CLI::IsMember(types));
+  app->add_flag("--no-kv-rotate", o.no_kv_rotate,
+                "store quantized (q8 / fp8 / q4) keys and values as they are, without the Hadamard rotation "
+                "that spreads outlier channels before quantization");
 }
 
 std::string kv_tag(const CommonOptions& o) {
   const std::string k = o.cache_type_k.empty() ? o.kv_type : o.cache_type_k;
   const std::string v = o.cache_type_v.empty() ? o.kv_type : o.cache_type_v;
   auto canon = [](const std::string& t) { return std::string(kv_dtype_name(kv_dtype_from_name(t))); };
-  return canon(k) == canon(v) ? canon(k) : "k=" + canon(k) + ",v=" + canon(v);
+  const std::string types = canon(k) == canon(v) ? canon(k) : "k=" + canon(k) + ",v=" + canon(v);
+  auto quantized = [&](const std::string& t) {
+    const KvDtype d = kv_dtype_from_name(t);
+    return d == KvDtype::kQ8 || d == KvDtype::kFP8 || d == KvDtype::kQ4;
+  };
+  return types + (!o.no_kv_rotate && (quantized(k) || quantized(v)) ? "+hadamard" : "");
 }
 
 void add_press_options(CLI::App* app, PressOptions& o) {
@@ -90,6 +98,7 @@ SessionParams session_params(const CommonOptions& o) {
   p.kv_dtype = kv_dtype_from_name(o.kv_type);
   if (!o.cache_type_k.empty()) p.kv_dtype_k = kv_dtype_from_name(o.cache_type_k);
   if (!o.cache_type_v.empty()) p.kv_dtype_v = kv_dtype_from_name(o.cache_type_v);
+  p.kv_rotate = !o.no_kv_rotate;
   return p;
 }
 
