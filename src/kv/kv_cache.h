@@ -40,7 +40,7 @@ struct KvCacheConfig {
   // span is lost, as when those tokens had been encoded in it). Periodic basis updates (OjaKV)
   // then never hold more than a few bases per head. 0 = no bound.
   int max_live_bases = 2;
-  // Quantized dense rows (q8 / fp8 / q4 on a side whose head dim is a power of two) are stored
+  // Quantized dense rows (q8 / q4 on a side whose head dim is a power of two) are stored
   // in a fixed orthonormal rotation, the normalised Hadamard matrix H/sqrt(d): it spreads
   // outlier channels over the whole vector before quantisation (QuaRot; llama.cpp rotates its
   // quantized KV cache the same way). Scores are unchanged in exact arithmetic (q·H)·(Hᵀk);

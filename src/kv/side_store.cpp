@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "core/error.h"
 #include "core/fp16.h"
@@ -14,10 +15,12 @@ namespace {
 
 int n_blocks(int s) { return static_cast<int>(q4_blocks(s)); }
 
-// q4_0's rule over any n elements: m = the first element of largest |x|, scale = m / -8,
-// code = min(15, trunc(x / scale + 8.5)); returns the f32 scale (dense rows store it as f16 per
-// block of 32, exactly q4_encode_block; per-token rows keep one f32 scale per row).
-float q4_encode_any(const float* x, int64_t n, uint8_t* codes) {
+// q4 codes of x [n]: q4_0's layout (code c stands for scale·(c − 8), codes 0..15) with the
+// scale searched: q4_0's own choice m / −8 (m = the element of largest |x|, signed) and four
+// smaller ones (m / −8 · {15/16, 7/8, 13/16, 3/4}, which clip the largest element for a finer
+// grid elsewhere); the one with the least squared error, computed with the scale as stored (f16
+// for dense rows: round_f16), wins; ties keep q4_0's. Returns the scale.
+float q4_encode_any(const float* x, int64_t n, uint8_t* codes, bool round_f16) {
   float amax = 0, m = 0;
   for (int64_t j = 0; j < n; ++j) {
     if (std::fabs(x[j]) > amax) {
@@ -25,10 +28,26 @@ float q4_encode_any(const float* x, int64_t n, uint8_t* codes) {
       m = x[j];
     }
   }
-  const float d = m / -8.f, id = d != 0.f ? 1.f / d : 0.f;
+  static constexpr float kShrink[] = {1.f, 15.f / 16, 7.f / 8, 13.f / 16, 3.f / 4};
+  float best_d = m / -8.f, best_err = std::numeric_limits<float>::infinity();
+  for (float f : kShrink) {
+    const float d = m / -8.f * f, id = d != 0.f ? 1.f / d : 0.f;
+    const float ds = round_f16 ? fp16_to_fp32(fp32_to_fp16(d)) : d;
+    float err = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      const int c = std::clamp(static_cast<int>(std::floor(x[j] * id + 8.5f)), 0, 15);
+      const float e = x[j] - ds * static_cast<float>(c - 8);
+      err += e * e;
+    }
+    if (err < best_err) {
+      best_err = err;
+      best_d = d;
+    }
+  }
+  const float id = best_d != 0.f ? 1.f / best_d : 0.f;
   for (int64_t j = 0; j < n; ++j)
-    codes[j] = static_cast<uint8_t>(std::min(15, static_cast<int>(static_cast<int8_t>(x[j] * id + 8.5f))));
-  return d;
+    codes[j] = static_cast<uint8_t>(std::clamp(static_cast<int>(std::floor(x[j] * id + 8.5f)), 0, 15));
+  return best_d;
 }
 
 // Where element i of a stored vector goes: elem index (f32/f16/bf16/q8/fp8: element units;
@@ -57,7 +76,7 @@ int get_nibble(const uint8_t* base, int64_t nib) {
 // Encodes x[n] (plain precisions: into dst element slots at(j)); returns the scale (q8 / fp8 /
 // q4-per-row) or 1.
 template <class At>
-float encode_elems(KvDtype t, const float* x, int64_t n, uint8_t* dst, At at) {
+float encode_elems(KvDtype t, const float* x, int64_t n, uint8_t* dst, At at, bool round_f16 = false) {
   switch (t) {
     case KvDtype::kF32:
       for (int64_t j = 0; j < n; ++j) reinterpret_cast<float*>(dst)[at(j)] = x[j];
@@ -82,7 +101,7 @@ float encode_elems(KvDtype t, const float* x, int64_t n, uint8_t* dst, At at) {
     }
     case KvDtype::kQ4: {  // at(j) is a nibble index; one scale over the n elements
       std::vector<uint8_t> c(static_cast<size_t>(n));
-      const float sc = q4_encode_any(x, n, c.data());
+      const float sc = q4_encode_any(x, n, c.data(), round_f16);
       for (int64_t j = 0; j < n; ++j) put_nibble(dst, at(j), c[static_cast<size_t>(j)]);
       return sc;
     }
@@ -266,7 +285,8 @@ void SideStore::push_dense(const float* x) {
     const int nblk = n_blocks(s_);
     for (int b = 0; b < nblk; ++b) {
       const int i0 = b * static_cast<int>(kQ4Block), nb = std::min(static_cast<int>(kQ4Block), s_ - i0);
-      const float sc = encode_elems(dtype_, x + i0, nb, data_.p.get(), [&](int64_t j) { return sl.nib(t, i0 + j); });
+      const float sc = encode_elems(dtype_, x + i0, nb, data_.p.get(), [&](int64_t j) { return sl.nib(t, i0 + j); },
+                                    /*round_f16=*/true);
       const int64_t at = tiled_ ? ((t / kKeyTile) * nblk + b) * kKeyTile + t % kKeyTile : t * nblk + b;
       scale_.as<uint16_t>()[at] = fp32_to_fp16(sc);
     }

@@ -32,7 +32,9 @@ TokenCache::TokenCache(KvCacheConfig cfg) : KvCache(std::move(cfg)) {
   e->v.dtype = cfg_.type_v();
   if (cfg_.rotate_quantized) {
     for (SideEncoding* sd : {&e->k, &e->v}) {
-      const bool quantized = sd->dtype == KvDtype::kQ8 || sd->dtype == KvDtype::kFP8 || sd->dtype == KvDtype::kQ4;
+      // integer grids only: fp8's floating grid already follows the magnitudes (measured: on
+      // Gemma3-270M the rotation raised fp8's ΔPPL from +0.05 to +0.27 and lowered q4's)
+      const bool quantized = sd->dtype == KvDtype::kQ8 || sd->dtype == KvDtype::kQ4;
       if (quantized && (sd->d & (sd->d - 1)) == 0) sd->basis = hadamard_basis(sd->d);
     }
   }

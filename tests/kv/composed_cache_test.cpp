@@ -363,7 +363,7 @@ namespace {
 // the reconstruction, the rotation is one interned matrix per head dim, and on keys with an
 // outlier channel (as real keys have) the q4 reconstruction error drops.
 TEST(ComposedCache, HadamardRotationOfQuantizedRows) {
-  for (KvDtype t : {KvDtype::kQ8, KvDtype::kFP8, KvDtype::kQ4}) {
+  for (KvDtype t : {KvDtype::kQ8, KvDtype::kQ4}) {  // (fp8 rows are not rotated)
     std::mt19937 rng(31);
     const int nkv = 2, d = 64, n = 300;
     KvCacheConfig cfg = make_cfg(1, nkv, d, d, t);

@@ -25,7 +25,7 @@ void add_common_options(CLI::App* app, CommonOptions& o) {
   app->add_option("--cache-type-v", o.cache_type_v, "precision of stored values, also -ctv (default: --kv-type)")
       ->check(CLI::IsMember(types));
   app->add_flag("--no-kv-rotate", o.no_kv_rotate,
-                "store quantized (q8 / fp8 / q4) keys and values as they are, without the Hadamard rotation "
+                "store q8 / q4 keys and values as they are, without the Hadamard rotation "
                 "that spreads outlier channels before quantization");
 }
 
@@ -36,7 +36,7 @@ std::string kv_tag(const CommonOptions& o) {
   const std::string types = canon(k) == canon(v) ? canon(k) : "k=" + canon(k) + ",v=" + canon(v);
   auto quantized = [&](const std::string& t) {
     const KvDtype d = kv_dtype_from_name(t);
-    return d == KvDtype::kQ8 || d == KvDtype::kFP8 || d == KvDtype::kQ4;
+    return d == KvDtype::kQ8 || d == KvDtype::kQ4;
   };
   return types + (!o.no_kv_rotate && (quantized(k) || quantized(v)) ? "+hadamard" : "");
 }
