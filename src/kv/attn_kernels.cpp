@@ -1,23 +1,20 @@
-// SIMD kernels of the cache's dense attention (see attn_kernels.h; the sparse-row kernels are
-// in attn_kernels_sparse.cpp). One Highway translation unit compiled for every x86 target and
-// dispatched at run time. Reference expressions:
+// SIMD kernels of the cache's dense attention over f32 / f16 / bf16 / q8 / fp8 elements (see
+// attn_kernels.h; q4 blocks: attn_kernels_q4.cpp, sparse rows: attn_kernels_sparse.cpp). One
+// Highway translation unit compiled for every x86 target and dispatched at run time.
+// Reference expressions:
 //   scores:  s[g][t] = Σ_i q[g][i] · k[t][i]   (k in transposed tiles, lanes over tokens)
 //   accum:   acc[g][i] += Σ_t p[g][t] · v[t][i]   (gemma.cpp's WeightedSumV)
-// Quantised elements are widened to f32 in registers: int8 by promote + convert; fp8 E4M3 by
-// the bit identity f16(sign << 15 | (code & 0x7F) << 7) = e4m3(code) · 2^-8 (widen u8 to u16,
-// shift, move the sign bit from 14 to 15, F16C convert; the 2^8 goes into the scale); q4
-// nibbles by promote to u32, mask / shift, convert, with the −8 offset taken out of the loop
-// (Σ q·(c − 8) = Σ q·c − 8·Σ q per block) and the f16 block scales applied once per block.
+// Quantised elements are widened to f32 in registers: int8 by promote + convert, fp8 E4M3 by
+// rebuilding the f32 bit pattern (see load_row(uint8_t)) with the 2^120 it is off by folded
+// into the scale.
 #include "kv/attn_kernels.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
-#include <vector>
 
 #include "core/fp16.h"
-#include "kv/quant_formats.h"
 #include "ops/nn.h"
 
 // foreach_target.h must come first: it re-includes this file once per target.
@@ -67,7 +64,8 @@ template <class DF>
 HWY_INLINE hn::Vec<DF> load_row(DF df, const uint8_t* p) {
   const hn::Rebind<int8_t, DF> di8;
   const hn::Rebind<int32_t, DF> di32;
-  const auto w = hn::ShiftLeft<20>(hn::PromoteTo(di32, hn::LoadU(di8, reinterpret_cast<const int8_t*>(p))));
+  const auto w =
+      hn::ShiftLeft<20>(hn::PromoteTo(di32, hn::LoadU(di8, reinterpret_cast<const int8_t*>(p))));
   return hn::BitCast(df, hn::And(w, hn::Set(di32, static_cast<int32_t>(0x87ffffffu))));
 }
 template <int K, class DF, typename T>
@@ -75,7 +73,7 @@ HWY_INLINE void load_vecs(DF df, const T* p, hn::Vec<DF>* out) {
   constexpr int64_t N = hn::MaxLanes(df);
   for (int c = 0; c < K; ++c) out[c] = load_row(df, p + c * N);
 }
-constexpr float kFp8Mul = 0x1p120f;  // undoes load_row(uint8_t)'s 2^-120
+constexpr float kFp8Mul = 0x1p120f;   // undoes load_row(uint8_t)'s 2^-120
 HWY_INLINE float scalar(uint8_t b) {  // as load_row: the value · 2^-120
   const auto w = static_cast<uint32_t>(static_cast<int32_t>(static_cast<int8_t>(b)) << 20);
   return fp32_from_bits(w & 0x87ffffffu);
@@ -114,12 +112,18 @@ HWY_INLINE void for_batches(int n_g, const F& f) {
 template <class F>
 HWY_INLINE void with_batch(int ng, const F& f) {
   switch (ng) {
-    case 1: return f(std::integral_constant<int, 1>());
-    case 2: return f(std::integral_constant<int, 2>());
-    case 3: return f(std::integral_constant<int, 3>());
-    case 4: return f(std::integral_constant<int, 4>());
-    case 5: return f(std::integral_constant<int, 5>());
-    default: return f(std::integral_constant<int, 6>());
+    case 1:
+      return f(std::integral_constant<int, 1>());
+    case 2:
+      return f(std::integral_constant<int, 2>());
+    case 3:
+      return f(std::integral_constant<int, 3>());
+    case 4:
+      return f(std::integral_constant<int, 4>());
+    case 5:
+      return f(std::integral_constant<int, 5>());
+    default:
+      return f(std::integral_constant<int, 6>());
   }
 }
 
@@ -143,19 +147,25 @@ HWY_NOINLINE void scores_batch(const float* q, int64_t d, const T* k, const floa
         for (int64_t j = 0; j < nv; ++j) acc[ph][g][j] = hn::Zero(df);
       }
     }
-    // one row: its nv vectors, then one broadcast of q at a time (few registers live)
-    const auto row_fma = [&](int ph, int64_t i) HWY_ATTR {
+    // per row: its nv vectors, then one broadcast of q at a time (few registers live)
+    for (int64_t i = 0; i < d_main; i += P) {
+      for (int ph = 0; ph < P; ++ph) {
+        V kv[nv];
+        load_vecs<nv>(df, kt + (i + ph) * kKeyTile, kv);
+        for (int g = 0; g < G; ++g) {
+          const V qb = hn::Set(df, q[g * d + i + ph]);
+          for (int64_t j = 0; j < nv; ++j) acc[ph][g][j] = hn::MulAdd(qb, kv[j], acc[ph][g][j]);
+        }
+      }
+    }
+    for (int64_t i = d_main; i < d; ++i) {
       V kv[nv];
       load_vecs<nv>(df, kt + i * kKeyTile, kv);
       for (int g = 0; g < G; ++g) {
         const V qb = hn::Set(df, q[g * d + i]);
-        for (int64_t j = 0; j < nv; ++j) acc[ph][g][j] = hn::MulAdd(qb, kv[j], acc[ph][g][j]);
+        for (int64_t j = 0; j < nv; ++j) acc[0][g][j] = hn::MulAdd(qb, kv[j], acc[0][g][j]);
       }
-    };
-    for (int64_t i = 0; i < d_main; i += P) {
-      for (int ph = 0; ph < P; ++ph) row_fma(ph, i + ph);
     }
-    for (int64_t i = d_main; i < d; ++i) row_fma(0, i);
     for (int ph = 1; ph < P; ++ph) {
       for (int g = 0; g < G; ++g) {
         for (int64_t j = 0; j < nv; ++j) acc[0][g][j] = hn::Add(acc[0][g][j], acc[ph][g][j]);
@@ -190,8 +200,8 @@ HWY_INLINE void scores_impl(const float* q, int n_g, int64_t d, const T* k, cons
                             float scale_mul = 1.f) {
   for_batches(n_g, [&](int g0, int ng) {
     with_batch(ng, [&](auto G) {
-      scores_batch<decltype(G)::value>(q + g0 * d, d, k, k_scale, scale_mul, t0, n_t,
-                                       s + g0 * ld_s, ld_s);
+      scores_batch<decltype(G)::value>(q + g0 * d, d, k, k_scale, scale_mul, t0, n_t, s + g0 * ld_s,
+                                       ld_s);
     });
   });
 }
@@ -236,18 +246,36 @@ HWY_INLINE void accum_group(const float* p, int64_t ld_p, const T* v, int64_t n_
   }
 }
 
+// The last r < C vectors of channels as one group (accum_group<G, r>).
+template <int G, int R, typename T>
+HWY_INLINE void accum_tail(int64_t r, const float* p, int64_t ld_p, const T* v, int64_t n_t,
+                           int64_t dv, float* acc_out, bool scaled, float out_mul) {
+  if constexpr (R > 0) {
+    if (r == R) return accum_group<G, R>(p, ld_p, v, n_t, dv, acc_out, scaled, out_mul);
+    accum_tail<G, R - 1>(r, p, ld_p, v, n_t, dv, acc_out, scaled, out_mul);
+  }
+}
+
 template <int G, typename T>
 HWY_NOINLINE void accum_batch(const float* p, int64_t ld_p, const T* v, int64_t n_t, int64_t dv,
                               float* acc_out, float out_mul) {
   const hn::ScalableTag<float> df;
   constexpr int64_t N = hn::MaxLanes(df);
-  constexpr int C = G == 1 ? 8 : G == 2 ? 6 : G == 3 ? 4 : G == 4 ? 3 : 2;  // vectors at once
+  // vectors of channels at once: G·C accumulators + the live row vectors / weights fit the 16
+  // AVX2 registers (fp8 decoding holds a mask constant: one register less)
+  constexpr bool kMask = std::is_same_v<T, uint8_t>;
+  constexpr int C = G == 1   ? 8
+                    : G == 2 ? 6
+                    : G == 3 ? (kMask ? 3 : 4)
+                    : G == 4 ? (kMask ? 2 : 3)
+                             : 2;
   const bool scaled = out_mul != 1.f;
   const int64_t d_vec = dv / N * N;
   int64_t i = 0;
   for (; i + C * N <= d_vec; i += C * N)
     accum_group<G, C>(p, ld_p, v + i, n_t, dv, acc_out + i, scaled, out_mul);
-  for (; i < d_vec; i += N) accum_group<G, 1>(p, ld_p, v + i, n_t, dv, acc_out + i, scaled, out_mul);
+  accum_tail<G, C - 1>((d_vec - i) / N, p, ld_p, v + i, n_t, dv, acc_out + i, scaled, out_mul);
+  i = d_vec;
   for (; i < dv; ++i) {
     for (int g = 0; g < G; ++g) {
       float r = scaled ? 0.f : acc_out[g * dv + i];
@@ -263,8 +291,7 @@ HWY_INLINE void accum_impl(const float* p, int n_g, int64_t ld_p, const T* v, in
                            int64_t dv, float* acc_out, float out_mul = 1.f) {
   for_batches(n_g, [&](int g0, int ng) {
     with_batch(ng, [&](auto G) {
-      accum_batch<decltype(G)::value>(p + g0 * ld_p, ld_p, v, n_t, dv, acc_out + g0 * dv,
-                                      out_mul);
+      accum_batch<decltype(G)::value>(p + g0 * ld_p, ld_p, v, n_t, dv, acc_out + g0 * dv, out_mul);
     });
   });
 }
@@ -310,171 +337,6 @@ void ScoresFP8(const float* q, int n_g, int64_t d, const uint8_t* k, const float
 void AccumFP8(const float* p, int n_g, int64_t ld_p, const uint8_t* v, int64_t n_t, int64_t dv,
               float* acc) {
   accum_impl(p, n_g, ld_p, v, n_t, dv, acc, kFp8Mul);
-}
-
-// The nibbles of Lanes(df) consecutive bytes as f32 codes 0..15: lo = low nibbles, hi = high.
-template <class DF>
-HWY_INLINE void load_nibbles(DF df, const uint8_t* p, hn::Vec<DF>& lo, hn::Vec<DF>& hi) {
-  const hn::Rebind<uint8_t, DF> du8;
-  const hn::Rebind<uint32_t, DF> du32;
-  const hn::Rebind<int32_t, DF> di32;
-  const auto w = hn::PromoteTo(du32, hn::LoadU(du8, p));
-  lo = hn::ConvertTo(df, hn::BitCast(di32, hn::And(w, hn::Set(du32, 15))));
-  hi = hn::ConvertTo(df, hn::BitCast(di32, hn::ShiftRight<4>(w)));
-}
-
-// q4 keys, lanes over tokens in the order the nibbles give them: the 8 even tokens of a tile
-// (low nibbles of a row's 8 bytes), then the 8 odd ones; the block scales are permuted to
-// match and the scores un-permuted when written. Per block b of 32 channels the code dots
-// start at −8·Σ_b q and are multiplied by the tile's 16 block scales.
-void ScoresQ4(const float* q, int n_g, int64_t d, const uint8_t* k, const uint16_t* k_scale,
-              int64_t t0, int64_t n_t, float* s, int64_t ld_s) {
-  const hn::CappedTag<float, kKeyTile / 2> df;
-  const hn::Rebind<hwy::float16_t, decltype(df)> dh;
-  constexpr int64_t N = hn::MaxLanes(df);
-  constexpr int64_t nv = kKeyTile / 2 / N;  // vectors per half tile (1 on AVX2)
-  constexpr int kG = 4;                     // query heads per register batch
-  const int64_t n_blk = q4_blocks(d);
-  constexpr int64_t kStack = 512;
-  HWY_ALIGN float q8s_stack[kStack], sc_stack[kStack];
-  std::vector<float> heap;
-  float* qs8 = q8s_stack;  // [n_g, n_blk]: 8 · Σ_{i in block} q[g][i]
-  float* sc = sc_stack;    // [n_blk, 16]: the tile's block scales, permuted (evens, odds)
-  if (n_g * n_blk > kStack || n_blk * kKeyTile > kStack) {
-    heap.resize(static_cast<size_t>(n_g * n_blk + n_blk * kKeyTile));
-    qs8 = heap.data();
-    sc = heap.data() + n_g * n_blk;
-  }
-  for (int g = 0; g < n_g; ++g) {
-    for (int64_t b = 0; b < n_blk; ++b) {
-      float r = 0;
-      for (int64_t i = b * kQ4Block; i < std::min(d, (b + 1) * kQ4Block); ++i) r += q[g * d + i];
-      qs8[g * n_blk + b] = 8 * r;
-    }
-  }
-  HWY_ALIGN float tot[kG][kKeyTile], tmp[kKeyTile];
-  const int64_t t_end = t0 + n_t;
-  for (int64_t tile = t0 / kKeyTile; tile * kKeyTile < t_end; ++tile) {
-    const uint8_t* kt = k + tile * d * (kKeyTile / 2);
-    const int64_t lo = std::max(t0, tile * kKeyTile), hi = std::min(t_end, (tile + 1) * kKeyTile);
-    for (int64_t b = 0; b < n_blk; ++b) {
-      const uint16_t* ks = k_scale + (tile * n_blk + b) * kKeyTile;
-      for (int64_t j = 0; j < kKeyTile; j += N) {
-        hn::Store(hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(ks + j))),
-                  df, tmp + j);
-      }
-      for (int64_t j = 0; j < kKeyTile / 2; ++j) {
-        sc[b * kKeyTile + j] = tmp[2 * j];
-        sc[b * kKeyTile + kKeyTile / 2 + j] = tmp[2 * j + 1];
-      }
-    }
-    for (int g0 = 0; g0 < n_g; g0 += kG) {
-      const int ng = std::min(kG, n_g - g0);
-      for (int g = 0; g < ng; ++g) {
-        for (int64_t j = 0; j < kKeyTile; j += N) hn::Store(hn::Zero(df), df, tot[g] + j);
-      }
-      for (int64_t b = 0; b < n_blk; ++b) {
-        const int64_t i0 = b * kQ4Block, i1 = std::min(d, i0 + kQ4Block);
-        hn::Vec<decltype(df)> acc[kG][2 * nv];
-        for (int g = 0; g < ng; ++g) {
-          for (int64_t j = 0; j < 2 * nv; ++j) acc[g][j] = hn::Set(df, -qs8[(g0 + g) * n_blk + b]);
-        }
-        for (int64_t i = i0; i < i1; ++i) {
-          for (int64_t j = 0; j < nv; ++j) {
-            hn::Vec<decltype(df)> ce, co;
-            load_nibbles(df, kt + i * (kKeyTile / 2) + j * N, ce, co);
-            for (int g = 0; g < ng; ++g) {
-              const auto qb = hn::Set(df, q[(g0 + g) * d + i]);
-              acc[g][j] = hn::MulAdd(qb, ce, acc[g][j]);
-              acc[g][nv + j] = hn::MulAdd(qb, co, acc[g][nv + j]);
-            }
-          }
-        }
-        for (int g = 0; g < ng; ++g) {
-          for (int64_t j = 0; j < 2 * nv; ++j) {
-            const auto sv = hn::Load(df, sc + b * kKeyTile + j * N);
-            hn::Store(hn::MulAdd(acc[g][j], sv, hn::Load(df, tot[g] + j * N)), df, tot[g] + j * N);
-          }
-        }
-      }
-      for (int g = 0; g < ng; ++g) {
-        float* sg = s + (g0 + g) * ld_s - t0;
-        for (int64_t t = lo; t < hi; ++t) {
-          const int64_t u = t - tile * kKeyTile;
-          sg[t] = tot[g][(u % 2) * (kKeyTile / 2) + u / 2];
-        }
-      }
-    }
-  }
-}
-
-// q4 values, lanes over channels: a 16-channel group of a row is 8 bytes, decoded to the even
-// channels (low nibbles) and the odd ones (high nibbles). Per block the weights w = p · scale
-// and −8·Σ w are formed once per chunk of tokens; a dv that is not a multiple of 16 leaves a
-// tail of channels done in scalar.
-void AccumQ4(const float* p, int n_g, int64_t ld_p, const uint8_t* v, const uint16_t* v_scale,
-             int64_t n_t, int64_t dv, float* acc_out) {
-  const hn::CappedTag<float, 8> df;
-  constexpr int64_t N = hn::MaxLanes(df);
-  constexpr int64_t nv = 8 / N;  // vectors per 8 bytes (1 on AVX2)
-  constexpr int kG = 6;          // query heads per register batch
-  constexpr int64_t kChunk = 64;
-  const int64_t rb = q4_row_bytes(dv), n_blk = q4_blocks(dv), n_grp = dv / 16;
-  HWY_ALIGN float w[kG][kChunk], tmp[2][8];
-  float sct[kChunk], wsum8[kG];
-  for (int64_t c0 = 0; c0 < n_t; c0 += kChunk) {
-    const int64_t nc = std::min(kChunk, n_t - c0);
-    const uint8_t* vc = v + c0 * rb;
-    for (int g0 = 0; g0 < n_g; g0 += kG) {
-      const int ng = std::min(kG, n_g - g0);
-      for (int64_t b = 0; b < n_blk; ++b) {
-        for (int64_t t = 0; t < nc; ++t) sct[t] = fp16_to_fp32(v_scale[(c0 + t) * n_blk + b]);
-        for (int g = 0; g < ng; ++g) {
-          const float* pg = p + (g0 + g) * ld_p + c0;
-          float sum = 0;
-          for (int64_t t = 0; t < nc; ++t) sum += w[g][t] = pg[t] * sct[t];
-          wsum8[g] = 8 * sum;
-        }
-        const int64_t ch1 = std::min(dv, (b + 1) * kQ4Block);
-        for (int64_t h = 2 * b; h < std::min(2 * b + 2, n_grp); ++h) {
-          hn::Vec<decltype(df)> acc[kG][2 * nv];
-          for (int g = 0; g < ng; ++g) {
-            for (int64_t j = 0; j < 2 * nv; ++j) acc[g][j] = hn::Set(df, -wsum8[g]);
-          }
-          for (int64_t t = 0; t < nc; ++t) {
-            for (int64_t j = 0; j < nv; ++j) {
-              hn::Vec<decltype(df)> ce, co;
-              load_nibbles(df, vc + t * rb + h * 8 + j * N, ce, co);
-              for (int g = 0; g < ng; ++g) {
-                const auto wb = hn::Set(df, w[g][t]);
-                acc[g][j] = hn::MulAdd(wb, ce, acc[g][j]);
-                acc[g][nv + j] = hn::MulAdd(wb, co, acc[g][nv + j]);
-              }
-            }
-          }
-          for (int g = 0; g < ng; ++g) {
-            for (int64_t j = 0; j < nv; ++j) {
-              hn::Store(acc[g][j], df, tmp[0] + j * N);
-              hn::Store(acc[g][nv + j], df, tmp[1] + j * N);
-            }
-            float* out = acc_out + (g0 + g) * dv + h * 16;
-            for (int64_t m = 0; m < 8; ++m) {
-              out[2 * m] += tmp[0][m];
-              out[2 * m + 1] += tmp[1][m];
-            }
-          }
-        }
-        for (int64_t ch = std::max(b * kQ4Block, n_grp * 16); ch < ch1; ++ch) {
-          for (int g = 0; g < ng; ++g) {
-            float r = -wsum8[g];
-            for (int64_t t = 0; t < nc; ++t)
-              r += w[g][t] * static_cast<float>((vc[t * rb + ch / 2] >> (4 * (ch % 2))) & 15);
-            acc_out[(g0 + g) * dv + ch] += r;
-          }
-        }
-      }
-    }
-  }
 }
 
 // y[g][i] = m[i] · x[g] over rows i of a row-major [rows, cols] matrix (the basis lift x·mᵀ):
@@ -535,8 +397,6 @@ HWY_EXPORT(F32ToF16Row);
 HWY_EXPORT(RowsDotF32);
 HWY_EXPORT(ScoresFP8);
 HWY_EXPORT(AccumFP8);
-HWY_EXPORT(ScoresQ4);
-HWY_EXPORT(AccumQ4);
 
 void attn_scores_fp8(const float* q, int n_g, int64_t d, const uint8_t* k, const float* k_scale,
                      int64_t t0, int64_t n_t, float* s, int64_t ld_s) {
@@ -545,14 +405,6 @@ void attn_scores_fp8(const float* q, int n_g, int64_t d, const uint8_t* k, const
 void attn_accum_fp8(const float* p, int n_g, int64_t ld_p, const uint8_t* v, int64_t n_t,
                     int64_t dv, float* acc) {
   HWY_DYNAMIC_DISPATCH(AccumFP8)(p, n_g, ld_p, v, n_t, dv, acc);
-}
-void attn_scores_q4(const float* q, int n_g, int64_t d, const uint8_t* k,
-                    const uint16_t* k_scale_f16, int64_t t0, int64_t n_t, float* s, int64_t ld_s) {
-  HWY_DYNAMIC_DISPATCH(ScoresQ4)(q, n_g, d, k, k_scale_f16, t0, n_t, s, ld_s);
-}
-void attn_accum_q4(const float* p, int n_g, int64_t ld_p, const uint8_t* v,
-                   const uint16_t* v_scale_f16, int64_t n_t, int64_t dv, float* acc) {
-  HWY_DYNAMIC_DISPATCH(AccumQ4)(p, n_g, ld_p, v, v_scale_f16, n_t, dv, acc);
 }
 
 void attn_scores_f32(const float* q, int n_g, int64_t d, const float* k, int64_t t0, int64_t n_t,

@@ -5,7 +5,14 @@
 // Storage layouts: quant_formats.h. Every kernel is checked against plain loops in
 // tests/kv/attn_kernels_test.cpp; bench/kv_kernels_bench.cpp times them against dense f16.
 // No kernel reads or writes outside the buffers described here (key buffers cover whole
-// tiles: the score kernels read the whole tile of the first and last token in range).
+// tiles: the score kernels read the whole tile of the first and last token in range, codes
+// and scales; lanes of tokens outside [t0, t0 + n_t) are computed and discarded, so their
+// contents only need to be readable). No alignment is required of any pointer; kernels are
+// thread-safe (no shared state) and use at most ~50 KiB of stack; only attn_scores_q4
+// allocates, when q4_blocks(d) · (16 + n_g) > 1024 floats (d > 512 with many query heads).
+// Speed (Zen 2, AVX2, cache resident): the dense kernels run at the FMA throughput; f16 /
+// q8 / fp8 / q4 cost about the same per element, so from memory their time follows the bytes
+// read only while the FMAs are hidden under the transfer (bench/kv_kernels_bench.cpp).
 #pragma once
 #include <cstdint>
 
@@ -47,6 +54,10 @@ void attn_accum_q8(const float* p, int n_g, int64_t ld_p, const int8_t* v, int64
 
 // fp8 E4M3 keys: k holds uint8 codes in the same tiles and k_scale [whole tiles] the per-token
 // f32 scale (key_t = k_scale[t] · e4m3(code_t)); the NaN codes 0x7F / 0xFF must not occur.
+// Both fp8 kernels decode a code to the f32 e4m3(code) · 2^-120 (bit shuffling, no conversion
+// instruction), which is an f32 subnormal for the subnormal codes: under DAZ (denormals-are-
+// zero, set by -ffast-math startup code) those read as 0, an error of at most 2^-6 · scale per
+// element, below the format's own rounding step of the largest elements.
 void attn_scores_fp8(const float* q, int n_g, int64_t d, const uint8_t* k, const float* k_scale,
                      int64_t t0, int64_t n_t, float* s, int64_t ld_s);
 // fp8 values: v [n_t, dv] uint8 codes; the caller folds the per-row value scale into p.
@@ -85,11 +96,15 @@ struct SparseRows {
   int64_t dim = 0;                // channels of a full row (head dim or basis rank): idx < dim
 };
 // s[g * ld_s + (t - t0)] = scale_t · Σ_j q[g * ldq + idx_tj] · val_tj   for g < n_g,
-// t0 <= t < t0 + n_t. q: [n_g, ldq] f32 (ldq >= dim); s: [n_g, ld_s].
+// t0 <= t < t0 + n_t. q: [n_g, ldq] f32 (ldq >= dim); s: [n_g, ld_s]. The group's query
+// heads are the SIMD lanes (q staged transposed per call, [dim, 4 or 8]); dim > 512 takes a
+// scalar loop. Per call: O(n_g · dim) staging, then about one load per kept entry.
 void sparse_scores(const SparseRows& r, const float* q, int n_g, int64_t ldq, int64_t t0,
                    int64_t n_t, float* s, int64_t ld_s);
 // acc[g * ld_acc + idx_tj] += p[g * ld_p + (t - t0)] · scale_t · val_tj   for g < n_g,
-// t0 <= t < t0 + n_t (the row scale is applied here, not folded into p). acc: [n_g, ld_acc].
+// t0 <= t < t0 + n_t (the row scale is applied here, not folded into p). acc: [n_g, ld_acc];
+// only its first dim columns are read or written. acc is staged transposed per call, so one
+// call per block of tokens (not per token) amortises O(n_g · dim).
 void sparse_accum(const SparseRows& r, const float* p, int n_g, int64_t ld_p, int64_t t0,
                   int64_t n_t, float* acc, int64_t ld_acc);
 

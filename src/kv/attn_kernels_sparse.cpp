@@ -3,20 +3,27 @@
 //   accum:   acc[g][idx_tj] += p[g][t] · scale_t · val_tj
 // One Highway translation unit compiled for every x86 target and dispatched at run time.
 //
-// Why this shape: every kept entry needs q (or acc) at a data-dependent channel, and
-// hardware gathers are slow on the AMD CPUs this runs on (vgatherdps ymm: ~1 element per
-// cycle, no better than scalar loads). So the group's queries are the SIMD lanes: q is staged
-// transposed once per call, qT [dim][L] with L = 4 lanes for n_g <= 4 and 8 otherwise, and an
-// entry is one aligned load of qT[idx] (all queries at once), one in-register broadcast of the
-// value (LoadDup128 + Broadcast<k>, no extra load) and one FMA, into 8 independent
-// accumulators per token (the FMA latency would otherwise bound a 16-entry row). The
-// accumulate kernel is the transpose: acc staged as accT [dim][L], an entry is load / FMA /
-// store of accT[idx] with the token's weights p[:, t]·scale_t as the lanes; consecutive tokens
-// alternate between two copies of accT, so a channel kept by every token (the usual case for
-// outlier channels) does not chain each token's store-to-load forwarding into the next.
-// Entries cost about one load-port cycle (scores) or one store (accum) each, whatever their
-// type: the values of a row are first decoded to f32 in a small buffer (f16 / bf16 / int8 /
-// fp8 widened as in attn_kernels.cpp, fp8 via its f16 bit identity with 2^8 in the scale).
+// Why this shape: every kept entry needs q (or acc) at a data-dependent channel, and hardware
+// gathers are slow on the AMD CPUs this runs on (Zen 2 vgatherdps ymm: about 1 element per
+// cycle, no better than scalar loads, and one gather per query head). Lanes over tokens (as
+// the dense kernels do) would need such a gather per (entry, head); decoding a block of rows
+// into a dense zeroed tile and running the dense kernel costs the dense FMAs plus d stores per
+// token. So the group's query heads are the SIMD lanes: q is staged transposed once per call,
+// qT [dim][L], and an entry is one load of qT[idx] (all heads at once), a broadcast of the
+// value from a register (4 values decoded per conversion, Broadcast<k> within each 128-bit
+// block) and one FMA, into 8 independent accumulators (FMA latency). Channel indices come 8
+// at a time from one 64-bit load. With n_g <= 4 and 256-bit vectors two tokens share a vector
+// (lanes 0..3 and 4..7): one FMA serves both and a q row pair is a 128-bit load plus a
+// 128-bit insert from memory (scores_pairs; measured 1.5x the 4-lane loop on Zen 2).
+// The accumulate kernel is the transpose: acc staged as accT [dim][L], an entry is load / FMA
+// / store of accT[idx] with the token's weights p[:, t] · scale_t as the lanes; consecutive
+// tokens alternate between two copies of accT, so a channel kept by every token (the usual
+// case for outlier channels) does not chain each token's store-to-load forwarding into the
+// next. Measured on Zen 2 at ~2.7 GHz, cache resident: scores ~0.35 ns per entry + ~5 ns per
+// token (pairs; 0.75 ns per entry with 8 lanes), accum ~0.6-0.8 ns per entry (one store
+// each, the bound), whatever the value type. Dense f16 costs n_g/16 FMA cycles per (token,
+// channel), so at d/4 entries the sparse kernels only win on bytes read, and only from d = 256
+// or n_g >= 6 on compute (bench/kv_kernels_bench.cpp).
 // Rows with dim > kMaxDim take a scalar loop. No kernel reads past a row's last entry.
 #include <algorithm>
 #include <cstring>
@@ -64,35 +71,37 @@ HWY_INLINE float scalar(uint8_t b) {  // fp8 E4M3 · 2^-8
 template <typename V>
 constexpr float kValMul = std::is_same_v<V, uint8_t> ? 256.f : 1.f;
 
-template <class DF>
-HWY_INLINE hn::Vec<DF> decode(DF df, const float* p) {
-  return hn::LoadU(df, p);
+// Values as stored: Raw<V>::T elements (bf16 as uint16 bits).
+template <typename V>
+struct Raw {
+  using T = V;
+};
+template <>
+struct Raw<Bf16> {
+  using T = uint16_t;
+};
+// Lanes(df) raw elements -> f32 (fp8: · 2^-8).
+template <typename V, class DF, class VR>
+HWY_INLINE hn::Vec<DF> convert(DF df, VR raw) {
+  if constexpr (std::is_same_v<V, float>) {
+    return raw;
+  } else if constexpr (std::is_same_v<V, uint16_t>) {
+    return hn::PromoteTo(df, hn::BitCast(hn::Rebind<hwy::float16_t, DF>(), raw));
+  } else if constexpr (std::is_same_v<V, Bf16>) {
+    return hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(hn::Rebind<uint32_t, DF>(), raw)));
+  } else if constexpr (std::is_same_v<V, int8_t>) {
+    return hn::ConvertTo(df, hn::PromoteTo(hn::Rebind<int32_t, DF>(), raw));
+  } else {  // fp8 E4M3 via f16 bits sign << 15 | (code & 0x7F) << 7
+    const hn::Rebind<uint16_t, DF> du16;
+    const auto w = hn::ShiftLeft<7>(hn::PromoteTo(du16, raw));
+    return hn::PromoteTo(df, hn::BitCast(hn::Rebind<hwy::float16_t, DF>(),
+                                         hn::Add(w, hn::And(w, hn::Set(du16, 0x4000)))));
+  }
 }
-template <class DF>
-HWY_INLINE hn::Vec<DF> decode(DF df, const uint16_t* p) {
-  const hn::Rebind<hwy::float16_t, DF> dh;
-  return hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(p)));
-}
-template <class DF>
-HWY_INLINE hn::Vec<DF> decode(DF df, const Bf16* p) {
-  const hn::Rebind<uint16_t, DF> du16;
-  const hn::Rebind<uint32_t, DF> du32;
-  const auto w = hn::PromoteTo(du32, hn::LoadU(du16, reinterpret_cast<const uint16_t*>(p)));
-  return hn::BitCast(df, hn::ShiftLeft<16>(w));
-}
-template <class DF>
-HWY_INLINE hn::Vec<DF> decode(DF df, const int8_t* p) {
-  const hn::Rebind<int8_t, DF> di8;
-  const hn::Rebind<int32_t, DF> di32;
-  return hn::ConvertTo(df, hn::PromoteTo(di32, hn::LoadU(di8, p)));
-}
-template <class DF>
-HWY_INLINE hn::Vec<DF> decode(DF df, const uint8_t* p) {
-  const hn::Rebind<uint8_t, DF> du8;
-  const hn::Rebind<uint16_t, DF> du16;
-  const hn::Rebind<hwy::float16_t, DF> dh;
-  const auto w = hn::ShiftLeft<7>(hn::PromoteTo(du16, hn::LoadU(du8, p)));
-  return hn::PromoteTo(df, hn::BitCast(dh, hn::Add(w, hn::And(w, hn::Set(du16, 0x4000)))));
+template <class DF, typename V>
+HWY_INLINE hn::Vec<DF> decode(DF df, const V* p) {
+  const hn::Rebind<typename Raw<V>::T, DF> dr;
+  return convert<V>(df, hn::LoadU(dr, reinterpret_cast<const typename Raw<V>::T*>(p)));
 }
 
 // vf [cnt] = the row's values as f32 (fp8: · 2^-8); reads exactly cnt values.
@@ -116,45 +125,170 @@ HWY_INLINE void row_range(const SparseRows& r, int64_t t, int64_t& beg, int64_t&
   }
 }
 
-// Scores for ng <= L query heads (L = lanes of d).
+// Channel indices ix[0 .. 8) into out (one or two 64-bit loads instead of eight).
+HWY_INLINE void load_idx8(const uint8_t* ix, uint32_t* out) {
+  uint64_t w;
+  std::memcpy(&w, ix, 8);
+  for (int k = 0; k < 8; ++k) out[k] = static_cast<uint32_t>((w >> (8 * k)) & 0xffu);
+}
+HWY_INLINE void load_idx8(const uint16_t* ix, uint32_t* out) {
+  uint64_t w[2];
+  std::memcpy(w, ix, 16);
+  for (int k = 0; k < 8; ++k)
+    out[k] = static_cast<uint32_t>((w[k / 4] >> (16 * (k % 4))) & 0xffffu);
+}
+
+// One row's score for ng <= L query heads: Σ_j qT[idx_j] · vf[j] over the lanes, 8 chains.
+template <class D, typename I>
+HWY_INLINE hn::Vec<D> row_dot(D d, const float* HWY_RESTRICT qT, const I* ix, const float* vf,
+                              int64_t cnt) {
+  constexpr int64_t L = hn::MaxLanes(d);
+  using VecF = hn::Vec<D>;
+  VecF a0 = hn::Zero(d), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+  int64_t j = 0;
+  uint32_t ii[8];
+  for (; j + 8 <= cnt; j += 8) {
+    load_idx8(ix + j, ii);
+    const VecF v0 = hn::LoadDup128(d, vf + j), v1 = hn::LoadDup128(d, vf + j + 4);
+    a0 = hn::MulAdd(hn::Load(d, qT + ii[0] * L), hn::Broadcast<0>(v0), a0);
+    a1 = hn::MulAdd(hn::Load(d, qT + ii[1] * L), hn::Broadcast<1>(v0), a1);
+    a2 = hn::MulAdd(hn::Load(d, qT + ii[2] * L), hn::Broadcast<2>(v0), a2);
+    a3 = hn::MulAdd(hn::Load(d, qT + ii[3] * L), hn::Broadcast<3>(v0), a3);
+    a4 = hn::MulAdd(hn::Load(d, qT + ii[4] * L), hn::Broadcast<0>(v1), a4);
+    a5 = hn::MulAdd(hn::Load(d, qT + ii[5] * L), hn::Broadcast<1>(v1), a5);
+    a6 = hn::MulAdd(hn::Load(d, qT + ii[6] * L), hn::Broadcast<2>(v1), a6);
+    a7 = hn::MulAdd(hn::Load(d, qT + ii[7] * L), hn::Broadcast<3>(v1), a7);
+  }
+  for (; j < cnt; ++j) a0 = hn::MulAdd(hn::Load(d, qT + ix[j] * L), hn::Set(d, vf[j]), a0);
+  return hn::Add(hn::Add(hn::Add(a0, a1), hn::Add(a2, a3)),
+                 hn::Add(hn::Add(a4, a5), hn::Add(a6, a7)));
+}
+
+// qT [dim, L] = q [ng, ldq] transposed, zero in lanes >= ng.
+template <int64_t L>
+HWY_INLINE void stage_q(const float* q, int ng, int64_t ldq, int64_t dim, float* HWY_RESTRICT qT) {
+  for (int64_t i = 0; i < dim; ++i) {
+    for (int64_t g = 0; g < L; ++g) qT[i * L + g] = g < ng ? q[g * ldq + i] : 0.f;
+  }
+}
+
+// Scores for ng <= L query heads (L = lanes of d), one token at a time.
 template <class D, typename V, typename I>
 HWY_NOINLINE void scores_lanes(D d, const SparseRows& r, const float* q, int ng, int64_t ldq,
                                int64_t t0, int64_t n_t, float* s, int64_t ld_s) {
   constexpr int64_t L = hn::MaxLanes(d);
-  using VecF = hn::Vec<D>;
   const V* vals = static_cast<const V*>(r.vals);
   const I* idx = static_cast<const I*>(r.idx);
   HWY_ALIGN float qT[kMaxDim * L];
   HWY_ALIGN float vf[kMaxDim + 8];
   HWY_ALIGN float out[L];
-  for (int64_t i = 0; i < r.dim; ++i) {
-    for (int64_t g = 0; g < L; ++g) qT[i * L + g] = g < ng ? q[g * ldq + i] : 0.f;
-  }
+  stage_q<L>(q, ng, ldq, r.dim, qT);
   for (int64_t t = t0; t < t0 + n_t; ++t) {
     int64_t beg, cnt;
     row_range(r, t, beg, cnt);
     decode_row(vals + beg, cnt, vf);
-    const I* ix = idx + beg;
-    VecF a0 = hn::Zero(d), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-    int64_t j = 0;
-    for (; j + 8 <= cnt; j += 8) {
-      const VecF v0 = hn::LoadDup128(d, vf + j), v1 = hn::LoadDup128(d, vf + j + 4);
-      a0 = hn::MulAdd(hn::Load(d, qT + ix[j + 0] * L), hn::Broadcast<0>(v0), a0);
-      a1 = hn::MulAdd(hn::Load(d, qT + ix[j + 1] * L), hn::Broadcast<1>(v0), a1);
-      a2 = hn::MulAdd(hn::Load(d, qT + ix[j + 2] * L), hn::Broadcast<2>(v0), a2);
-      a3 = hn::MulAdd(hn::Load(d, qT + ix[j + 3] * L), hn::Broadcast<3>(v0), a3);
-      a4 = hn::MulAdd(hn::Load(d, qT + ix[j + 4] * L), hn::Broadcast<0>(v1), a4);
-      a5 = hn::MulAdd(hn::Load(d, qT + ix[j + 5] * L), hn::Broadcast<1>(v1), a5);
-      a6 = hn::MulAdd(hn::Load(d, qT + ix[j + 6] * L), hn::Broadcast<2>(v1), a6);
-      a7 = hn::MulAdd(hn::Load(d, qT + ix[j + 7] * L), hn::Broadcast<3>(v1), a7);
-    }
-    for (; j < cnt; ++j) a0 = hn::MulAdd(hn::Load(d, qT + ix[j] * L), hn::Set(d, vf[j]), a0);
-    const VecF sum = hn::Add(hn::Add(hn::Add(a0, a1), hn::Add(a2, a3)),
-                             hn::Add(hn::Add(a4, a5), hn::Add(a6, a7)));
     const float sc = (r.scale ? r.scale[t] : 1.f) * kValMul<V>;
-    hn::Store(hn::Mul(sum, hn::Set(d, sc)), d, out);
+    hn::Store(hn::Mul(row_dot(d, qT, idx + beg, vf, cnt), hn::Set(d, sc)), d, out);
     for (int g = 0; g < ng; ++g) s[g * ld_s + t - t0] = out[g];
   }
+}
+
+#undef KVTRIM_SPARSE_PAIRS                  // this file is compiled once per target
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2  // 256-bit vectors
+#define KVTRIM_SPARSE_PAIRS 1
+// Scores for ng <= 4 query heads with 8-lane vectors: two tokens per vector (lanes 0..3 token
+// A, 4..7 token B), so each FMA does twice the useful work of a 4-lane one. Per entry pair:
+// a q row pair is one 128-bit load plus one 128-bit insert from memory; values are decoded
+// straight from the rows, 4 of A and 4 of B per conversion, and broadcast within each half.
+template <typename V, typename I>
+HWY_NOINLINE void scores_pairs(const SparseRows& r, const float* q, int ng, int64_t ldq, int64_t t0,
+                               int64_t n_t, float* s, int64_t ld_s) {
+  const hn::CappedTag<float, 4> d4;
+  const hn::CappedTag<float, 8> d8;
+  const hn::Rebind<typename Raw<V>::T, decltype(d8)> dr8;
+  const hn::Half<decltype(dr8)> dr4;
+  using V8 = hn::Vec<decltype(d8)>;
+  using R = typename Raw<V>::T;
+  const R* vals = static_cast<const R*>(r.vals);
+  const I* idx = static_cast<const I*>(r.idx);
+  constexpr int64_t kOut = 64;  // token pairs whose scores are staged before the transpose
+  HWY_ALIGN float qT[kMaxDim * 4];
+  HWY_ALIGN float vfa[kMaxDim + 8], vfb[kMaxDim + 8];
+  HWY_ALIGN float out[kOut][8];
+  stage_q<4>(q, ng, ldq, r.dim, qT);
+  const int64_t n_pair = n_t / 2;
+  for (int64_t p0 = 0; p0 < n_pair; p0 += kOut) {
+    const int64_t np = std::min(kOut, n_pair - p0);
+    for (int64_t u = 0; u < np; ++u) {
+      const int64_t t = t0 + 2 * (p0 + u);
+      int64_t ba, ca, bb, cb;
+      row_range(r, t, ba, ca);
+      row_range(r, t + 1, bb, cb);
+      const I* ixa = idx + ba;
+      const I* ixb = idx + bb;
+      const R* va = vals + ba;
+      const R* vb = vals + bb;
+      V8 a0 = hn::Zero(d8), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+      const int64_t common = std::min(ca, cb) / 8 * 8;
+      uint32_t ia[8], ib[8];
+      for (int64_t j = 0; j < common; j += 8) {
+        load_idx8(ixa + j, ia);
+        load_idx8(ixb + j, ib);
+        const V8 v0 =
+            convert<V>(d8, hn::Combine(dr8, hn::LoadU(dr4, vb + j), hn::LoadU(dr4, va + j)));
+        const V8 v1 = convert<V>(
+            d8, hn::Combine(dr8, hn::LoadU(dr4, vb + j + 4), hn::LoadU(dr4, va + j + 4)));
+#define KVTRIM_QROW(k) hn::Combine(d8, hn::Load(d4, qT + ib[k] * 4), hn::Load(d4, qT + ia[k] * 4))
+        a0 = hn::MulAdd(KVTRIM_QROW(0), hn::Broadcast<0>(v0), a0);
+        a1 = hn::MulAdd(KVTRIM_QROW(1), hn::Broadcast<1>(v0), a1);
+        a2 = hn::MulAdd(KVTRIM_QROW(2), hn::Broadcast<2>(v0), a2);
+        a3 = hn::MulAdd(KVTRIM_QROW(3), hn::Broadcast<3>(v0), a3);
+        a4 = hn::MulAdd(KVTRIM_QROW(4), hn::Broadcast<0>(v1), a4);
+        a5 = hn::MulAdd(KVTRIM_QROW(5), hn::Broadcast<1>(v1), a5);
+        a6 = hn::MulAdd(KVTRIM_QROW(6), hn::Broadcast<2>(v1), a6);
+        a7 = hn::MulAdd(KVTRIM_QROW(7), hn::Broadcast<3>(v1), a7);
+#undef KVTRIM_QROW
+      }
+      V8 sum = hn::Add(hn::Add(hn::Add(a0, a1), hn::Add(a2, a3)),
+                       hn::Add(hn::Add(a4, a5), hn::Add(a6, a7)));
+      if (ca > common || cb > common) {  // the rest of each row (variable counts, T % 8)
+        decode_row(reinterpret_cast<const V*>(va + common), ca - common, vfa);
+        decode_row(reinterpret_cast<const V*>(vb + common), cb - common, vfb);
+        const auto ra = row_dot(d4, qT, ixa + common, vfa, ca - common);
+        const auto rb = row_dot(d4, qT, ixb + common, vfb, cb - common);
+        sum = hn::Add(sum, hn::Combine(d8, rb, ra));
+      }
+      const float sa = (r.scale ? r.scale[t] : 1.f) * kValMul<V>;
+      const float sb = (r.scale ? r.scale[t + 1] : 1.f) * kValMul<V>;
+      hn::Store(hn::Mul(sum, hn::Combine(d8, hn::Set(d4, sb), hn::Set(d4, sa))), d8, out[u]);
+    }
+    for (int g = 0; g < ng; ++g) {
+      float* sg = s + g * ld_s + 2 * p0;
+      for (int64_t u = 0; u < np; ++u) {
+        sg[2 * u] = out[u][g];
+        sg[2 * u + 1] = out[u][4 + g];
+      }
+    }
+  }
+  if (n_t % 2) {
+    const int64_t t = t0 + n_t - 1;
+    scores_lanes<decltype(d4), V, I>(d4, r, q, ng, ldq, t, 1, s + t - t0, ld_s);
+  }
+}
+#endif
+
+// Raw elements p[0 .. 4) in each 128-bit block of a vector of Lanes(dr) raw elements (4 or 8),
+// for Broadcast<k> after conversion.
+template <class DR>
+HWY_INLINE hn::Vec<DR> dup4(DR dr, const hn::TFromD<DR>* p) {
+#if HWY_TARGET != HWY_SCALAR
+  if constexpr (hn::MaxLanes(dr) == 8) {
+    const hn::Half<DR> dh;
+    const auto x = hn::LoadU(dh, p);
+    return hn::Combine(dr, x, x);
+  }
+#endif
+  return hn::LoadU(dr, p);
 }
 
 // Accumulation for ng <= L query heads.
@@ -163,7 +297,9 @@ HWY_NOINLINE void accum_lanes(D d, const SparseRows& r, const float* p, int ng, 
                               int64_t t0, int64_t n_t, float* acc, int64_t ld_acc) {
   constexpr int64_t L = hn::MaxLanes(d);
   using VecF = hn::Vec<D>;
-  const V* vals = static_cast<const V*>(r.vals);
+  using R = typename Raw<V>::T;
+  const hn::Rebind<R, D> dr;
+  const R* vals = static_cast<const R*>(r.vals);
   const I* idx = static_cast<const I*>(r.idx);
   HWY_ALIGN float aT[2][kMaxDim * L];  // two copies: even and odd tokens
   HWY_ALIGN float vf[kMaxDim + 8];
@@ -185,25 +321,33 @@ HWY_NOINLINE void accum_lanes(D d, const SparseRows& r, const float* p, int ng, 
       const int64_t t = t0 + c0 + u;
       int64_t beg, cnt;
       row_range(r, t, beg, cnt);
-      decode_row(vals + beg, cnt, vf);
       const I* ix = idx + beg;
+      const R* vr = vals + beg;
       float* a = aT[u & 1];
       const VecF pv = hn::Load(d, pw + u * L);
       int64_t j = 0;
-      for (; j + 4 <= cnt; j += 4) {
-        const VecF v = hn::LoadDup128(d, vf + j);
-        float* r0 = a + ix[j] * L;
-        float* r1 = a + ix[j + 1] * L;
-        float* r2 = a + ix[j + 2] * L;
-        float* r3 = a + ix[j + 3] * L;
-        hn::Store(hn::MulAdd(hn::Broadcast<0>(v), pv, hn::Load(d, r0)), d, r0);
-        hn::Store(hn::MulAdd(hn::Broadcast<1>(v), pv, hn::Load(d, r1)), d, r1);
-        hn::Store(hn::MulAdd(hn::Broadcast<2>(v), pv, hn::Load(d, r2)), d, r2);
-        hn::Store(hn::MulAdd(hn::Broadcast<3>(v), pv, hn::Load(d, r3)), d, r3);
+      uint32_t ii[8];
+      for (; j + 8 <= cnt; j += 8) {  // 8 entries: indices from one load, values decoded 4 at once
+        load_idx8(ix + j, ii);
+        const VecF v0 = convert<V>(d, dup4(dr, vr + j)), v1 = convert<V>(d, dup4(dr, vr + j + 4));
+#define KVTRIM_UPD(k, v, lane) \
+  hn::Store(hn::MulAdd(hn::Broadcast<lane>(v), pv, hn::Load(d, a + ii[k] * L)), d, a + ii[k] * L)
+        KVTRIM_UPD(0, v0, 0);
+        KVTRIM_UPD(1, v0, 1);
+        KVTRIM_UPD(2, v0, 2);
+        KVTRIM_UPD(3, v0, 3);
+        KVTRIM_UPD(4, v1, 0);
+        KVTRIM_UPD(5, v1, 1);
+        KVTRIM_UPD(6, v1, 2);
+        KVTRIM_UPD(7, v1, 3);
+#undef KVTRIM_UPD
       }
-      for (; j < cnt; ++j) {
-        float* rj = a + ix[j] * L;
-        hn::Store(hn::MulAdd(hn::Set(d, vf[j]), pv, hn::Load(d, rj)), d, rj);
+      if (j < cnt) {
+        decode_row(reinterpret_cast<const V*>(vr + j), cnt - j, vf);
+        for (int64_t k = 0; j + k < cnt; ++k) {
+          float* rk = a + ix[j + k] * L;
+          hn::Store(hn::MulAdd(hn::Set(d, vf[k]), pv, hn::Load(d, rk)), d, rk);
+        }
       }
     }
   }
@@ -253,6 +397,10 @@ void scores_simd(const SparseRows& r, const float* q, int n_g, int64_t ldq, int6
   for (int g0 = 0; g0 < n_g; g0 += static_cast<int>(hn::MaxLanes(d8))) {
     const int ng = std::min(static_cast<int>(hn::MaxLanes(d8)), n_g - g0);
     if (ng <= static_cast<int>(hn::MaxLanes(d4))) {
+#ifdef KVTRIM_SPARSE_PAIRS
+      scores_pairs<V, I>(r, q + g0 * ldq, ng, ldq, t0, n_t, s + g0 * ld_s, ld_s);
+      continue;
+#endif
       scores_lanes<decltype(d4), V, I>(d4, r, q + g0 * ldq, ng, ldq, t0, n_t, s + g0 * ld_s, ld_s);
     } else {
       scores_lanes<decltype(d8), V, I>(d8, r, q + g0 * ldq, ng, ldq, t0, n_t, s + g0 * ld_s, ld_s);

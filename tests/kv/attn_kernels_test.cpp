@@ -15,11 +15,26 @@
 namespace kvtrim {
 namespace {
 
-TEST(AttnKernels, ScoresAndAccumMatchLoops) {
+// Runs f once per SIMD target compiled in and supported by this CPU (e.g. AVX2, SSE4, SSSE3,
+// EMU128 on an AVX2 machine), so the narrower targets' code paths are checked too.
+template <class F>
+void for_each_target(F f) {
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    SCOPED_TRACE(hwy::TargetName(target));
+    hwy::SetSupportedTargetsForTest(target);
+    f();
+    if (::testing::Test::HasFatalFailure()) break;
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
+
+// f32 / f16 against plain loops; query-head counts cover one batch (1..6) and split ones (7 ->
+// 4 + 3, 9 -> 5 + 4, 12 -> 6 + 6), with phases (few heads) and channel groups of every size.
+void f32_f16_match_loops() {
   std::mt19937 rng(7);
   std::normal_distribution<float> nd;
-  for (int64_t d : {1, 7, 16, 33, 64, 256}) {
-    for (int n_g : {1, 3, 9}) {
+  for (int64_t d : {1, 7, 16, 33, 64, 128, 256}) {
+    for (int n_g : {1, 2, 3, 4, 5, 6, 7, 9, 12}) {
       const int64_t n_t = 37, ld = 40;
       std::vector<float> q(n_g * d), k(n_t * d), p(n_g * ld), acc(n_g * d), acc16(n_g * d);
       std::vector<uint16_t> kh(n_t * d);  // row-major (for accum)
@@ -71,12 +86,12 @@ TEST(AttnKernels, ScoresAndAccumMatchLoops) {
 }
 
 // bf16 and q8 (int8 codes, per-token key scale) against plain loops over the decoded rows.
-TEST(AttnKernels, Bf16AndQ8ScoresAndAccumMatchLoops) {
+void bf16_q8_match_loops() {
   std::mt19937 rng(11);
   std::normal_distribution<float> nd;
   std::uniform_int_distribution<int> code(-127, 127);
-  for (int64_t d : {1, 7, 16, 64, 128, 256}) {
-    for (int n_g : {1, 3, 6}) {
+  for (int64_t d : {1, 7, 16, 33, 64, 128, 256}) {
+    for (int n_g : {1, 3, 6, 9}) {
       const int64_t n_t = 45, ld = 48;
       const int64_t n_tiles = (n_t + kv::kKeyTile - 1) / kv::kKeyTile;
       std::vector<float> q(n_g * d), kb(n_t * d), k8(n_t * d), p(n_g * ld);
@@ -130,19 +145,6 @@ TEST(AttnKernels, Bf16AndQ8ScoresAndAccumMatchLoops) {
   }
 }
 
-// Runs f once per SIMD target compiled in and supported by this CPU (e.g. AVX2, SSE4, SSSE3,
-// EMU128 on an AVX2 machine), so the narrower targets' code paths are checked too.
-template <class F>
-void for_each_target(F f) {
-  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
-    SCOPED_TRACE(hwy::TargetName(target));
-    hwy::SetSupportedTargetsForTest(target);
-    f();
-    if (::testing::Test::HasFatalFailure()) break;
-  }
-  hwy::SetSupportedTargetsForTest(0);
-}
-
 // Keys K [n_t, d] (decoded f32) against the score kernel's output for the range [t0, t0 + n):
 // s[g * ld + t - t0] ≈ q_g · k_t within 1e-4 of Σ |q_i k_i|.
 void expect_scores(const std::vector<float>& q, int n_g, int64_t d, const std::vector<float>& k,
@@ -181,7 +183,7 @@ void fp8_and_q4_match_loops() {
   std::normal_distribution<float> nd;
   std::uniform_int_distribution<int> code(0, 255);
   for (int64_t d : {1, 7, 16, 33, 64, 128, 256}) {
-    for (int n_g : {1, 3, 6, 9}) {
+    for (int n_g : {1, 3, 6, 9, 12}) {
       const int64_t n_t = 45, ld = 48;
       const int64_t n_tiles = (n_t + kv::kKeyTile - 1) / kv::kKeyTile, nb = kv::q4_blocks(d);
       const int64_t rb = kv::q4_row_bytes(d);
@@ -364,6 +366,12 @@ void sparse_matches_loops() {
   }
 }
 
+TEST(AttnKernels, ScoresAndAccumMatchLoops) {
+  for_each_target(f32_f16_match_loops);
+}
+TEST(AttnKernels, Bf16AndQ8ScoresAndAccumMatchLoops) {
+  for_each_target(bf16_q8_match_loops);
+}
 TEST(AttnKernels, Fp8AndQ4ScoresAndAccumMatchLoops) {
   for_each_target(fp8_and_q4_match_loops);
 }
