@@ -8,6 +8,7 @@
 // rebuilding the f32 bit pattern (see load_row(uint8_t)) with the 2^120 it is off by folded
 // into the scale.
 #include "kv/attn_kernels.h"
+#include "kv/attn_batches.h"
 
 #include <algorithm>
 #include <cmath>
@@ -98,34 +99,7 @@ HWY_INLINE float scalar(uint16_t h) {
 // registers. Zen 2 / AVX2 needs about 10 independent FMA chains to hide the FMA latency (5
 // cycles, 2 per cycle): with few query heads the kernels add chains by splitting the rows of a
 // tile into P phases (scores) or by covering C vectors of channels at once (accumulate).
-constexpr int kMaxBatch = 6;
-template <class F>
-HWY_INLINE void for_batches(int n_g, const F& f) {
-  const int nb = (n_g + kMaxBatch - 1) / kMaxBatch;
-  for (int b = 0, g0 = 0; b < nb; ++b) {
-    const int ng = n_g / nb + (b < n_g % nb ? 1 : 0);
-    f(g0, ng);
-    g0 += ng;
-  }
-}
-// f(std::integral_constant<int, ng>()) for 1 <= ng <= kMaxBatch.
-template <class F>
-HWY_INLINE void with_batch(int ng, const F& f) {
-  switch (ng) {
-    case 1:
-      return f(std::integral_constant<int, 1>());
-    case 2:
-      return f(std::integral_constant<int, 2>());
-    case 3:
-      return f(std::integral_constant<int, 3>());
-    case 4:
-      return f(std::integral_constant<int, 4>());
-    case 5:
-      return f(std::integral_constant<int, 5>());
-    default:
-      return f(std::integral_constant<int, 6>());
-  }
-}
+// (for_batches / with_batch / kMaxBatch: attn_batches.h)
 
 // s [G, ld_s] for tokens [t0, t0 + n_t) of one tile-aligned run; see scores_impl.
 template <int G, typename T>

@@ -16,6 +16,7 @@
 
 #include "core/fp16.h"
 #include "kv/attn_kernels.h"
+#include "kv/attn_batches.h"
 #include "kv/quant_formats.h"
 
 // foreach_target.h must come first: it re-includes this file once per target.
@@ -32,34 +33,7 @@ namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 // Query-head batches of at most kMaxBatch (8 -> 4 + 4, 9 -> 5 + 4), as in attn_kernels.cpp.
-constexpr int kMaxBatch = 6;
-template <class F>
-HWY_INLINE void for_batches(int n_g, const F& f) {
-  const int nb = (n_g + kMaxBatch - 1) / kMaxBatch;
-  for (int b = 0, g0 = 0; b < nb; ++b) {
-    const int ng = n_g / nb + (b < n_g % nb ? 1 : 0);
-    f(g0, ng);
-    g0 += ng;
-  }
-}
-// f(std::integral_constant<int, ng>()) for 1 <= ng <= kMaxBatch.
-template <class F>
-HWY_INLINE void with_batch(int ng, const F& f) {
-  switch (ng) {
-    case 1:
-      return f(std::integral_constant<int, 1>());
-    case 2:
-      return f(std::integral_constant<int, 2>());
-    case 3:
-      return f(std::integral_constant<int, 3>());
-    case 4:
-      return f(std::integral_constant<int, 4>());
-    case 5:
-      return f(std::integral_constant<int, 5>());
-    default:
-      return f(std::integral_constant<int, 6>());
-  }
-}
+// (for_batches / with_batch / kMaxBatch: attn_batches.h)
 
 // The nibbles of Lanes(df) consecutive bytes as f32 codes 0..15: lo = low nibbles, hi = high.
 template <class DF>
