@@ -226,9 +226,9 @@ TEST(ComposedCache, BadPlansAreRefusedAndTheCacheIsUnchanged) {
     EXPECT_EQ(c->bytes().total(), b0) << what;
   };
   refused([](HeadPlan& h) { h.value.channels.subset = {3, 16}; }, "value subset out of range");
-  refused([](HeadPlan& h) {
+  refused([&](HeadPlan& h) {
             h.value.rank = 4;
-            h.value.basis = random_basis(16, 4, *new std::mt19937(1));
+            h.value.basis = random_basis(16, 4, rng);
             h.value.channels.subset = {5};
           },
           "subset past the basis rank");
