@@ -267,26 +267,31 @@ void TokenCache::bound_live_bases(const Layer& L, Head& H) const {
     for (int64_t j = 0; j < H.segs[s].n(); ++j) rows.push_back({H.segs[s].pos[static_cast<size_t>(j)], {s, j}});
   for (int64_t j = 0; j < T.n(); ++j) rows.push_back({T.pos[static_cast<size_t>(j)], {ti, j}});
   std::sort(rows.begin(), rows.end());
-  const int dk = cfg_.head_dim_k, dv = cfg_.head_dim_v;
-  std::vector<float> c, x, c2;
-  auto move_side = [&](SideStore& dst, const SideEncoding& de, const SideStore& src,
-                       const SideEncoding& se, int64_t j, int d) {
-    c.resize(static_cast<size_t>(se.width()));
-    src.get(se, j, c.data());
-    if (!same_side(se, de)) {  // through the full vector: E_newᵀ (D_old c)
-      x.resize(static_cast<size_t>(d));
-      se.from_coords(c.data(), 1, x.data(), d);
-      c2.resize(static_cast<size_t>(de.width()));
-      de.to_coords(x.data(), 1, d, c2.data());
-      dst.push_dense(c2.data());
-      return;
-    }
-    dst.push_dense(c.data());  // same encoding (whole sides): decoded and re-encoded
+  // Each source segment's rows in the target's coordinates, per side, computed in one batch
+  // (decode all rows, then E_newᵀ (D_old c) with the SIMD kernels over every row at once):
+  // coords[si] = {k [n, w_k], v [n, w_v]}.
+  std::vector<std::pair<std::vector<float>, std::vector<float>>> coords(H.segs.size());
+  auto side_coords = [](const SideStore& src, const SideEncoding& se, const SideEncoding& de,
+                        int64_t n, int d) {
+    std::vector<float> c(static_cast<size_t>(n * se.width()));
+    for (int64_t j = 0; j < n; ++j) src.get(se, j, c.data() + j * se.width());
+    if (same_side(se, de)) return c;  // same encoding (whole sides): decoded and re-encoded
+    std::vector<float> x(static_cast<size_t>(n * d)), c2(static_cast<size_t>(n * de.width()));
+    se.from_coords(c.data(), n, x.data(), d);
+    de.to_coords(x.data(), n, d, c2.data());
+    return c2;
   };
+  std::vector<size_t> srcs = from;
+  srcs.push_back(ti);
+  for (size_t si : srcs) {
+    const Segment& S = H.segs[si];
+    coords[si] = {side_coords(S.k, S.enc->k, te.k, S.n(), cfg_.head_dim_k),
+                  side_coords(S.v, S.enc->v, te.v, S.n(), cfg_.head_dim_v)};
+  }
   for (const auto& [p, sj] : rows) {
-    const Segment& S = H.segs[sj.first];
-    move_side(M.k, te.k, S.k, S.enc->k, sj.second, dk);
-    move_side(M.v, te.v, S.v, S.enc->v, sj.second, dv);
+    const auto& [ck, cv] = coords[sj.first];
+    M.k.push_dense(ck.data() + sj.second * te.k.width());
+    M.v.push_dense(cv.data() + sj.second * te.v.width());
     M.pos.push_back(p);
   }
   H.segs[ti] = std::move(M);
