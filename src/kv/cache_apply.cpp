@@ -137,7 +137,7 @@ void TokenCache::apply(const CompressionPlan& plan) {
     }
     for (int ih = 0; ih < nkv; ++ih) {
       const HeadPlan& hp = plan.at(il, ih);
-      if (hp.planned()) apply_head(L, L.heads[static_cast<size_t>(ih)], ih, hp);
+      if (hp.planned()) apply_head(L, L.heads[static_cast<size_t>(ih)], hp);
     }
   }
   const size_t after = bytes().total();
@@ -146,8 +146,7 @@ void TokenCache::apply(const CompressionPlan& plan) {
   if (before > after && before - after >= kTrimBytes) malloc_trim(0);
 }
 
-void TokenCache::apply_head(Layer& L, Head& H, int ih, const HeadPlan& hp) {
-  (void)ih;
+void TokenCache::apply_head(Layer& L, Head& H, const HeadPlan& hp) {
   const int dk = cfg_.head_dim_k, dv = cfg_.head_dim_v;
   std::shared_ptr<const SegmentEncoding> ne = hp.has_epoch() ? make_encoding(hp) : nullptr;
   const std::vector<std::pair<int, int64_t>> ord = order(L, H);
@@ -215,15 +214,14 @@ void TokenCache::apply_head(Layer& L, Head& H, int ih, const HeadPlan& hp) {
   std::erase_if(H.segs, [](const Segment& S) { return !S.enc->dense() && S.n() == 0; });
   if (ns.n() > 0) H.segs.push_back(std::move(ns));
   if (ne) H.cur = std::move(ne);
-  if (cfg_.max_live_bases > 0) bound_live_bases(L, H);
+  if (cfg_.max_live_bases > 0) bound_live_bases(H);
 }
 
 // Re-expresses the tokens of every older basis epoch in the newest epoch's encoding when the
 // head holds more than max_live_bases distinct bases: c' = E_newᵀ D_old c per side (exact when
 // the spans agree), merged by position into the newest segment. Only sides stored whole (all
 // channels) are re-expressed; epochs with channels keep their own encoding.
-void TokenCache::bound_live_bases(const Layer& L, Head& H) const {
-  (void)L;
+void TokenCache::bound_live_bases(Head& H) const {
   auto bases_of = [](const SegmentEncoding& e) {
     return std::make_pair(e.k.basis.get(), e.v.basis.get());
   };

@@ -95,7 +95,7 @@ void sparse_scores(const SideStore& k, int w, const float* qs, const float* qr, 
     val.resize(static_cast<size_t>(cnt));
     ch.resize(static_cast<size_t>(cnt));
     for (int j = 0; j < cnt; ++j) {
-      val[static_cast<size_t>(j)] = k.entry_at(t, e0 + j);
+      if (!kern) val[static_cast<size_t>(j)] = k.entry_at(t, e0 + j);  // (the kernel scored them)
       ch[static_cast<size_t>(j)] =
           k.idx_bytes() == 1 ? k.idx()[e0 + j] : reinterpret_cast<const uint16_t*>(k.idx())[e0 + j];
     }

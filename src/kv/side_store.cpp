@@ -77,6 +77,8 @@ int get_nibble(const uint8_t* base, int64_t nib) {
 // q4-per-row) or 1.
 template <class At>
 float encode_elems(KvDtype t, const float* x, int64_t n, uint8_t* dst, At at, bool round_f16 = false) {
+  thread_local std::vector<uint8_t> codes;  // q8 / fp8 / q4 codes before they are placed (no
+                                            // allocation per appended row)
   switch (t) {
     case KvDtype::kF32:
       for (int64_t j = 0; j < n; ++j) reinterpret_cast<float*>(dst)[at(j)] = x[j];
@@ -88,21 +90,21 @@ float encode_elems(KvDtype t, const float* x, int64_t n, uint8_t* dst, At at, bo
       for (int64_t j = 0; j < n; ++j) reinterpret_cast<uint16_t*>(dst)[at(j)] = fp32_to_bf16(x[j]);
       return 1.f;
     case KvDtype::kQ8: {
-      std::vector<int8_t> c(static_cast<size_t>(n));
-      const float sc = q8_encode(x, n, c.data(), 1);
-      for (int64_t j = 0; j < n; ++j) reinterpret_cast<int8_t*>(dst)[at(j)] = c[static_cast<size_t>(j)];
+      codes.resize(static_cast<size_t>(n));
+      const float sc = q8_encode(x, n, reinterpret_cast<int8_t*>(codes.data()), 1);
+      for (int64_t j = 0; j < n; ++j) dst[at(j)] = codes[static_cast<size_t>(j)];
       return sc;
     }
     case KvDtype::kFP8: {
-      std::vector<uint8_t> c(static_cast<size_t>(n));
-      const float sc = fp8_encode(x, n, c.data(), 1);
-      for (int64_t j = 0; j < n; ++j) dst[at(j)] = c[static_cast<size_t>(j)];
+      codes.resize(static_cast<size_t>(n));
+      const float sc = fp8_encode(x, n, codes.data(), 1);
+      for (int64_t j = 0; j < n; ++j) dst[at(j)] = codes[static_cast<size_t>(j)];
       return sc;
     }
     case KvDtype::kQ4: {  // at(j) is a nibble index; one scale over the n elements
-      std::vector<uint8_t> c(static_cast<size_t>(n));
-      const float sc = q4_encode_any(x, n, c.data(), round_f16);
-      for (int64_t j = 0; j < n; ++j) put_nibble(dst, at(j), c[static_cast<size_t>(j)]);
+      codes.resize(static_cast<size_t>(n));
+      const float sc = q4_encode_any(x, n, codes.data(), round_f16);
+      for (int64_t j = 0; j < n; ++j) put_nibble(dst, at(j), codes[static_cast<size_t>(j)]);
       return sc;
     }
   }

@@ -86,9 +86,9 @@ class TokenCache final : public KvCache {
   Segment new_segment(std::shared_ptr<const SegmentEncoding> enc) const;
   void reserve(Segment& S, int64_t rows, int64_t entries_k, int64_t entries_v) const;
   // apply() for one head (cache_apply.cpp).
-  void apply_head(Layer& L, Head& H, int ih, const HeadPlan& hp);
+  void apply_head(Layer& L, Head& H, const HeadPlan& hp);
   std::shared_ptr<const SegmentEncoding> make_encoding(const HeadPlan& hp);
-  void bound_live_bases(const Layer& L, Head& H) const;
+  void bound_live_bases(Head& H) const;
   HeadShape shape_of(const Layer& L, int il, int ih) const;
 
   std::shared_ptr<const SegmentEncoding> dense_enc_;  // identity, the cache's K / V types
