@@ -71,11 +71,6 @@ struct EntryParts {
 EntryParts split_entry(const std::string& entry_raw) {
   const std::string entry = trim(entry_raw);
   KVTRIM_CHECK(!entry.empty(), "--presses: empty press entry");
-  KVTRIM_CHECK(split_top(entry, '+').size() == 1,
-               "--presses: '%s' is a composition; a sweep sets one press's ratio per cell, so give "
-               "its presses "
-               "as separate entries",
-               entry.c_str());
   EntryParts p;
   size_t i = 0;
   while (i < entry.size() && entry[i] != '(' && entry[i] != ':') ++i;
@@ -172,7 +167,24 @@ std::vector<double> parse_ratio_list(const std::string& list) {
   return out;
 }
 
+// A composition entry ("snapkv:0.5+spark"): the presses before the last one as given, and the
+// last one, whose ratio the sweep sets.
+bool split_composition(const std::string& entry, std::string* prefix, std::string* last) {
+  const std::vector<std::string> parts = split_top(trim(entry), '+');
+  if (parts.size() < 2) return false;
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    KVTRIM_CHECK(!trim(parts[i]).empty(), "--presses: empty press in '%s'", entry.c_str());
+    if (i) prefix->push_back('+');
+    prefix->append(trim(parts[i]));
+  }
+  *last = trim(parts.back());
+  make_press(*prefix);  // the fixed part must parse on its own
+  return true;
+}
+
 std::string press_label(const std::string& entry) {
+  std::string prefix, last;
+  if (split_composition(entry, &prefix, &last)) return make_press(prefix)->spec() + "+" + press_label(last);
   const EntryParts p = split_entry(entry);
   const PressInfo& info = entry_info(p, entry);
   std::string head = p.head;
@@ -182,6 +194,8 @@ std::string press_label(const std::string& entry) {
 }
 
 std::string spec_with_ratio(const std::string& entry, double ratio) {
+  std::string prefix, last;
+  if (split_composition(entry, &prefix, &last)) return make_press(prefix + "+" + spec_with_ratio(last, ratio))->spec();
   const EntryParts p = split_entry(entry);
   const PressInfo& info = entry_info(p, entry);
   if (info.wrapper) {

@@ -57,9 +57,10 @@ std::vector<std::string> split_press_list(const std::string& list);
 std::vector<double> parse_ratio_list(const std::string& list);
 // The entry without any ratio it gives ("snapkv:ratio=0.3,window=16" -> "snapkv:window=16").
 std::string press_label(const std::string& entry);
-// The entry's spec with ratio = `ratio` (replacing a given ratio= or bare first value). Throws
-// Error for a composition ('+': which press would get the ratio?) or a press without a ratio
-// option; make_press reports unknown presses and options.
+// The entry's spec with ratio = `ratio` (replacing a given ratio= or bare first value). In a
+// composition ('+') the last press gets the ratio and the others stay as given
+// ("snapkv:0.5+spark" at 0.8: snapkv:ratio=0.5+spark:ratio=0.8). Throws Error for a press
+// without a ratio option; make_press reports unknown presses and options.
 std::string spec_with_ratio(const std::string& entry, double ratio);
 
 struct SweepCell {

@@ -25,7 +25,12 @@ SideEncoding make_side(const SideSpec& sp, int d, KvDtype dflt, bool keys) {
   } else if (c.per_token()) {
     s.mode = ChannelMode::kPerToken;
     s.topk = c.topk;
-    if (keys) s.recovery = c.recovery_scale;
+    if (keys) {
+      s.recovery = c.recovery_scale;
+      s.dist = c.recovery_dist;
+      s.seed = c.recovery_seed;
+      s.rec_sqrt = c.recovery_sqrt;
+    }
     s.fill = !keys && !c.token_fill.empty();
   }
   return s;
@@ -33,7 +38,8 @@ SideEncoding make_side(const SideSpec& sp, int d, KvDtype dflt, bool keys) {
 
 bool same_side(const SideEncoding& a, const SideEncoding& b) {
   return a.d == b.d && a.basis == b.basis && a.mode == b.mode && a.subset == b.subset &&
-         a.topk == b.topk && a.recovery == b.recovery && a.fill == b.fill && a.dtype == b.dtype;
+         a.topk == b.topk && a.recovery == b.recovery && a.fill == b.fill && a.dtype == b.dtype && a.dist == b.dist &&
+         a.seed == b.seed && a.rec_sqrt == b.rec_sqrt;
 }
 
 // Per-token channel rows of a spec: start of each row in token_channels, and its length.
@@ -52,12 +58,14 @@ struct Rows {
   int count(size_t r) const { return c.topk > 0 ? c.topk : c.token_counts[r]; }
   const int32_t* channels(size_t r) const { return c.token_channels.data() + start[r]; }
   float fill(size_t r) const { return c.token_fill.empty() ? 0.f : c.token_fill[r]; }
+  float spread(size_t r) const { return c.token_spread.empty() ? 0.f : c.token_spread[r]; }
 };
 
 // Pushes coordinates c [width] into one side of a segment through its channel stage.
 void push_side(SideStore& st, const SideEncoding& e, const float* c, const Rows& rows, size_t r) {
   if (e.mode == ChannelMode::kPerToken) {
-    st.push_sparse(c, rows.channels(r), rows.count(r), rows.fill(r));
+    const float f[2] = {rows.fill(r), rows.spread(r)};
+    st.push_sparse(c, rows.channels(r), rows.count(r), f);
     return;
   }
   if (e.mode == ChannelMode::kSubset) {

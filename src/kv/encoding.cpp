@@ -1,5 +1,6 @@
 // Segment encodings (encoding.h): basis interning and the basis stage's maps.
 #include "kv/encoding.h"
+#include "kv/recovery.h"
 
 #include <algorithm>
 #include <cmath>
@@ -55,6 +56,11 @@ std::shared_ptr<const BasisMat> hadamard_basis(int d) {
     for (int j = 0; j < d; ++j)  // H[i, j] = (-1)^popcount(i & j)
       h[static_cast<size_t>(i) * d + j] = (__builtin_popcount(static_cast<unsigned>(i & j)) & 1) ? -s : s;
   return intern_basis(d, d, h, {});
+}
+
+float SideEncoding::pruned_magnitude(const float* f, int i) const {
+  if (dist == RecoveryDist::kFill) return f[0];
+  return recovery_draw(dist, seed, f[0], dist == RecoveryDist::kGaussian ? f[1] : 0.f, i, rec_sqrt);
 }
 
 void SideEncoding::to_coords(const float* x, int64_t n, int64_t ldx, float* c) const {

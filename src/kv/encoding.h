@@ -48,6 +48,11 @@ struct SideEncoding {
   int topk = 0;                  // kPerToken: fixed count; 0 = a variable count per token
   std::vector<float> recovery;   // keys, kPerToken: r [width()] (empty: pruned read zero)
   bool fill = false;             // values, kPerToken: a per-token fill for pruned coordinates
+  // keys with recovery: one fill per token (kFill, sqrt(μ_t) already), or draws from the token's
+  // (μ_t[, σ_t]) by kv/recovery.h with `seed`, magnitude sqrt(w̃) when rec_sqrt
+  RecoveryDist dist = RecoveryDist::kFill;
+  uint32_t seed = 0;
+  bool rec_sqrt = false;
   KvDtype dtype = KvDtype::kF16;
 
   int width() const { return basis ? basis->r : d; }
@@ -58,6 +63,11 @@ struct SideEncoding {
   bool identity() const { return !basis && mode == ChannelMode::kAll; }
   bool per_token() const { return mode == ChannelMode::kPerToken; }
   bool recovers() const { return !recovery.empty(); }
+  // Floats stored per token for its fill / recovery parameters (when it has any).
+  int fill_params() const { return dist == RecoveryDist::kGaussian ? 2 : 1; }
+  // The magnitude pruned coordinate i of a token with parameters f [fill_params()] reads, before
+  // the recovery scale r[i] and the sign.
+  float pruned_magnitude(const float* f, int i) const;
   // Bytes held once per encoding (not per token): subset indices (uint16) and the recovery
   // scale (f32); bases are counted separately (shared).
   size_t subset_bytes() const { return subset.size() * sizeof(uint16_t); }

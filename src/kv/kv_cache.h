@@ -56,8 +56,8 @@ struct KvCacheConfig {
 //    a byte each);
 //  positions: int32 original positions (once per layer while its heads agree, else per token);
 //  scales: q8 / fp8 one f32 per stored vector (per-token channel rows: per row), q4 one f16 per
-//    block of 32 (per-token rows: one f32 per row); per-token recovery / value fill one f32 per
-//    token; the f32 recovery scale vector of each held epoch, once;
+//    block of 32 (per-token rows: one f32 per row); the f32 recovery scale vector of each held
+//    epoch, once;
 //  bases: f32 basis matrices (encoders and decoders), each counted once in the cache however
 //    many heads, epochs or clones hold it (attributed to the first layer holding it);
 //  indices: per-head channel subsets (uint16 per kept channel of each held epoch, once);
@@ -65,15 +65,17 @@ struct KvCacheConfig {
 //    adds uint32 row offsets, n + 1 per segment side);
 //  bitmasks: per-token recovery sign bits (ceil((w - T) / 8) bytes per token; variable counts
 //    one bit stream);
+//  fills: per-token channel rows' fill parameters, f32: a key recovery fill sqrt(μ_t) (or μ_t
+//    and, Gaussian, σ_t for a sampled recovery) or a value fill, per token;
 //  other: int32 epoch ids, one per stored epoch segment.
-// total() = keys + values + positions + scales + bases + indices + bitmasks + other;
+// total() = keys + values + positions + scales + bases + indices + bitmasks + fills + other;
 // per_layer: [n_layer], the same total split by layer.
 struct KvBytes {
   size_t keys = 0, values = 0, positions = 0, scales = 0, bases = 0, indices = 0, bitmasks = 0,
-         other = 0;
+         fills = 0, other = 0;
   std::vector<size_t> per_layer;
   size_t total() const {
-    return keys + values + positions + scales + bases + indices + bitmasks + other;
+    return keys + values + positions + scales + bases + indices + bitmasks + fills + other;
   }
 };
 

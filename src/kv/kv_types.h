@@ -14,6 +14,10 @@ namespace kvtrim {
 //        in per-token channel rows (sparse) one f32 scale per row instead.
 enum class KvDtype { kF32, kF16, kBF16, kQ8, kFP8, kQ4 };
 
+// How a pruned key coordinate with recovery reads (plan.h ChannelSpec): one fill per token, or a
+// draw per coordinate from a distribution with the token's parameters (SPARK's F).
+enum class RecoveryDist : unsigned char { kFill, kGaussian, kExponential };
+
 const char* kv_dtype_name(KvDtype t);
 // Parses a cache type name: f32, f16, bf16, q8 (also q8_0, llama.cpp's name), fp8 (also
 // fp8_e4m3), q4 (also q4_0). Throws Error naming the accepted names otherwise.

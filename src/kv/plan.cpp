@@ -70,7 +70,8 @@ void check_channels(const ChannelSpec& c, int w, bool keys, size_t rows, const c
                     const HeadShape& s) {
   if (!c.set()) return;
   if (!c.subset.empty()) {
-    PLAN_CHECK(!c.per_token() && c.recovery_scale.empty() && c.token_fill.empty(),
+    PLAN_CHECK(!c.per_token() && c.recovery_scale.empty() && c.token_fill.empty() &&
+                   c.token_spread.empty() && c.recovery_dist == RecoveryDist::kFill,
                "%s channels: a per-head subset and per-token channels cannot be combined", side);
     PLAN_CHECK(c.subset.size() <= static_cast<size_t>(w), "%zu %s channels for width %d",
                c.subset.size(), side, w);
@@ -124,6 +125,16 @@ void check_channels(const ChannelSpec& c, int w, bool keys, size_t rows, const c
     PLAN_CHECK(c.recovery_scale.empty(),
                "value channels take a fill per token (token_fill), not a recovery_scale");
   }
+  if (c.recovery_dist != RecoveryDist::kFill) {
+    PLAN_CHECK(keys && !c.recovery_scale.empty(),
+               "%s channels: a sampled recovery needs key channels with recovery_scale", side);
+    for (float x : c.token_fill) PLAN_CHECK(x >= 0, "%s token_fill (sampled recovery: μ_t) is negative", side);
+  }
+  PLAN_CHECK(c.token_spread.size() == (c.recovery_dist == RecoveryDist::kGaussian ? rows : 0),
+             "%s token_spread holds %zu floats, expected %zu (σ_t per kept token, Gaussian recovery only)",
+             side, c.token_spread.size(), c.recovery_dist == RecoveryDist::kGaussian ? rows : size_t{0});
+  for (float x : c.token_spread)
+    PLAN_CHECK(std::isfinite(x) && x >= 0, "%s token_spread is not finite and >= 0", side);
   PLAN_CHECK(c.token_fill.empty() || c.token_fill.size() == rows,
              "%s token_fill holds %zu floats, expected %zu kept tokens", side, c.token_fill.size(),
              rows);
@@ -197,6 +208,7 @@ ChannelSpec select_channel_rows(const ChannelSpec& c, const std::vector<int32_t>
   });
   o.token_counts = select_rows(c.token_counts, pick, [](size_t) { return size_t{1}; });
   o.token_fill = select_rows(c.token_fill, pick, [](size_t) { return size_t{1}; });
+  o.token_spread = select_rows(c.token_spread, pick, [](size_t) { return size_t{1}; });
   return o;
 }
 

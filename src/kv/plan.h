@@ -23,6 +23,12 @@ namespace kvtrim {
 //    Keys, optional recovery (SPARK): recovery_scale r [w] and token_fill [rows] = sqrt(μ_t):
 //    a pruned coordinate c of token t then reads sign(k_tc)·token_fill[t]·r[c] (the sign bit
 //    of every pruned coordinate is stored); without them a pruned coordinate reads zero.
+//    Keys, sampled recovery (SPARK's Gaussian / exponential F): recovery_dist kGaussian or
+//    kExponential with recovery_scale r [w], token_fill [rows] = μ_t and (Gaussian) token_spread
+//    [rows] = σ_t, both ≥ 0: a pruned coordinate c reads sign(k_tc)·m(w̃_tc)·r[c], where w̃_tc =
+//    max(0, μ_t + σ_t·z) (z ~ N(0, 1)) or μ_t·e (e ~ Exp(1)) is drawn by a counter-based hash of
+//    (recovery_seed, μ_t, σ_t, c) (kv/recovery.h: the same draw at every read, nothing stored per
+//    coordinate) and m = sqrt when recovery_sqrt, else the identity.
 //    Values, optional fill (SPARK's value pruning): token_fill [rows] without recovery_scale:
 //    a pruned coordinate reads token_fill[t] (the token's mean pruned value).
 struct ChannelSpec {
@@ -32,9 +38,14 @@ struct ChannelSpec {
   std::vector<int32_t> token_counts;
   std::vector<float> recovery_scale;
   std::vector<float> token_fill;
+  RecoveryDist recovery_dist = RecoveryDist::kFill;
+  std::vector<float> token_spread;
+  uint32_t recovery_seed = 0;
+  bool recovery_sqrt = false;
   bool per_token() const { return topk != 0 || !token_channels.empty() || !token_counts.empty(); }
   bool set() const {
-    return !subset.empty() || per_token() || !recovery_scale.empty() || !token_fill.empty();
+    return !subset.empty() || per_token() || !recovery_scale.empty() || !token_fill.empty() ||
+           !token_spread.empty() || recovery_dist != RecoveryDist::kFill;
   }
 };
 

@@ -75,20 +75,22 @@ bool sparse_view(const SideStore& st, int w, SparseRows* r) {
   return true;
 }
 
-// Per-token key rows: s[g, t - b] = Σ_kept qs_g[c] k_tc + fill_t Σ_pruned ± qr_g[c] (qr = qs ∘ r,
-// only with recovery). qs, qr: [G, w].
-void sparse_scores(const SideStore& k, int w, const float* qs, const float* qr, int G, int64_t b,
-                   int64_t nb, float* s, int64_t ld) {
-  thread_local std::vector<float> val;
-  thread_local std::vector<int> ch;
-  const bool rec = qr != nullptr;
+// Per-token key rows: s[g, t - b] = Σ_kept qs_g[c] k_tc + Σ_pruned ±m_tc qr_g[c] (qr = qs ∘ r,
+// only with recovery; m_tc = the token's fill, or its draw for a sampled recovery). qs, qr: [G, w].
+void sparse_scores(const SideStore& k, const SideEncoding& e, int w, const float* qs, const float* qr,
+                   int G, int64_t b, int64_t nb, float* s, int64_t ld) {
+  thread_local std::vector<float> val, pv;
+  thread_local std::vector<int> ch, pc;
   thread_local std::vector<char> kept;
+  const bool rec = qr != nullptr;
   SparseRows view;
   const bool kern = sparse_view(k, w, &view);
   if (kern) {
     kvtrim::kv::sparse_scores(view, qs, G, w, b, nb, s, ld);
     if (!rec) return;
   }
+  const uint8_t* sg = k.signs();
+  const int nf = k.fill_params();
   for (int64_t t = b; t < b + nb; ++t) {
     const int64_t e0 = k.row_begin(t);
     const int cnt = k.row_count(t);
@@ -105,22 +107,27 @@ void sparse_scores(const SideStore& k, int w, const float* qs, const float* qr, 
       for (int j = 0; j < cnt; ++j) dot += q[ch[static_cast<size_t>(j)]] * val[static_cast<size_t>(j)];
       s[g * ld + (t - b)] = dot;
     }
-    if (!rec) continue;
-    // Σ over pruned coordinates (in coordinate order) of ±qr_c, times the token's fill
+    if (!rec || cnt == w) continue;
+    // The pruned coordinates (in coordinate order, as the sign bits) with their signed magnitude.
     kept.assign(static_cast<size_t>(w), 0);
     for (int j = 0; j < cnt; ++j) kept[static_cast<size_t>(ch[static_cast<size_t>(j)])] = 1;
-    const uint8_t* sg = k.signs();
-    const float fill = k.fills()[t];
+    const float* fp = k.fills() + t * nf;
+    pc.clear();
+    pv.clear();
+    int64_t bit = k.sign_bit(t);
+    for (int c = 0; c < w; ++c) {
+      if (kept[static_cast<size_t>(c)]) continue;
+      const float mag = e.pruned_magnitude(fp, c);
+      pc.push_back(c);
+      pv.push_back(((sg[bit >> 3] >> (bit & 7)) & 1) ? -mag : mag);
+      ++bit;
+    }
+    const size_t np = pc.size();
     for (int g = 0; g < G; ++g) {
       const float* r = qr + static_cast<int64_t>(g) * w;
       float acc = 0;
-      int64_t bit = k.sign_bit(t);
-      for (int c = 0; c < w; ++c) {
-        if (kept[static_cast<size_t>(c)]) continue;
-        acc += ((sg[bit >> 3] >> (bit & 7)) & 1) ? -r[c] : r[c];
-        ++bit;
-      }
-      s[g * ld + (t - b)] += fill * acc;
+      for (size_t j = 0; j < np; ++j) acc += pv[j] * r[pc[j]];
+      s[g * ld + (t - b)] += acc;
     }
   }
 }
@@ -241,7 +248,7 @@ void attend_rows(const SideStore& k, const SideStore& v, const SegmentEncoding& 
     const int64_t nb = std::min(kBlock, t1 - b);
     // s[g, t] = scale · q_g · k_t
     if (k.sparse()) {
-      sparse_scores(k, kw, qs.data(), rec ? qr.data() : nullptr, G, b, nb, s.data(), kBlock);
+      sparse_scores(k, e.k, kw, qs.data(), rec ? qr.data() : nullptr, G, b, nb, s.data(), kBlock);
     } else {
       dense_scores(k, qs.data(), G, b, nb, s.data(), kBlock);
     }

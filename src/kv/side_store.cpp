@@ -145,6 +145,7 @@ void SideStore::init(const SideEncoding& e, bool keys) {
   fill_ = sparse_ && (rec_ || (!keys && e.fill));
   isz_ = sparse_ ? (w_ <= 256 ? 1 : 2) : 0;
   sb_ = rec_ && !var_ ? (w_ - T_ + 7) / 8 : 0;
+  nf_ = fill_ ? (rec_ ? e.fill_params() : 1) : 0;
   n_ = cap_ = cap_ent_ = 0;
   off_.clear();
   if (var_) off_.push_back(0);
@@ -181,6 +182,7 @@ void SideStore::realloc_to(int64_t cap, int64_t cap_ent, bool grow, const int32_
   T_ = N.T_;
   isz_ = N.isz_;
   sb_ = N.sb_;
+  nf_ = N.nf_;
   cap_ = cap;
   cap_ent_ = cap_ent;
   // grow: the stored prefix is copied; else rows keep[0 .. n_keep) are gathered
@@ -189,7 +191,7 @@ void SideStore::realloc_to(int64_t cap, int64_t cap_ent, bool grow, const int32_
     data_.alloc(elem_bytes(cap_ent) + 1);
     idx_.alloc(static_cast<size_t>(cap_ent) * static_cast<size_t>(isz_));
     if (has_row_scale(dtype_) || dtype_ == KvDtype::kQ4) scale_.alloc(static_cast<size_t>(cap) * 4);
-    if (fill_) fills_.alloc(static_cast<size_t>(cap) * 4);
+    if (fill_) fills_.alloc(static_cast<size_t>(cap * nf_) * 4);
     if (rec_) signs_.alloc(var_ ? static_cast<size_t>(cap * w_ + 7) / 8 : static_cast<size_t>(cap * sb_));
     if (var_) off_.assign(1, 0);
     int64_t ent = 0;
@@ -204,7 +206,7 @@ void SideStore::realloc_to(int64_t cap, int64_t cap_ent, bool grow, const int32_
       }
       std::memcpy(idx_.p.get() + ent * isz_, N.idx_.p.get() + b * N.isz_, static_cast<size_t>(c * isz_));
       if (scale_.n) scale_.as<float>()[r] = N.scale_.as<float>()[t];
-      if (fill_) fills_.as<float>()[r] = N.fills_.as<float>()[t];
+      for (int j = 0; j < nf_; ++j) fills_.as<float>()[r * nf_ + j] = N.fills_.as<float>()[t * nf_ + j];
       if (rec_) {
         const int64_t nb = w_ - c, from = N.sign_bit(t);
         const int64_t to = var_ ? r * w_ - ent : r * sb_ * 8;
@@ -304,7 +306,7 @@ void SideStore::push_dense(const float* x) {
   ++n_;
 }
 
-void SideStore::push_sparse(const float* c, const int32_t* ch, int cnt, float fill) {
+void SideStore::push_sparse(const float* c, const int32_t* ch, int cnt, const float* fill) {
   KVTRIM_ASSERT(sparse_ && n_ < cap_);
   const int64_t t = n_, e0 = entries();
   KVTRIM_ASSERT(e0 + cnt <= cap_ent_);
@@ -319,7 +321,7 @@ void SideStore::push_sparse(const float* c, const int32_t* ch, int cnt, float fi
       idx_.as<uint16_t>()[e0 + j] = static_cast<uint16_t>(ch[j]);
     }
   }
-  if (fill_) fills_.as<float>()[t] = fill;
+  for (int j = 0; j < nf_; ++j) fills_.as<float>()[t * nf_ + j] = fill[j];
   if (var_) off_.push_back(static_cast<uint32_t>(e0 + cnt));
   if (rec_) {  // sign bits of the pruned coordinates, in coordinate order
     const int64_t b0 = var_ ? t * w_ - e0 : t * sb_ * 8;
@@ -366,7 +368,8 @@ void SideStore::get(const SideEncoding& e, int64_t t, float* c) const {
   }
   const int64_t b = row_begin(t);
   const int cnt = row_count(t);
-  const float fill = fill_ ? fills_.as<float>()[t] : 0.f;
+  const float* fp = fill_ ? fills_.as<float>() + t * nf_ : nullptr;
+  const float fill = fp ? fp[0] : 0.f;
   // pruned coordinates: value fill, key recovery ±fill·r[c], or zero
   thread_local std::vector<char> kept;
   kept.assign(static_cast<size_t>(w_), 0);
@@ -379,7 +382,7 @@ void SideStore::get(const SideEncoding& e, int64_t t, float* c) const {
   for (int i = 0; i < w_; ++i) {
     if (kept[static_cast<size_t>(i)]) continue;
     if (rec_) {
-      const float f = fill * e.recovery[static_cast<size_t>(i)];
+      const float f = e.pruned_magnitude(fp, i) * e.recovery[static_cast<size_t>(i)];
       c[i] = ((signs_.p[bit >> 3] >> (bit & 7)) & 1) ? -f : f;
       ++bit;
     } else {
@@ -414,7 +417,7 @@ SideBytes SideStore::bytes() const {
     b.elems = elem_bytes(ent);
     b.indices = static_cast<size_t>(ent) * static_cast<size_t>(isz_) + (var_ ? (n + 1) * 4 : 0);
     if (scale_.n) b.scales += n * 4;
-    if (fill_) b.scales += n * 4;
+    b.fills = n * static_cast<size_t>(nf_) * 4;
     if (rec_) b.bitmasks = var_ ? static_cast<size_t>(n_ * w_ - ent + 7) / 8 : n * static_cast<size_t>(sb_);
     return b;
   }

@@ -11,7 +11,7 @@
 //   (value, coordinate), packed row-major from entry off_t: vals [entries] in the dtype
 //   (q8 / fp8 / q4 codes with one f32 scale per row), idx [entries] uint8 (width <= 256) or
 //   uint16, off [n + 1] uint32 only for a variable count (fixed: off_t = t·T); fills [n] f32
-//   (keys with recovery: sqrt(μ_t); values with fill: the fill value), signs (keys with
+//   (keys with recovery: sqrt(μ_t), or μ_t[, σ_t] for a sampled recovery; values with fill: the fill value), signs (keys with
 //   recovery): one bit per pruned coordinate in coordinate order, bit = 1 if negative; fixed
 //   count: ceil((w - T) / 8) bytes per row; variable: one bit stream, row t from bit t·w - off_t.
 #pragma once
@@ -56,7 +56,7 @@ struct Buf {
 
 // Bytes held by a side store, by part (kv_cache.h KvBytes).
 struct SideBytes {
-  size_t elems = 0, scales = 0, indices = 0, bitmasks = 0;
+  size_t elems = 0, scales = 0, indices = 0, bitmasks = 0, fills = 0;
 };
 
 class SideStore {
@@ -74,9 +74,9 @@ class SideStore {
   void reserve(int64_t rows, int64_t entries, int64_t min_step, int64_t max_rows);
   // Dense: row n() <- x [row_elems()] (the kept coordinates), encoded in the dtype.
   void push_dense(const float* x);
-  // Per-token: row n() <- the coordinates ch [cnt] (increasing) of c [width], fill (recovery /
-  // value fill; ignored without).
-  void push_sparse(const float* c, const int32_t* ch, int cnt, float fill);
+  // Per-token: row n() <- the coordinates ch [cnt] (increasing) of c [width], fill [fill_params()]
+  // (recovery / value fill parameters; ignored without).
+  void push_sparse(const float* c, const int32_t* ch, int cnt, const float* fill);
   // Row t reconstructed in coordinates: c [width] (dense subset / per-token: pruned coordinates
   // zero, or their recovery / fill).
   void get(const SideEncoding& e, int64_t t, float* c) const;
@@ -94,7 +94,8 @@ class SideStore {
   int idx_bytes() const { return isz_; }
   const uint32_t* offsets() const { return var_ ? off_.data() : nullptr; }
   int topk() const { return T_; }
-  const float* fills() const { return fills_.as<float>(); }
+  const float* fills() const { return fills_.as<float>(); }  // [n, fill_params()]
+  int fill_params() const { return nf_; }
   const uint8_t* signs() const { return signs_.p.get(); }
   int64_t row_begin(int64_t t) const { return var_ ? off_[static_cast<size_t>(t)] : t * T_; }
   int row_count(int64_t t) const {
@@ -118,6 +119,7 @@ class SideStore {
   int T_ = 0;    // per-token fixed count (0: variable)
   int isz_ = 0;  // per-token index bytes
   int sb_ = 0;   // fixed per-token rows with recovery: sign bytes per row
+  int nf_ = 0;   // fill / recovery parameters per row (0: none)
   int64_t n_ = 0, cap_ = 0, cap_ent_ = 0;
   Buf data_, scale_, idx_, fills_, signs_;
   std::vector<uint32_t> off_;  // variable per-token rows: [n + 1]

@@ -229,6 +229,7 @@ KvBytes TokenCache::bytes() const {
         l.scales += kb.scales + vb.scales;
         l.indices += kb.indices + vb.indices;
         l.bitmasks += kb.bitmasks + vb.bitmasks;
+        l.fills += kb.fills + vb.fills;
         if (!L.shared) l.positions += static_cast<size_t>(S.n()) * sizeof(int32_t);
         if (!S.enc->dense()) l.other += sizeof(int32_t);  // the segment's epoch id
         held.push_back(S.enc.get());  // (dense rows: only a rotation of quantized rows counts)
@@ -250,6 +251,7 @@ KvBytes TokenCache::bytes() const {
     b.bases += l.bases;
     b.indices += l.indices;
     b.bitmasks += l.bitmasks;
+    b.fills += l.fills;
     b.other += l.other;
     b.per_layer[il] = l.total();
   }

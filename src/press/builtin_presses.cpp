@@ -20,6 +20,8 @@ std::vector<PressInfo> builtin_press_infos() {
   v.push_back(kqsvd_press_info());
   v.push_back(staticpca_press_info());
   v.push_back(ojakv_press_info());
+  v.push_back(think_press_info());
+  v.push_back(spark_press_info());
   return v;
 }
 

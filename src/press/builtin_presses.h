@@ -22,6 +22,8 @@ PressInfo eigenattention_press_info(); // basis/static_bases.cpp
 PressInfo kqsvd_press_info();          // basis/static_bases.cpp
 PressInfo staticpca_press_info();      // basis/static_bases.cpp
 PressInfo ojakv_press_info();          // basis/ojakv.cpp
+PressInfo think_press_info();          // channel/think.cpp
+PressInfo spark_press_info();          // channel/spark.cpp
 
 std::vector<PressInfo> builtin_press_infos();
 

@@ -338,6 +338,9 @@ struct PressInfo {
   // Feature-axis press (low-rank bases, src/press/basis/): keeps every token and changes how
   // they are stored; the token-count sweep (press_sweep_test) leaves it to basis_sweep_test.
   bool feature_axis = false;
+  // Channel-axis press (src/press/channel/: ThinK, SPARK): keeps every token and stores fewer
+  // coordinates of each; swept by channel_sweep_test instead of the token-count sweep.
+  bool channel_axis = false;
   std::function<std::unique_ptr<Press>(const PressArgs&)> make;
 };
 

@@ -64,7 +64,13 @@ TEST(SweepGrid, SetsTheRatioOfEachEntry) {
   EXPECT_EQ(press_label("snapkv:0.3"), "snapkv");
   // a wrapper passes the ratio to its inner press
   EXPECT_EQ(spec_with_ratio("adakv(snapkv)", 0.5), make_press("adakv(snapkv:ratio=0.5)")->spec());
-  EXPECT_THROW(spec_with_ratio("snapkv+knorm", 0.5), Error);
+  // a composition: the sweep sets the last press's ratio; the others stay as given
+  EXPECT_EQ(spec_with_ratio("snapkv:0.5+spark", 0.8), make_press("snapkv:ratio=0.5+spark:ratio=0.8")->spec());
+  EXPECT_EQ(spec_with_ratio("snapkv:0.5+spark:0.3,recovery=zero", 0.8),
+            make_press("snapkv:ratio=0.5+spark:ratio=0.8,recovery=zero")->spec());
+  EXPECT_EQ(press_label("snapkv:0.5+spark:0.3"), make_press("snapkv:0.5")->spec() + "+spark");
+  EXPECT_THROW(spec_with_ratio("snapkv:nosuch=1+spark", 0.5), Error);
+  EXPECT_THROW(spec_with_ratio("+spark", 0.5), Error);
   try {
     spec_with_ratio("nosuchpress", 0.5);
     ADD_FAILURE();

@@ -452,11 +452,12 @@ TEST(ChannelCache, PerTokenBytesApplyTwiceTruncateAndBadPlans) {
       EXPECT_EQ(b.values, 2 * 60 * dv * es);
       EXPECT_EQ(b.indices, 2 * 60 * T * isz);
       EXPECT_EQ(b.bitmasks, 60 * sb);                        // head 0 only (recovery)
-      EXPECT_EQ(b.scales, 2 * 2 * 60 * sc + 60 * 4 + dk * 4u);  // q8; fills; r[c] once
+      EXPECT_EQ(b.scales, 2 * 2 * 60 * sc + dk * 4u);  // q8; r[c] once
+      EXPECT_EQ(b.fills, 60 * 4u);                     // head 0's recovery fill per token
       EXPECT_EQ(b.other, 2 * 4u);
       EXPECT_EQ(b.total(), b.per_layer[0]);
       EXPECT_EQ(b.total(), b.keys + b.values + b.positions + b.scales + b.bases + b.indices +
-                               b.bitmasks + b.other);
+                               b.bitmasks + b.fills + b.other);
       // append (dense), then a second per-token plan selecting tokens across both
       fill(*c, 20, 60, rng);
       EXPECT_EQ(c->bytes().keys, (2 * 60 * T + 2 * 20 * dk) * es);

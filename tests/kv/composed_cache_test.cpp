@@ -32,9 +32,12 @@ constexpr KvDtype kTypes[] = {KvDtype::kF32, KvDtype::kF16, KvDtype::kBF16,
                               KvDtype::kQ8,  KvDtype::kFP8, KvDtype::kQ4};
 
 enum class Basis { kNone, kRotation, kRank, kOblique };
-enum class Chan { kAll, kSubset, kTopK, kVariable, kRecovery /* keys: topk + recovery; values: topk + fill */ };
+// kRecovery: keys topk + recovery, values topk + fill; kGauss / kExp: keys topk + SPARK's sampled
+// recovery (variable counts for kExp), values as kRecovery.
+enum class Chan { kAll, kSubset, kTopK, kVariable, kRecovery, kGauss, kExp };
 constexpr Basis kBases[] = {Basis::kNone, Basis::kRotation, Basis::kRank, Basis::kOblique};
-constexpr Chan kChans[] = {Chan::kAll, Chan::kSubset, Chan::kTopK, Chan::kVariable, Chan::kRecovery};
+constexpr Chan kChans[] = {Chan::kAll,      Chan::kSubset, Chan::kTopK, Chan::kVariable,
+                           Chan::kRecovery, Chan::kGauss,  Chan::kExp};
 
 struct SideChoice {
   Basis b;
@@ -86,6 +89,31 @@ void set_side(SideSpec* sp, const SideChoice& ch, int d, size_t rows, bool keys,
       }
       if (ch.c == Chan::kRecovery && keys)
         for (int i = 0; i < w; ++i) c.recovery_scale.push_back(u(rng));
+      break;
+    case Chan::kGauss:
+    case Chan::kExp:
+      if (keys) {
+        c.recovery_dist = ch.c == Chan::kGauss ? RecoveryDist::kGaussian : RecoveryDist::kExponential;
+        c.recovery_seed = 7;
+        c.recovery_sqrt = ch.c == Chan::kGauss;
+        c.topk = ch.c == Chan::kGauss ? std::max(1, w / 3) : 0;
+        for (size_t r = 0; r < rows; ++r) {
+          const int k = c.topk > 0 ? c.topk : (r % 4 == 0 ? w : cnt(rng));
+          if (c.topk == 0) c.token_counts.push_back(k);
+          const auto row = pick(k);
+          c.token_channels.insert(c.token_channels.end(), row.begin(), row.end());
+          c.token_fill.push_back(u(rng));
+          if (ch.c == Chan::kGauss) c.token_spread.push_back(u(rng) * 0.5f);
+        }
+        for (int i = 0; i < w; ++i) c.recovery_scale.push_back(u(rng));
+      } else {
+        c.topk = std::max(1, w / 4);
+        for (size_t r = 0; r < rows; ++r) {
+          const auto row = pick(c.topk);
+          c.token_channels.insert(c.token_channels.end(), row.begin(), row.end());
+          c.token_fill.push_back(u(rng) - 0.5f);
+        }
+      }
       break;
     case Chan::kVariable:
       for (size_t r = 0; r < rows; ++r) {
@@ -197,9 +225,10 @@ TEST(ComposedCache, ExactBytesPerPart) {
   // uint8 per-token indices; head 1 value offsets (n + 1 for its 90 rows); the subset (uint16)
   EXPECT_EQ(b.indices, n * T * 1u + var_entries * 1 + 91 * 4u + S * 2u);
   EXPECT_EQ(b.bitmasks, n * static_cast<size_t>((r - T + 7) / 8));  // recovery signs
-  // fp8 key rows: one f32 scale; recovery: one f32 fill per token + r [32] once; q4 values: one
-  // f16 per block of 32 (S = 20: one block); q8 keys: one f32 per row
-  EXPECT_EQ(b.scales, n * 4u + n * 4u + r * 4u + n * 2u + 90 * 4u);
+  // fp8 key rows: one f32 scale; recovery: r [32] once; q4 values: one f16 per block of 32
+  // (S = 20: one block); q8 keys: one f32 per row
+  EXPECT_EQ(b.scales, n * 4u + r * 4u + n * 2u + 90 * 4u);
+  EXPECT_EQ(b.fills, n * 4u);  // recovery: one f32 fill per token
   EXPECT_EQ(b.bases, static_cast<size_t>(dk * r) * 4);
   EXPECT_EQ(b.positions, (n + n) * 4u);
   EXPECT_EQ(b.other, 2 * 4u);
@@ -407,6 +436,78 @@ TEST(ComposedCache, HadamardRotationOfQuantizedRows) {
     p.at(0, 1).key.basis = random_basis(d, 32, rng);
     rot->apply(p);
     expect_attention_matches(*rot, 6, 1, n, nullptr, rng, std::string(kv_dtype_name(t)) + " planned");
+  }
+}
+
+// SPARK's sampled recovery: a pruned key coordinate reads sign(k)·m(w̃)·r[c] with w̃ drawn from the
+// token's (μ, σ); the draws have the distribution's moments, are the same at every read, after
+// other tokens are evicted and in a clone, and differ with the seed.
+TEST(ComposedCache, SampledRecoveryDrawsAreStableAndHaveTheirMoments) {
+  std::mt19937 rng(11);
+  const int dk = 64, dv = 32, n = 400, T = 8;
+  for (RecoveryDist dist : {RecoveryDist::kGaussian, RecoveryDist::kExponential}) {
+    const bool gauss = dist == RecoveryDist::kGaussian;
+    auto c = make_kv_cache(make_cfg(1, 1, dk, dv, KvDtype::kF32));
+    fill(*c, n, 0, rng);
+    std::vector<float> k0;
+    c->read_head(0, 0, &k0, nullptr, nullptr);
+    CompressionPlan plan(1, 1);
+    ChannelSpec& ch = plan.at(0, 0).key.channels;
+    ch.topk = T;
+    ch.recovery_dist = dist;
+    ch.recovery_seed = 5;
+    ch.recovery_sqrt = false;  // magnitude = the draw itself, so the moments are the draws'
+    ch.recovery_scale.assign(dk, 1.f);
+    const float mu = 2.f, sd = 0.25f;
+    for (int t = 0; t < n; ++t) {
+      for (int j = 0; j < T; ++j) ch.token_channels.push_back(j * 8);
+      ch.token_fill.push_back(mu + 0.001f * t);  // distinct parameters per token
+      if (gauss) ch.token_spread.push_back(sd);
+    }
+    auto twin = c->clone();
+    c->apply(plan);
+    std::vector<float> k1, k1b;
+    c->read_head(0, 0, &k1, nullptr, nullptr);
+    c->read_head(0, 0, &k1b, nullptr, nullptr);
+    EXPECT_EQ(k1, k1b);
+    double sum = 0, sq = 0;
+    int np = 0;
+    for (int t = 0; t < n; ++t)
+      for (int j = 0; j < dk; ++j) {
+        const float x = k1[static_cast<size_t>(t * dk + j)], orig = k0[static_cast<size_t>(t * dk + j)];
+        if (j % 8 == 0) {
+          EXPECT_EQ(x, orig);  // kept
+          continue;
+        }
+        EXPECT_TRUE(x == 0 || (x < 0) == (orig < 0)) << "the stored sign";
+        // back to the draw of (mu, sd): Gaussian draws shift with μ_t, exponential ones scale
+        const double w = gauss ? std::fabs(x) - 0.001 * t : std::fabs(x) * mu / (mu + 0.001 * t);
+        sum += w;
+        sq += w * w;
+        ++np;
+      }
+    const double m = sum / np, v = sq / np - m * m;
+    EXPECT_NEAR(m, mu, 0.02 * mu) << (gauss ? "gaussian" : "exponential");
+    EXPECT_NEAR(std::sqrt(v), gauss ? sd : mu, gauss ? 0.03 * sd : 0.05 * mu);
+    // evict every other token: the survivors read the same
+    CompressionPlan ev(1, 1);
+    ev.at(0, 0).keep_all = false;
+    for (int t = 0; t < n; t += 2) ev.at(0, 0).keep.push_back(t);
+    auto cl = c->clone();
+    c->apply(ev);
+    std::vector<float> k2, k3;
+    c->read_head(0, 0, &k2, nullptr, nullptr);
+    cl->read_head(0, 0, &k3, nullptr, nullptr);
+    EXPECT_EQ(k3, k1);
+    for (int t = 0; t < n / 2; ++t)
+      for (int j = 0; j < dk; ++j)
+        ASSERT_EQ(k2[static_cast<size_t>(t * dk + j)], k1[static_cast<size_t>(2 * t * dk + j)]);
+    // another seed draws differently
+    plan.at(0, 0).key.channels.recovery_seed = 6;
+    twin->apply(plan);
+    std::vector<float> k4;
+    twin->read_head(0, 0, &k4, nullptr, nullptr);
+    EXPECT_NE(k4, k1);
   }
 }
 

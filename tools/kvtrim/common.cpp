@@ -113,9 +113,9 @@ std::string human_bytes(size_t n) {
 std::string kv_bytes_line(const KvCache& c) {
   const KvBytes b = c.bytes();
   const size_t dense = c.dense_bytes_f16();
-  return strprintf("KV cache: %s held (%zu bytes: keys %zu, values %zu, positions %zu, scales %zu, bases %zu, indices %zu, bitmasks %zu, other %zu) for %d "
+  return strprintf("KV cache: %s held (%zu bytes: keys %zu, values %zu, positions %zu, scales %zu, bases %zu, indices %zu, bitmasks %zu, fills %zu, other %zu) for %d "
                    "positions; uncompressed f16: %s (ratio %.3f) [%s]",
-                   human_bytes(b.total()).c_str(), b.total(), b.keys, b.values, b.positions, b.scales, b.bases, b.indices, b.bitmasks, b.other,
+                   human_bytes(b.total()).c_str(), b.total(), b.keys, b.values, b.positions, b.scales, b.bases, b.indices, b.bitmasks, b.fills, b.other,
                    c.n_past(),
                    human_bytes(dense).c_str(), dense ? static_cast<double>(b.total()) / static_cast<double>(dense) : 0.0,
                    c.describe().c_str());

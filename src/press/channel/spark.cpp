@@ -1,0 +1,295 @@
+// SPARK: query-aware unstructured pruning of key channels, per token, with recovery of the pruned
+// ones at attention time (the cache's per-token channel axis; DESIGN.md §4.2).
+// Paper: Liao et al. 2025, "SPARK: Query-Aware Unstructured Sparsity with Recoverable KV Cache
+// Channel Pruning" (papers/spark.txt); authors' code: Xnhyacinth/SparK,
+// kvpress0/presses/adathink_press.py. Where they differ, both are options; the default is the
+// code's (it produced the paper's tables):
+//
+//  saliency of channel c of token t (window = the last W post-RoPE queries of the KV group):
+//    code  (default): w_tc = k_tc² · ‖Q̄[:, c]‖₂, Q̄ = the window's queries averaged over the group;
+//    paper:           w_tc = |q̄_c| · |k_tc|, q̄ = their mean over the window.
+//  channels kept per token (variant):
+//    ratio (default): the top T of the token's saliencies, T from `ratio` (λ) and `count`;
+//    p (SPARK-p):     the fewest channels whose saliency sum exceeds p (0.99) of the token's
+//                     total (a variable count per token);
+//    g (SPARK-g):     g = 4 or 5 groups. grouping=code (default, what the code does): a token is
+//                     put in a group by how many channels SPARK-p would keep for it (n ≤ 0.25d,
+//                     0.5d, 0.75d, else for g = 4; 0.2d … 0.8d for g = 5) and keeps int(r·d)
+//                     channels, r = (0.25, 0.5, 0.75, 1.0) / (0.1, 0.3, 0.5, 0.7, 0.9);
+//                     grouping=paper (the text): the token's channels sorted by saliency are cut
+//                     into g equal segments and segment i loses the fraction r_i of its channels
+//                     (the least salient), with the paper's pruning ratios (0.25 … 1.0) /
+//                     (0.1 … 0.9).
+//  recovery of a pruned key channel at attention time (sign(k_tc) is stored, one bit):
+//    degenerate (default): k̃_tc = sign · F(μ_t) / ‖q‖_c where μ_t = the mean saliency of the
+//                     token's pruned channels, F = sqrt for the code's metric (k̃² ‖q‖ = μ) and the
+//                     identity for the paper's (|q̄| |k̃| = μ);
+//    gaussian / exponential: each pruned (t, c) draws its own saliency from N(μ_t, σ_t²)
+//                     (negative draws clamp to 0) / Exp(mean μ_t), μ_t and σ_t the mean and
+//                     standard deviation of the token's pruned saliencies (Appendix A.2), the draw
+//                     a seeded hash of (seed, μ_t, σ_t, c): the same at every step, nothing
+//                     stored per coordinate. (The code additionally rank-matches draws to the
+//                     saliency order and caps them at the threshold; not reproduced.)
+//    zero:            pruned channels read 0 (the ablation; no sign bits, no fill).
+//  values (optional, value_ratio > 0; Appendix D): per token, the top channels by |v_tc|; the
+//    pruned ones read the token's mean pruned value.
+// Hyper-parameters (defaults): ratio = 0.5, window = 32, saliency = code, variant = ratio,
+// p = 0.99, groups = 4, grouping = code, recovery = degenerate, seed = 0, value_ratio = 0,
+// count = code. Tokens appended later (decode) stay dense, as in the paper (prefill pruning).
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+#include "press/channel/channel_common.h"
+
+namespace kvtrim {
+
+namespace {
+
+enum class Saliency { kCode, kPaper };
+enum class Variant { kRatio, kTopP, kGroups };
+enum class Grouping { kCode, kPaper };
+enum class Recovery { kDegenerate, kGaussian, kExponential, kZero };
+
+struct SparkOptions {
+  double ratio = 0.5;
+  int64_t window = 32;
+  Saliency saliency = Saliency::kCode;
+  Variant variant = Variant::kRatio;
+  double p = 0.99;
+  int groups = 4;
+  Grouping grouping = Grouping::kCode;
+  Recovery recovery = Recovery::kDegenerate;
+  uint32_t seed = 0;
+  double value_ratio = 0;
+  channel::CountRule count = channel::CountRule::kCode;
+};
+
+// The per-token channel choice of one side: sal [d] -> kept channels (increasing).
+class TokenChooser {
+ public:
+  TokenChooser(const SparkOptions& o, int d) : o_(o), d_(d), fixed_(channel::kept_channels(o.ratio, d, o.count)) {}
+  // Fixed count (0 = variable).
+  int fixed() const { return o_.variant == Variant::kRatio ? fixed_ : 0; }
+  void choose(const float* sal, std::vector<int32_t>* kept) {
+    order_.resize(static_cast<size_t>(d_));
+    for (int c = 0; c < d_; ++c) order_[static_cast<size_t>(c)] = c;
+    std::stable_sort(order_.begin(), order_.end(), [sal](int32_t a, int32_t b) { return sal[a] > sal[b]; });
+    kept->clear();
+    if (o_.variant == Variant::kGroups && o_.grouping == Grouping::kPaper) {
+      static const double r4[] = {0.25, 0.5, 0.75, 1.0}, r5[] = {0.1, 0.3, 0.5, 0.7, 0.9};
+      const double* r = o_.groups == 4 ? r4 : r5;
+      for (int gi = 0; gi < o_.groups; ++gi) {
+        const int a = gi * d_ / o_.groups, b = (gi + 1) * d_ / o_.groups, len = b - a;
+        const int keep = len - static_cast<int>(r[gi] * len);
+        for (int j = 0; j < keep; ++j) kept->push_back(order_[static_cast<size_t>(a + j)]);
+      }
+      if (kept->empty()) kept->push_back(order_[0]);
+    } else {
+      int k = fixed_;
+      if (o_.variant != Variant::kRatio) k = o_.variant == Variant::kTopP ? top_p_count(sal) : group_count(sal);
+      kept->assign(order_.begin(), order_.begin() + k);
+    }
+    std::sort(kept->begin(), kept->end());
+  }
+
+ private:
+  // SPARK-p: the first prefix of the sorted saliencies whose sum exceeds p of the total (as the
+  // code: cumsum > p·total, first index + 1; a token with no saliency keeps its top channel).
+  int top_p_count(const float* sal) const {
+    double total = 0;
+    for (int c = 0; c < d_; ++c) total += sal[c];
+    double cum = 0;
+    for (int j = 0; j < d_; ++j) {
+      cum += sal[order_[static_cast<size_t>(j)]];
+      if (cum > o_.p * total) return j + 1;
+    }
+    return 1;
+  }
+  // SPARK-g as the code does it: the group from SPARK-p's first index above the threshold.
+  int group_count(const float* sal) const {
+    const int idx = top_p_count(sal) - 1;
+    static const double b4[] = {0.25, 0.5, 0.75}, k4[] = {0.25, 0.5, 0.75, 1.0};
+    static const double b5[] = {0.2, 0.4, 0.6, 0.8}, k5[] = {0.1, 0.3, 0.5, 0.7, 0.9};
+    const double* bounds = o_.groups == 4 ? b4 : b5;
+    const double* keep = o_.groups == 4 ? k4 : k5;
+    int g = 0;
+    while (g < o_.groups - 1 && idx > static_cast<int>(bounds[g] * d_)) ++g;
+    return std::clamp(static_cast<int>(keep[g] * d_), 1, d_);
+  }
+
+  const SparkOptions& o_;
+  int d_, fixed_;
+  std::vector<int32_t> order_;
+};
+
+class SparkPress : public Press {
+ public:
+  explicit SparkPress(SparkOptions o) : o_(o) {}
+  std::string name() const override { return "spark"; }
+  PressNeeds needs() const override {
+    PressNeeds n;
+    if (prunes_keys()) n.window = o_.window;
+    return n;
+  }
+  CompressionPlan plan(const PressContext& ctx) const override {
+    CompressionPlan plan(ctx.n_layer(), ctx.n_head_kv());
+    if (!prunes_keys() && o_.value_ratio <= 0) return plan;
+    HeadData hd;
+    for (int il = 0; il < ctx.n_layer(); ++il) {
+      ObservedQueries q;
+      if (prunes_keys()) q = last_queries(ctx.queries(il, false, "spark"), o_.window);
+      for (int ih = 0; ih < ctx.n_head_kv(); ++ih) {
+        ctx.read_head(il, ih, &hd, prunes_keys(), o_.value_ratio > 0);
+        if (hd.n == 0) continue;
+        HeadPlan& hp = plan.at(il, ih);
+        if (prunes_keys()) plan_keys(ctx, q, ih, hd, &hp.key.channels);
+        if (o_.value_ratio > 0) plan_values(ctx, hd, &hp.value.channels);
+      }
+    }
+    return plan;
+  }
+
+ private:
+  bool prunes_keys() const {
+    return o_.variant != Variant::kRatio || o_.ratio > 0;
+  }
+
+  void plan_keys(const PressContext& ctx, const ObservedQueries& q, int ih, const HeadData& hd,
+                 ChannelSpec* out) const {
+    const int d = ctx.head_dim_k();
+    const channel::WindowStats ws = channel::window_stats(q, ih, ctx.group(), ctx.n_head(), d);
+    const bool code = o_.saliency == Saliency::kCode;
+    const std::vector<double>& qn = code ? ws.mean_l2 : ws.mean_abs;
+    TokenChooser chooser(o_, d);
+    out->topk = chooser.fixed();
+    const bool rec = o_.recovery != Recovery::kZero;
+    if (rec) {
+      out->recovery_scale.resize(static_cast<size_t>(d));
+      for (int c = 0; c < d; ++c) {
+        const double x = qn[static_cast<size_t>(c)];
+        out->recovery_scale[static_cast<size_t>(c)] =
+            x > 0 ? static_cast<float>(code ? 1.0 / std::sqrt(x) : 1.0 / x) : 0.f;
+      }
+      if (o_.recovery != Recovery::kDegenerate) {
+        out->recovery_dist = o_.recovery == Recovery::kGaussian ? RecoveryDist::kGaussian : RecoveryDist::kExponential;
+        out->recovery_seed = o_.seed;
+        out->recovery_sqrt = code;
+      }
+    }
+    std::vector<float> sal(static_cast<size_t>(d));
+    std::vector<int32_t> kept;
+    std::vector<char> in(static_cast<size_t>(d));
+    for (int64_t t = 0; t < hd.n; ++t) {
+      const float* k = hd.k.data() + t * d;
+      for (int c = 0; c < d; ++c) {
+        const double qc = qn[static_cast<size_t>(c)];
+        sal[static_cast<size_t>(c)] = static_cast<float>(code ? static_cast<double>(k[c]) * k[c] * qc : std::abs(k[c]) * qc);
+      }
+      chooser.choose(sal.data(), &kept);
+      out->token_channels.insert(out->token_channels.end(), kept.begin(), kept.end());
+      if (out->topk == 0) out->token_counts.push_back(static_cast<int32_t>(kept.size()));
+      if (!rec) continue;
+      // The statistics of the pruned saliencies.
+      std::fill(in.begin(), in.end(), 0);
+      for (int32_t c : kept) in[static_cast<size_t>(c)] = 1;
+      double sum = 0, sq = 0;
+      int np = 0;
+      for (int c = 0; c < d; ++c) {
+        if (in[static_cast<size_t>(c)]) continue;
+        sum += sal[static_cast<size_t>(c)];
+        sq += static_cast<double>(sal[static_cast<size_t>(c)]) * sal[static_cast<size_t>(c)];
+        ++np;
+      }
+      const double mu = np ? sum / np : 0.0;
+      const double sd = np ? std::sqrt(std::max(0.0, sq / np - mu * mu)) : 0.0;
+      if (o_.recovery == Recovery::kDegenerate) {
+        out->token_fill.push_back(static_cast<float>(code ? std::sqrt(mu) : mu));
+      } else {
+        out->token_fill.push_back(static_cast<float>(mu));
+        if (o_.recovery == Recovery::kGaussian) out->token_spread.push_back(static_cast<float>(sd));
+      }
+    }
+  }
+
+  void plan_values(const PressContext& ctx, const HeadData& hd, ChannelSpec* out) const {
+    const int d = ctx.head_dim_v();
+    const int T = channel::kept_channels(o_.value_ratio, d, o_.count);
+    out->topk = T;
+    std::vector<float> mag(static_cast<size_t>(d));
+    std::vector<int32_t> order, kept(static_cast<size_t>(T));
+    std::vector<char> in(static_cast<size_t>(d));
+    for (int64_t t = 0; t < hd.n; ++t) {
+      const float* v = hd.v.data() + t * d;
+      for (int c = 0; c < d; ++c) mag[static_cast<size_t>(c)] = std::abs(v[c]);
+      channel::top_channels(mag.data(), d, T, &order, kept.data());
+      out->token_channels.insert(out->token_channels.end(), kept.begin(), kept.end());
+      std::fill(in.begin(), in.end(), 0);
+      for (int32_t c : kept) in[static_cast<size_t>(c)] = 1;
+      double sum = 0;
+      for (int c = 0; c < d; ++c)
+        if (!in[static_cast<size_t>(c)]) sum += v[c];
+      out->token_fill.push_back(T < d ? static_cast<float>(sum / (d - T)) : 0.f);
+    }
+  }
+
+  SparkOptions o_;
+};
+
+template <typename E>
+E pick(const PressArgs& a, const char* opt, std::initializer_list<std::pair<const char*, E>> vals) {
+  const std::string v = a.get_string(opt);
+  std::string valid;
+  for (const auto& [name, e] : vals) {
+    if (v == name) return e;
+    valid += (valid.empty() ? "" : ", ") + std::string(name);
+  }
+  throw Error(strprintf("press '%s': option '%s' = '%s' is not one of: %s", a.press().c_str(), opt, v.c_str(),
+                        valid.c_str()));
+}
+
+}  // namespace
+
+PressInfo spark_press_info() {
+  PressInfo i;
+  i.name = "spark";
+  i.description = "prune each token's least salient key channels and recover them at attention time";
+  i.paper = "Liao et al. 2025, SPARK: Query-Aware Unstructured Sparsity with Recoverable KV Cache Channel Pruning";
+  i.options = {{"ratio", "0.5", "fraction of key channels pruned per token (lambda), in [0, 1) (variant=ratio)"},
+               {"window", "32", "observation window: the last W queries of the context"},
+               {"saliency", "code", "code: k^2 * ||Q_window[:,c]||_2 (authors' code); paper: |mean q_c| * |k|"},
+               {"variant", "ratio", "ratio (fixed T per token), p (SPARK-p: saliency mass p), g (SPARK-g)"},
+               {"p", "0.99", "SPARK-p / SPARK-g: the saliency fraction a token's kept channels reach"},
+               {"groups", "4", "SPARK-g: 4 or 5 groups"},
+               {"grouping", "code", "SPARK-g: code (token grouped by its SPARK-p count) or paper (sorted segments)"},
+               {"recovery", "degenerate", "pruned key channels read: degenerate (mean), gaussian, exponential, zero"},
+               {"seed", "0", "seed of the gaussian / exponential draws"},
+               {"value_ratio", "0", "fraction of value channels pruned per token by magnitude (0 = keys only)"},
+               channel::count_rule_option()};
+  i.channel_axis = true;
+  i.make = [](const PressArgs& a) -> std::unique_ptr<Press> {
+    SparkOptions o;
+    o.ratio = a.get_double_in("ratio", 0.0, 1.0, false);
+    o.window = a.get_int_min("window", 1);
+    o.saliency = pick<Saliency>(a, "saliency", {{"code", Saliency::kCode}, {"paper", Saliency::kPaper}});
+    o.variant = pick<Variant>(a, "variant", {{"ratio", Variant::kRatio}, {"p", Variant::kTopP}, {"g", Variant::kGroups}});
+    o.p = a.get_double_in("p", 0.0, 1.0, true);
+    KVTRIM_CHECK(o.p > 0, "press 'spark': option 'p' = %g must be in (0, 1]", o.p);
+    o.groups = static_cast<int>(a.get_int("groups"));
+    KVTRIM_CHECK(o.groups == 4 || o.groups == 5, "press 'spark': option 'groups' = %d must be 4 or 5 (the paper's)",
+                 o.groups);
+    o.grouping = pick<Grouping>(a, "grouping", {{"code", Grouping::kCode}, {"paper", Grouping::kPaper}});
+    o.recovery = pick<Recovery>(a, "recovery", {{"degenerate", Recovery::kDegenerate}, {"gaussian", Recovery::kGaussian},
+                                                {"exponential", Recovery::kExponential}, {"zero", Recovery::kZero}});
+    const int64_t seed = a.get_int("seed");
+    KVTRIM_CHECK(seed >= 0 && seed <= 0xffffffffLL, "press 'spark': option 'seed' = %lld must be in [0, 2^32)",
+                 static_cast<long long>(seed));
+    o.seed = static_cast<uint32_t>(seed);
+    o.value_ratio = a.get_double_in("value_ratio", 0.0, 1.0, false);
+    o.count = channel::parse_count_rule(a);
+    return std::make_unique<SparkPress>(o);
+  };
+  return i;
+}
+
+}  // namespace kvtrim

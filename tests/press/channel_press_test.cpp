@@ -1,0 +1,325 @@
+// The channel-axis presses (ThinK, SPARK) against a brute-force computation written here,
+// independently of src/press: the tiny model's captured post-RoPE q and k, the papers' / the
+// authors' code's saliency, and each token's (or head's) kept channels and recovery payload.
+// Then the bytes they free and that they compose with token eviction.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "press_fixture.h"
+
+namespace kvtrim {
+namespace {
+
+using test::CaptureAll;
+
+class ChannelPress : public test::PressFixture {};
+
+constexpr int kN = 48;  // prompt tokens
+constexpr int kW = 32;  // observation window
+
+// The top k of s (ties: lower index), as increasing indices; and the sorted order.
+std::vector<int32_t> bf_top(const std::vector<double>& s, int k, std::vector<int32_t>* order = nullptr) {
+  std::vector<int32_t> idx(s.size());
+  std::iota(idx.begin(), idx.end(), 0);
+  std::stable_sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) { return s[a] > s[b]; });
+  if (order) *order = idx;
+  idx.resize(static_cast<size_t>(k));
+  std::sort(idx.begin(), idx.end());
+  return idx;
+}
+
+// Per channel of kv head ih at layer il, over the last kW queries: (a) mean of q² over window and
+// group, (b) L2 norm over the window of the group-mean query, (c) |mean of the group-mean query|.
+struct BfWindow {
+  std::vector<double> sq, l2, abs_mean;
+};
+BfWindow bf_window(const CaptureAll& c, int il, int ih, int group) {
+  BfWindow w;
+  w.sq.assign(c.d, 0);
+  w.l2.assign(c.d, 0);
+  w.abs_mean.assign(c.d, 0);
+  for (int64_t i = kN - kW; i < kN; ++i)
+    for (int j = 0; j < c.d; ++j) {
+      double gm = 0;
+      for (int g = 0; g < group; ++g) {
+        const double x = c.qrow(il, i, ih * group + g)[j];
+        gm += x / group;
+        w.sq[j] += x * x / (kW * group);
+      }
+      w.l2[j] += gm * gm;
+      w.abs_mean[j] += gm / kW;
+    }
+  for (int j = 0; j < c.d; ++j) {
+    w.l2[j] = std::sqrt(w.l2[j]);
+    w.abs_mean[j] = std::abs(w.abs_mean[j]);
+  }
+  return w;
+}
+
+// The per-token rows of a channel spec: row r's kept channels.
+std::vector<int32_t> row_of(const ChannelSpec& c, size_t r) {
+  size_t at = 0;
+  for (size_t i = 0; i < r; ++i) at += c.topk > 0 ? static_cast<size_t>(c.topk) : static_cast<size_t>(c.token_counts[i]);
+  const size_t n = c.topk > 0 ? static_cast<size_t>(c.topk) : static_cast<size_t>(c.token_counts[r]);
+  return std::vector<int32_t>(c.token_channels.begin() + static_cast<std::ptrdiff_t>(at),
+                              c.token_channels.begin() + static_cast<std::ptrdiff_t>(at + n));
+}
+
+TEST_F(ChannelPress, ThinKMatchesBruteForce) {
+  const auto c = capture(tokens(kN));
+  const HParams& hp = model_->hparams();
+  const int group = hp.n_head / hp.n_head_kv;
+  for (double ratio : {0.25, 0.5, 0.8}) {
+    for (const char* count : {"code", "paper"}) {
+      auto s = prefilled(strprintf("think:ratio=%g,count=%s", ratio, count), tokens(kN));
+      const CompressionPlan p = plan_of(*s);
+      const int keep = std::string(count) == "code" ? c.d - static_cast<int>(ratio * c.d)
+                                                    : static_cast<int>(std::floor((1 - ratio) * c.d));
+      for (int il = 0; il < p.n_layer; ++il)
+        for (int ih = 0; ih < p.n_head_kv; ++ih) {
+          const BfWindow w = bf_window(c, il, ih, group);
+          std::vector<double> score(c.d, 0);
+          for (int j = 0; j < c.d; ++j) {
+            double ks = 0;
+            for (int t = 0; t < kN; ++t) ks += double(c.krow(il, t, ih)[j]) * c.krow(il, t, ih)[j];
+            score[j] = w.sq[j] * ks / kN;
+          }
+          const HeadPlan& h = p.at(il, ih);
+          EXPECT_TRUE(h.keep_all);
+          EXPECT_EQ(h.key.channels.subset, bf_top(score, keep)) << "ratio " << ratio << " layer " << il << " head " << ih;
+          EXPECT_FALSE(h.value.set());
+        }
+    }
+  }
+}
+
+// SPARK's per-token choice and recovery payload, every saliency and variant.
+struct SparkCase {
+  std::string opts;
+  bool code_saliency;
+  char variant;  // 'r' ratio, 'p' top-p, 'g' groups (code), 'G' groups (paper)
+  double ratio;
+  int groups;
+};
+
+std::vector<int32_t> bf_spark_row(const std::vector<double>& sal, const SparkCase& sc, int d) {
+  std::vector<int32_t> order;
+  bf_top(sal, 1, &order);
+  auto top_p = [&] {
+    double total = 0, cum = 0;
+    for (double x : sal) total += x;
+    for (int j = 0; j < d; ++j) {
+      cum += sal[order[j]];
+      if (cum > 0.99 * total) return j + 1;
+    }
+    return 1;
+  };
+  int k = d - static_cast<int>(sc.ratio * d);
+  if (sc.variant == 'p') k = top_p();
+  if (sc.variant == 'g') {
+    const int idx = top_p() - 1;
+    const std::vector<double> b = sc.groups == 4 ? std::vector<double>{0.25, 0.5, 0.75} : std::vector<double>{0.2, 0.4, 0.6, 0.8};
+    const std::vector<double> kr = sc.groups == 4 ? std::vector<double>{0.25, 0.5, 0.75, 1.0}
+                                                  : std::vector<double>{0.1, 0.3, 0.5, 0.7, 0.9};
+    size_t g = 0;
+    while (g < b.size() && idx > static_cast<int>(b[g] * d)) ++g;
+    k = std::max(1, static_cast<int>(kr[g] * d));
+  }
+  std::vector<int32_t> kept;
+  if (sc.variant == 'G') {  // sorted segments, segment i prunes r_i of its channels
+    const std::vector<double> r = sc.groups == 4 ? std::vector<double>{0.25, 0.5, 0.75, 1.0}
+                                                 : std::vector<double>{0.1, 0.3, 0.5, 0.7, 0.9};
+    for (int gi = 0; gi < sc.groups; ++gi) {
+      const int a = gi * d / sc.groups, e = (gi + 1) * d / sc.groups;
+      const int keep = (e - a) - static_cast<int>(r[gi] * (e - a));
+      for (int j = 0; j < keep; ++j) kept.push_back(order[a + j]);
+    }
+  } else {
+    kept.assign(order.begin(), order.begin() + k);
+  }
+  std::sort(kept.begin(), kept.end());
+  return kept;
+}
+
+TEST_F(ChannelPress, SparkMatchesBruteForce) {
+  const auto c = capture(tokens(kN));
+  const HParams& hp = model_->hparams();
+  const int group = hp.n_head / hp.n_head_kv;
+  const SparkCase cases[] = {{"ratio=0.5", true, 'r', 0.5, 4},
+                             {"ratio=0.8", true, 'r', 0.8, 4},
+                             {"ratio=0.8,saliency=paper", false, 'r', 0.8, 4},
+                             {"variant=p", true, 'p', 0, 4},
+                             {"variant=g", true, 'g', 0, 4},
+                             {"variant=g,groups=5", true, 'g', 0, 5},
+                             {"variant=g,grouping=paper", true, 'G', 0, 4},
+                             {"variant=g,grouping=paper,groups=5,saliency=paper", false, 'G', 0, 5}};
+  for (const SparkCase& sc : cases) {
+    SCOPED_TRACE(sc.opts);
+    auto s = prefilled("spark:" + sc.opts, tokens(kN));
+    const CompressionPlan p = plan_of(*s);
+    for (int il = 0; il < p.n_layer; ++il)
+      for (int ih = 0; ih < p.n_head_kv; ++ih) {
+        const BfWindow w = bf_window(c, il, ih, group);
+        const std::vector<double>& qn = sc.code_saliency ? w.l2 : w.abs_mean;
+        const ChannelSpec& ch = p.at(il, ih).key.channels;
+        ASSERT_EQ(ch.topk == 0, sc.variant != 'r');
+        ASSERT_EQ(ch.recovery_scale.size(), static_cast<size_t>(c.d));
+        for (int j = 0; j < c.d; ++j) {  // r = 1/sqrt(‖Q[:,c]‖) or 1/|q̄_c| (compared as 1/r: |q̄_c| may be ~0)
+          const double inv = 1.0 / ch.recovery_scale[j];
+          EXPECT_NEAR(sc.code_saliency ? inv * inv : inv, qn[j], 1e-6 + 1e-4 * qn[j]);
+        }
+        for (int t = 0; t < kN; ++t) {
+          std::vector<double> sal(c.d);
+          for (int j = 0; j < c.d; ++j) {
+            const double k = c.krow(il, t, ih)[j];
+            sal[j] = sc.code_saliency ? k * k * qn[j] : std::abs(k) * qn[j];
+          }
+          const std::vector<int32_t> want = bf_spark_row(sal, sc, c.d);
+          EXPECT_EQ(row_of(ch, static_cast<size_t>(t)), want) << "layer " << il << " head " << ih << " token " << t;
+          // degenerate recovery: F(mean pruned saliency)
+          double mu = 0;
+          int np = 0;
+          for (int j = 0; j < c.d; ++j)
+            if (!std::binary_search(want.begin(), want.end(), j)) mu += sal[j], ++np;
+          mu = np ? mu / np : 0;
+          const double fill = sc.code_saliency ? std::sqrt(mu) : mu;
+          EXPECT_NEAR(ch.token_fill[static_cast<size_t>(t)], fill, 1e-4 * std::max(1e-3, fill));
+        }
+      }
+  }
+}
+
+TEST_F(ChannelPress, SparkValuesAndRecoveryModes) {
+  const auto c = capture(tokens(kN));
+  {
+    auto s = prefilled("spark:ratio=0.5,value_ratio=0.75", tokens(kN));
+    const CompressionPlan p = plan_of(*s);
+    const int T = c.d - static_cast<int>(0.75 * c.d);
+    for (int il = 0; il < p.n_layer; ++il)
+      for (int ih = 0; ih < p.n_head_kv; ++ih) {
+        const ChannelSpec& v = p.at(il, ih).value.channels;
+        ASSERT_EQ(v.topk, T);
+        EXPECT_TRUE(v.recovery_scale.empty());
+        for (int t = 0; t < kN; ++t) {
+          std::vector<double> mag(c.d);
+          for (int j = 0; j < c.d; ++j) mag[j] = std::abs(c.vrow(il, t, ih)[j]);
+          const auto want = bf_top(mag, T);
+          EXPECT_EQ(row_of(v, static_cast<size_t>(t)), want);
+          double sum = 0;
+          for (int j = 0; j < c.d; ++j)
+            if (!std::binary_search(want.begin(), want.end(), j)) sum += c.vrow(il, t, ih)[j];
+          EXPECT_NEAR(v.token_fill[static_cast<size_t>(t)], sum / (c.d - T), 1e-5);
+        }
+      }
+  }
+  // zero: no payload; gaussian / exponential: the pruned saliencies' mean (and spread)
+  auto z = prefilled("spark:ratio=0.5,recovery=zero", tokens(kN));
+  const ChannelSpec& zc = plan_of(*z).at(1, 0).key.channels;
+  EXPECT_TRUE(zc.recovery_scale.empty());
+  EXPECT_TRUE(zc.token_fill.empty());
+  auto d = prefilled("spark:ratio=0.5", tokens(kN));
+  auto g = prefilled("spark:ratio=0.5,recovery=gaussian,seed=3", tokens(kN));
+  auto e = prefilled("spark:ratio=0.5,recovery=exponential", tokens(kN));
+  const ChannelSpec dc = plan_of(*d).at(1, 0).key.channels;
+  const ChannelSpec gc = plan_of(*g).at(1, 0).key.channels;
+  const ChannelSpec ec = plan_of(*e).at(1, 0).key.channels;
+  EXPECT_EQ(gc.recovery_dist, RecoveryDist::kGaussian);
+  EXPECT_EQ(gc.recovery_seed, 3u);
+  EXPECT_TRUE(gc.recovery_sqrt);
+  EXPECT_EQ(ec.recovery_dist, RecoveryDist::kExponential);
+  ASSERT_EQ(gc.token_spread.size(), static_cast<size_t>(kN));
+  EXPECT_TRUE(ec.token_spread.empty());
+  for (int t = 0; t < kN; ++t) {
+    EXPECT_NEAR(gc.token_fill[t], dc.token_fill[t] * dc.token_fill[t], 1e-5 * (1 + gc.token_fill[t]));  // μ vs sqrt(μ)
+    EXPECT_EQ(ec.token_fill[t], gc.token_fill[t]);
+    EXPECT_GE(gc.token_spread[t], 0.f);
+  }
+}
+
+// Applied: every token kept, keys hold exactly the kept channels, the parts add up, attention and
+// generation continue; composed with eviction the bytes multiply.
+TEST_F(ChannelPress, AppliedBytesAndComposition) {
+  const HParams& hp = model_->hparams();
+  const int nh = hp.n_layer * hp.n_head_kv, d = hp.head_dim_k;
+  auto run = [&](const std::string& spec) {
+    auto s = prefilled(spec, tokens(kN));
+    s->compress();
+    EXPECT_EQ(s->n_past(), kN);
+    const KvBytes b = s->cache().bytes();
+    const int64_t n = total_tokens(s->cache());
+    const auto& lg = s->decode(7);
+    for (float x : lg) EXPECT_TRUE(std::isfinite(x)) << spec;
+    return std::make_pair(b, n);
+  };
+  const int T = d - static_cast<int>(0.8 * d);
+  auto [b_spark, n_spark] = run("spark:ratio=0.8");
+  EXPECT_EQ(n_spark, nh * kN);
+  EXPECT_EQ(b_spark.keys, static_cast<size_t>(nh) * kN * T * 4);  // f32 cache, T channels per token
+  EXPECT_EQ(b_spark.indices, static_cast<size_t>(nh) * kN * T);   // uint8 per kept channel
+  EXPECT_EQ(b_spark.bitmasks, static_cast<size_t>(nh) * kN * ((d - T + 7) / 8));  // signs
+  EXPECT_EQ(b_spark.fills, static_cast<size_t>(nh) * kN * 4);
+  EXPECT_EQ(b_spark.values, static_cast<size_t>(nh) * kN * d * 4);
+  auto [b_think, n_think] = run("think:ratio=0.5");
+  EXPECT_EQ(b_think.keys, static_cast<size_t>(nh) * kN * (d / 2) * 4);
+  EXPECT_EQ(b_think.indices, static_cast<size_t>(nh) * (d / 2) * 2);  // uint16 subset, once per head
+  auto [b_both, n_both] = run("snapkv:0.5+spark:ratio=0.8,value_ratio=0.5");
+  EXPECT_EQ(n_both, nh * kN / 2);
+  EXPECT_EQ(b_both.keys, static_cast<size_t>(nh) * (kN / 2) * T * 4);
+  EXPECT_EQ(b_both.values, static_cast<size_t>(nh) * (kN / 2) * (d / 2) * 4);
+  EXPECT_EQ(b_both.fills, static_cast<size_t>(nh) * (kN / 2) * 2 * 4);  // key recovery + value fill
+  // two channel choices on the keys do not compose
+  auto s = prefilled("spark:0.5+think:0.5", tokens(kN));
+  try {
+    s->compress();
+    ADD_FAILURE() << "spark+think should be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("do not compose"), std::string::npos) << e.what();
+  }
+}
+
+// Bad options get errors naming them.
+TEST_F(ChannelPress, BadOptions) {
+  for (const char* bad : {"spark:ratio=1", "spark:variant=q", "spark:groups=3", "spark:recovery=uniform",
+                          "spark:saliency=x", "spark:p=0", "spark:seed=-1", "think:ratio=-0.1", "think:count=x",
+                          "spark:value_ratio=1.5", "think:window=0"}) {
+    EXPECT_THROW(make_press(bad), Error) << bad;
+  }
+}
+
+// Every channel press x ratios x (alone, after snapkv, before streamingllm, after adakv(snapkv),
+// with a q8 cache) runs prefill, compression, decode and generation.
+TEST_F(ChannelPress, SweepEveryChannelPress) {
+  int n = 0;
+  for (const auto& info : press_registry()) {
+    if (!info.channel_axis) continue;
+    for (double ratio : {0.0, 0.25, 0.5, 0.9}) {
+      const std::string base = info.name + strprintf(":ratio=%g", ratio);
+      for (const std::string& spec : {base, "snapkv:0.5+" + base, base + "+streamingllm:ratio=0.5",
+                                      "adakv(snapkv:ratio=0.5)+" + base}) {
+        for (KvDtype t : {KvDtype::kF32, KvDtype::kQ8}) {
+          SCOPED_TRACE(spec + " " + kv_dtype_name(t));
+          SessionParams sp = params();
+          sp.kv_dtype = t;
+          Session s(*model_, sp);
+          s.set_press(make_press(spec));
+          s.prefill(tokens(40));
+          s.compress();
+          EXPECT_EQ(s.n_past(), 40);
+          GenerateParams gp;
+          gp.max_new_tokens = 4;
+          gp.stop_at_eog = false;
+          auto r = s.generate({}, gp);
+          EXPECT_EQ(r.tokens.size(), 4u);
+          ++n;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(n, 2 * 4 * 4 * 2);
+}
+
+}  // namespace
+}  // namespace kvtrim
