@@ -12,6 +12,8 @@
 // read per second by the compressed call. The reported time is the compressed call's.
 // KvAttnDtype/<model>/ctx:<n>/<dtype>_vs_f16/threads:1: the same with equal tokens (no
 // eviction), dtype storage against f16 (ratio = dtype_us / f16_us).
+// KvAttnChannel/<model>/ctx:<n>/<spark|think>:<λ>/threads:1: the channel axis, keys only (ratio
+// target: <= 1.2 x kv_bytes_ratio).
 // KvAttnBasis/<model>/ctx:<n>/keepdims:0.5/threads:<t>: the basis axis (DESIGN.md §7, low-rank
 // methods): every (layer, kv head) gets its own random orthonormal basis with
 // rank_k = rank_v = head_dim / 2 and every token is encoded (f16 coefficients); the same
@@ -140,6 +142,42 @@ void low_rank(KvCache& c, double keepdims, uint32_t seed) {
   c.apply(plan);
 }
 
+// The channel axis: per-token top-T key channels by magnitude with SPARK's degenerate recovery
+// (one sign bit per pruned channel, one fill per token), or one per-head subset (ThinK), on every
+// (layer, kv head); T = head_dim − int(λ · head_dim). Values untouched.
+void channel_prune(KvCache& c, double lambda, bool per_token) {
+  const KvCacheConfig& cfg = c.config();
+  const int d = cfg.head_dim_k, T = d - static_cast<int>(lambda * d);
+  CompressionPlan plan(cfg.n_layer, cfg.n_head_kv);
+  std::vector<float> k;
+  std::vector<int32_t> order(static_cast<size_t>(d));
+  for (int il = 0; il < cfg.n_layer; ++il) {
+    for (int ih = 0; ih < cfg.n_head_kv; ++ih) {
+      ChannelSpec& ch = plan.at(il, ih).key.channels;
+      if (!per_token) {
+        for (int j = 0; j < T; ++j) ch.subset.push_back(j * d / T);
+        continue;
+      }
+      c.read_head(il, ih, &k, nullptr, nullptr);
+      const int64_t n = static_cast<int64_t>(k.size()) / d;
+      ch.topk = T;
+      ch.recovery_scale.assign(static_cast<size_t>(d), 1.f);
+      for (int64_t t = 0; t < n; ++t) {
+        const float* x = k.data() + t * d;
+        for (int j = 0; j < d; ++j) order[static_cast<size_t>(j)] = j;
+        std::partial_sort(order.begin(), order.begin() + T, order.end(),
+                          [x](int32_t a, int32_t b) { return std::fabs(x[a]) > std::fabs(x[b]); });
+        std::sort(order.begin(), order.begin() + T);
+        ch.token_channels.insert(ch.token_channels.end(), order.begin(), order.begin() + T);
+        double pruned = 0;
+        for (int j = T; j < d; ++j) pruned += x[order[static_cast<size_t>(j)]] * x[order[static_cast<size_t>(j)]];
+        ch.token_fill.push_back(static_cast<float>(std::sqrt(pruned / std::max(1, d - T))));
+      }
+    }
+  }
+  c.apply(plan);
+}
+
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
@@ -244,6 +282,27 @@ void register_all() {
                 return c;
               });
               run_pair(st, s, base, test, nth);
+            })
+            ->UseManualTime()
+            ->Unit(benchmark::kMicrosecond);
+      }
+      // KvAttnChannel/<model>/ctx:<n>/<spark|think>:<λ>/threads:1: the channel axis (SPARK's
+      // per-token keys with recovery, ThinK's per-head subset) against dense f16, equal tokens.
+      for (const auto& [per_token, lambda] : {std::pair{true, 0.5}, std::pair{true, 0.8}, std::pair{false, 0.5}}) {
+        const std::string mode = std::string(per_token ? "spark:" : "think:") + (lambda == 0.5 ? "0.5" : "0.8");
+        const std::string name = std::string("KvAttnChannel/") + s.name + "/ctx:" + std::to_string(ctx) + "/" +
+                                 mode + "/threads:1";
+        benchmark::RegisterBenchmark(
+            name.c_str(),
+            [=](benchmark::State& st) {
+              const KvCache& base =
+                  g_base.get(dense_key, [&] { return build_cache(s, ctx, KvDtype::kF16, nl); });
+              const KvCache& test = g_test.get(dense_key + "/" + mode, [&] {
+                auto c = build_cache(s, ctx, KvDtype::kF16, nl);
+                channel_prune(*c, lambda, per_token);
+                return c;
+              });
+              run_pair(st, s, base, test, 1);
             })
             ->UseManualTime()
             ->Unit(benchmark::kMicrosecond);

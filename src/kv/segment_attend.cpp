@@ -75,10 +75,38 @@ bool sparse_view(const SideStore& st, int w, SparseRows* r) {
   return true;
 }
 
+// Degenerate recovery (one fill per token) of rows at most 64 wide, on long segments: per query
+// head g and byte b of a coordinate mask, tab[(g · nbytes + b) · 256 + v] = Σ over the set bits i
+// of v of qr_g[8b + i]. A token's recovery term is then fill · (Σ_pruned qr − 2 Σ_pruned,negative
+// qr): 2 · nbytes lookups per head instead of a gather per pruned coordinate.
+struct RecoveryTables {
+  int nbytes = 0;
+  std::vector<float> tab;
+  bool on() const { return nbytes > 0; }
+  void build(const float* qr, int G, int w) {
+    nbytes = (w + 7) / 8;
+    tab.assign(static_cast<size_t>(G) * static_cast<size_t>(nbytes) * 256, 0.f);
+    for (int g = 0; g < G; ++g)
+      for (int b = 0; b < nbytes; ++b) {
+        float* t = tab.data() + (static_cast<size_t>(g) * static_cast<size_t>(nbytes) + static_cast<size_t>(b)) * 256;
+        for (int v = 1; v < 256; ++v) {
+          const int i = __builtin_ctz(static_cast<unsigned>(v)), c = 8 * b + i;
+          t[v] = t[v & (v - 1)] + (c < w ? qr[static_cast<int64_t>(g) * w + c] : 0.f);
+        }
+      }
+  }
+  float sum(int g, uint64_t mask) const {
+    const float* t = tab.data() + static_cast<size_t>(g) * static_cast<size_t>(nbytes) * 256;
+    float s = 0;
+    for (int b = 0; b < nbytes; ++b, mask >>= 8) s += t[b * 256 + static_cast<int>(mask & 255)];
+    return s;
+  }
+};
+
 // Per-token key rows: s[g, t - b] = Σ_kept qs_g[c] k_tc + Σ_pruned ±m_tc qr_g[c] (qr = qs ∘ r,
 // only with recovery; m_tc = the token's fill, or its draw for a sampled recovery). qs, qr: [G, w].
 void sparse_scores(const SideStore& k, const SideEncoding& e, int w, const float* qs, const float* qr,
-                   int G, int64_t b, int64_t nb, float* s, int64_t ld) {
+                   const RecoveryTables& rt, int G, int64_t b, int64_t nb, float* s, int64_t ld) {
   thread_local std::vector<float> val, pv;
   thread_local std::vector<int> ch, pc;
   thread_local std::vector<char> kept;
@@ -108,6 +136,18 @@ void sparse_scores(const SideStore& k, const SideEncoding& e, int w, const float
       s[g * ld + (t - b)] = dot;
     }
     if (!rec || cnt == w) continue;
+    if (rt.on()) {  // masks of the pruned and the negative pruned coordinates, then the tables
+      uint64_t kept_mask = 0;
+      for (int j = 0; j < cnt; ++j) kept_mask |= uint64_t{1} << ch[static_cast<size_t>(j)];
+      const uint64_t pruned = ~kept_mask & (w == 64 ? ~uint64_t{0} : (uint64_t{1} << w) - 1);
+      uint64_t neg = 0;
+      int64_t bit = k.sign_bit(t);
+      for (uint64_t m = pruned; m; m &= m - 1, ++bit)
+        if ((sg[bit >> 3] >> (bit & 7)) & 1) neg |= m & (~m + 1);
+      const float fill = k.fills()[t * nf];
+      for (int g = 0; g < G; ++g) s[g * ld + (t - b)] += fill * (rt.sum(g, pruned) - 2.f * rt.sum(g, neg));
+      continue;
+    }
     // The pruned coordinates (in coordinate order, as the sign bits) with their signed magnitude.
     kept.assign(static_cast<size_t>(w), 0);
     for (int j = 0; j < cnt; ++j) kept[static_cast<size_t>(ch[static_cast<size_t>(j)])] = 1;
@@ -239,6 +279,10 @@ void attend_rows(const SideStore& k, const SideStore& v, const SegmentEncoding& 
     for (int64_t i = 0; i < static_cast<int64_t>(G) * kw; ++i)
       qr[static_cast<size_t>(i)] = qs[static_cast<size_t>(i)] * e.k.recovery[static_cast<size_t>(i % kw)];
   }
+  // byte tables for the degenerate recovery when they pay off (long enough segments)
+  thread_local RecoveryTables rt;
+  rt.nbytes = 0;
+  if (rec && e.k.dist == RecoveryDist::kFill && kw <= 64 && t1 - t0 >= 96) rt.build(qr.data(), G, kw);
   std::fill(acc, acc + static_cast<int64_t>(G) * aw, 0.f);
   for (int g = 0; g < G; ++g) {
     m[g] = -std::numeric_limits<float>::infinity();
@@ -248,7 +292,7 @@ void attend_rows(const SideStore& k, const SideStore& v, const SegmentEncoding& 
     const int64_t nb = std::min(kBlock, t1 - b);
     // s[g, t] = scale · q_g · k_t
     if (k.sparse()) {
-      sparse_scores(k, e.k, kw, qs.data(), rec ? qr.data() : nullptr, G, b, nb, s.data(), kBlock);
+      sparse_scores(k, e.k, kw, qs.data(), rec ? qr.data() : nullptr, rt, G, b, nb, s.data(), kBlock);
     } else {
       dense_scores(k, qs.data(), G, b, nb, s.data(), kBlock);
     }

@@ -2,6 +2,10 @@
 //  pp<N>:        prefill N tokens into an empty cache; tokens/s = N / time.
 //  tg<M>@d<D>:   with D tokens already in the cache, decode M tokens one at a time;
 //                tokens/s = M / time (the D-token prefill is not timed).
+//  --press SPEC (repeatable): every decode test also runs with the cache compressed by SPEC after
+//                the D-token prefill (compression not timed), in the same run as the uncompressed
+//                cache; each row shows the KV bytes the decode read from and its speed as a ratio
+//                to the uncompressed row.
 // Token ids are drawn from a seeded generator (content does not change the cost).
 #include <algorithm>
 #include <cstdio>
@@ -11,6 +15,8 @@
 #include "cli.h"
 #include "core/error.h"
 #include "core/timer.h"
+#include "engine/session.h"
+#include <nlohmann/json.hpp>
 
 namespace kvtrim::cli {
 
@@ -22,6 +28,7 @@ struct BenchOptions {
   int n_gen = 32;
   int reps = 5;
   bool json = false;
+  std::vector<std::string> presses;  // decode tests also run compressed by each
 };
 
 struct Stat { double median, min, max; };
@@ -50,7 +57,14 @@ void bench(const BenchOptions& o) {
     for (auto& x : t) x = pick(rng);
     return t;
   };
-  struct Row { std::string test; Stat tps; };
+  struct Row {
+    std::string test, press = "none";
+    Stat tps;
+    size_t kv_bytes = 0;
+    double ratio = 0;  // tokens/s relative to the uncompressed row of the same test (0: none)
+  };
+  std::vector<std::unique_ptr<Press>> presses;
+  for (const std::string& spec : o.presses) presses.push_back(make_press(spec));  // bad specs fail first
   std::vector<Row> rows;
   std::fprintf(stderr, "threads: %d, reps: %d (+1 warm-up), kv: %s\n", s.pool().n_threads(), o.reps, kv_tag(o.common).c_str());
   for (int64_t n : o.prompts) {
@@ -63,36 +77,60 @@ void bench(const BenchOptions& o) {
       const double dt = now_seconds() - t0;
       if (r > 0) tps.push_back(static_cast<double>(n) / dt);
     }
-    rows.push_back({strprintf("pp%lld", static_cast<long long>(n)), stats(tps)});
+    rows.push_back({strprintf("pp%lld", static_cast<long long>(n)), "none", stats(tps)});
     std::fprintf(stderr, "  %-14s %8.1f tokens/s\n", rows.back().test.c_str(), rows.back().tps.median);
   }
   for (int64_t d : o.depths) {
-    std::vector<double> tps;
+    // the uncompressed cache first, then each press, interleaved per repetition so that drifts of
+    // the machine hit every configuration alike
+    const size_t nc = presses.size() + 1;
+    std::vector<std::vector<double>> tps(nc);
+    std::vector<size_t> kvb(nc, 0);
     for (int r = 0; r <= o.reps; ++r) {
-      s.reset();
-      if (d > 0) s.prefill(random_tokens(d));
-      auto gen = random_tokens(o.n_gen);
-      const double t0 = now_seconds();
-      for (int32_t t : gen) s.decode(t);
-      const double dt = now_seconds() - t0;
-      if (r > 0) tps.push_back(static_cast<double>(o.n_gen) / dt);
+      const auto ctx = random_tokens(d);
+      const auto gen = random_tokens(o.n_gen);
+      for (size_t ci = 0; ci < nc; ++ci) {
+        s.reset();
+        if (ci > 0) s.set_press(make_press(presses[ci - 1]->spec()));
+        if (d > 0) s.prefill(ctx);
+        if (ci > 0) s.compress();
+        kvb[ci] = s.cache().bytes().total();
+        const double t0 = now_seconds();
+        for (int32_t t : gen) s.decode(t);
+        const double dt = now_seconds() - t0;
+        if (r > 0) tps[ci].push_back(static_cast<double>(o.n_gen) / dt);
+        s.set_press(nullptr);
+      }
     }
-    rows.push_back({strprintf("tg%d@d%lld", o.n_gen, static_cast<long long>(d)), stats(tps)});
-    std::fprintf(stderr, "  %-14s %8.1f tokens/s\n", rows.back().test.c_str(), rows.back().tps.median);
+    const std::string test = strprintf("tg%d@d%lld", o.n_gen, static_cast<long long>(d));
+    const double base = stats(tps[0]).median;
+    for (size_t ci = 0; ci < nc; ++ci) {
+      Row row{test, ci ? presses[ci - 1]->spec() : "none", stats(tps[ci]), kvb[ci], 0};
+      if (ci > 0) row.ratio = row.tps.median / base;
+      rows.push_back(row);
+      std::fprintf(stderr, "  %-14s %-40s %8.1f tokens/s  KV %.2f MiB%s\n", test.c_str(), row.press.c_str(),
+                   row.tps.median, static_cast<double>(row.kv_bytes) / (1024.0 * 1024.0),
+                   ci ? strprintf("  (%.3fx uncompressed)", row.ratio).c_str() : "");
+    }
   }
   const auto& hp = model->hparams();
   if (o.json) {
     std::printf("[");
     for (size_t i = 0; i < rows.size(); ++i)
-      std::printf("%s{\"model\":\"%s\",\"threads\":%d,\"test\":\"%s\",\"tps_median\":%.3f,\"tps_min\":%.3f,\"tps_max\":%.3f}",
-                  i ? "," : "", hp.name.c_str(), s.pool().n_threads(), rows[i].test.c_str(), rows[i].tps.median,
-                  rows[i].tps.min, rows[i].tps.max);
+      std::printf("%s{\"model\":\"%s\",\"threads\":%d,\"test\":\"%s\",\"press\":%s,\"tps_median\":%.3f,"
+                  "\"tps_min\":%.3f,\"tps_max\":%.3f,\"kv_bytes\":%zu,\"tps_vs_uncompressed\":%.4f}",
+                  i ? "," : "", hp.name.c_str(), s.pool().n_threads(), rows[i].test.c_str(),
+                  nlohmann::json(rows[i].press).dump().c_str(), rows[i].tps.median, rows[i].tps.min, rows[i].tps.max,
+                  rows[i].kv_bytes, rows[i].ratio);
     std::printf("]\n");
   } else {
-    std::printf("| model | threads | test | tokens/s (median) | min | max |\n|---|---|---|---|---|---|\n");
+    std::printf("| model | threads | test | press | tokens/s (median) | min | max | KV MiB | vs uncompressed |\n"
+                "|---|---|---|---|---|---|---|---|---|\n");
     for (const auto& r : rows)
-      std::printf("| %s | %d | %s | %.1f | %.1f | %.1f |\n", hp.name.c_str(), s.pool().n_threads(), r.test.c_str(),
-                  r.tps.median, r.tps.min, r.tps.max);
+      std::printf("| %s | %d | %s | %s | %.1f | %.1f | %.1f | %s | %s |\n", hp.name.c_str(), s.pool().n_threads(),
+                  r.test.c_str(), r.press.c_str(), r.tps.median, r.tps.min, r.tps.max,
+                  r.kv_bytes ? strprintf("%.2f", static_cast<double>(r.kv_bytes) / (1024.0 * 1024.0)).c_str() : "",
+                  r.ratio > 0 ? strprintf("%.3fx", r.ratio).c_str() : "");
   }
   std::fprintf(stderr, "%s\n", kv_bytes_line(s.cache()).c_str());
 }
@@ -107,6 +145,11 @@ void register_bench(CLI::App& app) {
   c->add_option("-n,--n-gen", o->n_gen, "tokens decoded per decode test")->capture_default_str()->check(CLI::PositiveNumber);
   c->add_option("-r,--reps", o->reps, "timed repetitions (median reported)")->capture_default_str()->check(CLI::PositiveNumber);
   c->add_flag("--json", o->json, "print JSON instead of a table");
+  c->add_option("--press", o->presses,
+                "decode tests also run with the cache compressed by this press after the depth's prefill "
+                "(repeatable; same syntax as run --press); rows give KV bytes and speed vs uncompressed")
+      ->take_all()
+      ->allow_extra_args(false);
   c->callback([o] { bench(*o); });
 }
 
