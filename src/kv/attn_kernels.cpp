@@ -418,6 +418,7 @@ void rows_dot_f32(const float* m, int64_t rows, int64_t cols, const float* x, in
   HWY_DYNAMIC_DISPATCH(RowsDotF32)(m, rows, cols, x, n_g, ld_x, y, ld_y);
 }
 float exp_sub_sum(float* x, int64_t n, float m) { return kvtrim::exp_sub_sum(x, n, m); }  // ops/nn.h
+float max_of(const float* x, int64_t n) { return kvtrim::max_of(x, n); }                  // ops/nn.h
 void f32_to_f16_row(const float* x, uint16_t* y, int64_t n) {
   HWY_DYNAMIC_DISPATCH(F32ToF16Row)(x, y, n);
 }

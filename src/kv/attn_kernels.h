@@ -116,6 +116,8 @@ void rows_dot_f32(const float* m, int64_t rows, int64_t cols, const float* x, in
 
 // x[i] = exp(x[i] - m) for i < n; returns Σ x[i] (after the update).
 float exp_sub_sum(float* x, int64_t n, float m);
+// max of x[0..n) (-inf for n = 0).
+float max_of(const float* x, int64_t n);
 
 // y[i] = f16(x[i]) (round to nearest even), i < n.
 void f32_to_f16_row(const float* x, uint16_t* y, int64_t n);

@@ -63,8 +63,7 @@ struct KvCacheConfig {
 //  indices: per-head channel subsets (uint16 per kept channel of each held epoch, once);
 //    per-token channels (uint8 per kept entry, uint16 when the width > 256; a variable count
 //    adds uint32 row offsets, n + 1 per segment side);
-//  bitmasks: per-token recovery sign bits (ceil((w - T) / 8) bytes per token; variable counts
-//    one bit stream);
+//  bitmasks: per-token recovery sign bits, one per coordinate (ceil(w / 8) bytes per token);
 //  fills: per-token channel rows' fill parameters, f32: a key recovery fill sqrt(μ_t) (or μ_t
 //    and, Gaussian, σ_t for a sampled recovery) or a value fill, per token;
 //  other: int32 epoch ids, one per stored epoch segment.

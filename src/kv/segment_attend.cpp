@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -75,33 +76,77 @@ bool sparse_view(const SideStore& st, int w, SparseRows* r) {
   return true;
 }
 
-// Degenerate recovery (one fill per token) of rows at most 64 wide, on long segments: per query
-// head g and byte b of a coordinate mask, tab[(g · nbytes + b) · 256 + v] = Σ over the set bits i
-// of v of qr_g[8b + i]. A token's recovery term is then fill · (Σ_pruned qr − 2 Σ_pruned,negative
-// qr): 2 · nbytes lookups per head instead of a gather per pruned coordinate.
+// Coordinate masks of rows up to kMaskWords · 64 wide (bit c of word c / 64).
+constexpr int kMaskWords = 4;
+using Mask = uint64_t[kMaskWords];
+
+// Degenerate recovery (one fill per token) on long segments: the recovery term of a token is
+// fill · Σ_{c pruned} ±qr_g[c] = fill · (Σ_{pruned} qr_g − 2 Σ_{pruned, negative} qr_g), two
+// masked sums. Byte tables make each one nbytes lookups: for a chunk of kLanes query heads,
+// byte b of a mask and its value v, tab[((chunk · nbytes + b) · 256 + v) · kLanes + l] = Σ over
+// the set bits i of v of qr_{chunk·kLanes + l}[8b + i], so one lookup serves kLanes heads (one
+// SIMD add). Per token: 2 · nbytes lookups per chunk of 4 heads, whatever the pruned count.
 struct RecoveryTables {
-  int nbytes = 0;
+  static constexpr int kLanes = 4;
+  int nbytes = 0, chunks = 0;
   std::vector<float> tab;
   bool on() const { return nbytes > 0; }
   void build(const float* qr, int G, int w) {
     nbytes = (w + 7) / 8;
-    tab.assign(static_cast<size_t>(G) * static_cast<size_t>(nbytes) * 256, 0.f);
-    for (int g = 0; g < G; ++g)
+    chunks = (G + kLanes - 1) / kLanes;
+    tab.assign(static_cast<size_t>(chunks) * static_cast<size_t>(nbytes) * 256 * kLanes, 0.f);
+    for (int ch = 0; ch < chunks; ++ch)
       for (int b = 0; b < nbytes; ++b) {
-        float* t = tab.data() + (static_cast<size_t>(g) * static_cast<size_t>(nbytes) + static_cast<size_t>(b)) * 256;
+        float* t = table(ch, b);
         for (int v = 1; v < 256; ++v) {
-          const int i = __builtin_ctz(static_cast<unsigned>(v)), c = 8 * b + i;
-          t[v] = t[v & (v - 1)] + (c < w ? qr[static_cast<int64_t>(g) * w + c] : 0.f);
+          const int c = 8 * b + __builtin_ctz(static_cast<unsigned>(v));
+          const float* prev = t + (v & (v - 1)) * kLanes;
+          for (int l = 0; l < kLanes; ++l) {
+            const int g = ch * kLanes + l;
+            t[v * kLanes + l] = prev[l] + (g < G && c < w ? qr[static_cast<int64_t>(g) * w + c] : 0.f);
+          }
         }
       }
   }
-  float sum(int g, uint64_t mask) const {
-    const float* t = tab.data() + static_cast<size_t>(g) * static_cast<size_t>(nbytes) * 256;
-    float s = 0;
-    for (int b = 0; b < nbytes; ++b, mask >>= 8) s += t[b * 256 + static_cast<int>(mask & 255)];
-    return s;
+  float* table(int ch, int b) {
+    return tab.data() + (static_cast<size_t>(ch) * static_cast<size_t>(nbytes) + static_cast<size_t>(b)) * 256 * kLanes;
+  }
+  // out[l] = Σ_pruned qr − 2 Σ_neg qr for the heads of chunk ch: one 4-lane add per lookup (a
+  // GCC / Clang vector type, so the lanes stay in one register on any target).
+  void sum(int ch, const Mask& pruned, const Mask& neg, float* out) const {
+    typedef float V4 __attribute__((vector_size(16)));
+    static_assert(kLanes == 4);
+    V4 a = {0, 0, 0, 0}, n = a, x;
+    const float* t = tab.data() + static_cast<size_t>(ch) * static_cast<size_t>(nbytes) * 256 * kLanes;
+    for (int b = 0; b < nbytes; ++b, t += 256 * kLanes) {
+      const int sh = 8 * (b & 7);
+      std::memcpy(&x, t + ((pruned[b >> 3] >> sh) & 255) * kLanes, sizeof x);
+      a += x;
+      std::memcpy(&x, t + ((neg[b >> 3] >> sh) & 255) * kLanes, sizeof x);
+      n += x;
+    }
+    const V4 r = a - 2.f * n;
+    std::memcpy(out, &r, sizeof r);
   }
 };
+
+// The row's kept coordinates ix [cnt] (increasing, < w <= 256: uint8) as a mask, accumulated in a
+// register per word (a loop of |= into memory would chain store-to-load forwarding); pruned = the
+// others below w; neg = the pruned ones whose stored sign bit (sign_row, ceil(w / 8) bytes) is set.
+void row_masks(const uint8_t* ix, int cnt, int w, const uint8_t* sign_row, int sign_bytes, Mask& pruned,
+               Mask& neg) {
+  Mask sg = {};
+  std::memcpy(sg, sign_row, static_cast<size_t>(sign_bytes));
+  int j = 0;
+  for (int i = 0; i < kMaskWords; ++i) {
+    const int lo = 64 * i;
+    uint64_t kept = 0;
+    for (; j < cnt && ix[j] < lo + 64; ++j) kept |= uint64_t{1} << (ix[j] - lo);
+    const uint64_t valid = w >= lo + 64 ? ~uint64_t{0} : w <= lo ? 0 : (uint64_t{1} << (w - lo)) - 1;
+    pruned[i] = ~kept & valid;
+    neg[i] = pruned[i] & sg[i];
+  }
+}
 
 // Per-token key rows: s[g, t - b] = Σ_kept qs_g[c] k_tc + Σ_pruned ±m_tc qr_g[c] (qr = qs ∘ r,
 // only with recovery; m_tc = the token's fill, or its draw for a sampled recovery). qs, qr: [G, w].
@@ -117,8 +162,23 @@ void sparse_scores(const SideStore& k, const SideEncoding& e, int w, const float
     kvtrim::kv::sparse_scores(view, qs, G, w, b, nb, s, ld);
     if (!rec) return;
   }
-  const uint8_t* sg = k.signs();
   const int nf = k.fill_params();
+  if (kern && rt.on()) {  // the kernel scored the kept entries; the recovery term from the tables
+    float out[RecoveryTables::kLanes];
+    for (int64_t t = b; t < b + nb; ++t) {
+      const int cnt = k.row_count(t);
+      if (cnt == w) continue;
+      Mask pruned, neg;
+      row_masks(k.idx() + k.row_begin(t), cnt, w, k.sign_row(t), k.sign_bytes(), pruned, neg);
+      const float fill = k.fills()[t * nf];
+      for (int c4 = 0; c4 < rt.chunks; ++c4) {
+        rt.sum(c4, pruned, neg, out);
+        const int g0 = c4 * RecoveryTables::kLanes, gn = std::min(G - g0, RecoveryTables::kLanes);
+        for (int l = 0; l < gn; ++l) s[(g0 + l) * ld + (t - b)] += fill * out[l];
+      }
+    }
+    return;
+  }
   for (int64_t t = b; t < b + nb; ++t) {
     const int64_t e0 = k.row_begin(t);
     const int cnt = k.row_count(t);
@@ -136,31 +196,18 @@ void sparse_scores(const SideStore& k, const SideEncoding& e, int w, const float
       s[g * ld + (t - b)] = dot;
     }
     if (!rec || cnt == w) continue;
-    if (rt.on()) {  // masks of the pruned and the negative pruned coordinates, then the tables
-      uint64_t kept_mask = 0;
-      for (int j = 0; j < cnt; ++j) kept_mask |= uint64_t{1} << ch[static_cast<size_t>(j)];
-      const uint64_t pruned = ~kept_mask & (w == 64 ? ~uint64_t{0} : (uint64_t{1} << w) - 1);
-      uint64_t neg = 0;
-      int64_t bit = k.sign_bit(t);
-      for (uint64_t m = pruned; m; m &= m - 1, ++bit)
-        if ((sg[bit >> 3] >> (bit & 7)) & 1) neg |= m & (~m + 1);
-      const float fill = k.fills()[t * nf];
-      for (int g = 0; g < G; ++g) s[g * ld + (t - b)] += fill * (rt.sum(g, pruned) - 2.f * rt.sum(g, neg));
-      continue;
-    }
-    // The pruned coordinates (in coordinate order, as the sign bits) with their signed magnitude.
+    const uint8_t* sg = k.sign_row(t);
+    // The pruned coordinates with their signed magnitude.
     kept.assign(static_cast<size_t>(w), 0);
     for (int j = 0; j < cnt; ++j) kept[static_cast<size_t>(ch[static_cast<size_t>(j)])] = 1;
     const float* fp = k.fills() + t * nf;
     pc.clear();
     pv.clear();
-    int64_t bit = k.sign_bit(t);
     for (int c = 0; c < w; ++c) {
       if (kept[static_cast<size_t>(c)]) continue;
       const float mag = e.pruned_magnitude(fp, c);
       pc.push_back(c);
-      pv.push_back(((sg[bit >> 3] >> (bit & 7)) & 1) ? -mag : mag);
-      ++bit;
+      pv.push_back(((sg[c >> 3] >> (c & 7)) & 1) ? -mag : mag);
     }
     const size_t np = pc.size();
     for (int g = 0; g < G; ++g) {
@@ -282,7 +329,7 @@ void attend_rows(const SideStore& k, const SideStore& v, const SegmentEncoding& 
   // byte tables for the degenerate recovery when they pay off (long enough segments)
   thread_local RecoveryTables rt;
   rt.nbytes = 0;
-  if (rec && e.k.dist == RecoveryDist::kFill && kw <= 64 && t1 - t0 >= 96) rt.build(qr.data(), G, kw);
+  if (rec && e.k.dist == RecoveryDist::kFill && kw <= 64 * kMaskWords && t1 - t0 >= 96) rt.build(qr.data(), G, kw);
   std::fill(acc, acc + static_cast<int64_t>(G) * aw, 0.f);
   for (int g = 0; g < G; ++g) {
     m[g] = -std::numeric_limits<float>::infinity();
@@ -302,7 +349,7 @@ void attend_rows(const SideStore& k, const SideStore& v, const SegmentEncoding& 
         for (int64_t t = 0; t < nb; ++t) sg[t] = softcap * std::tanh(sg[t] / softcap);
       }
       // online softmax: rescale what was accumulated when the running max grows
-      const float mb = *std::max_element(sg, sg + nb);
+      const float mb = max_of(sg, nb);
       if (mb > m[g]) {
         const float f = std::isinf(m[g]) ? 0.f : std::exp(m[g] - mb);
         l[g] *= f;

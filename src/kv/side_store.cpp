@@ -144,7 +144,7 @@ void SideStore::init(const SideEncoding& e, bool keys) {
   rec_ = sparse_ && keys && e.recovers();
   fill_ = sparse_ && (rec_ || (!keys && e.fill));
   isz_ = sparse_ ? (w_ <= 256 ? 1 : 2) : 0;
-  sb_ = rec_ && !var_ ? (w_ - T_ + 7) / 8 : 0;
+  sb_ = rec_ ? (w_ + 7) / 8 : 0;
   nf_ = fill_ ? (rec_ ? e.fill_params() : 1) : 0;
   n_ = cap_ = cap_ent_ = 0;
   off_.clear();
@@ -192,7 +192,7 @@ void SideStore::realloc_to(int64_t cap, int64_t cap_ent, bool grow, const int32_
     idx_.alloc(static_cast<size_t>(cap_ent) * static_cast<size_t>(isz_));
     if (has_row_scale(dtype_) || dtype_ == KvDtype::kQ4) scale_.alloc(static_cast<size_t>(cap) * 4);
     if (fill_) fills_.alloc(static_cast<size_t>(cap * nf_) * 4);
-    if (rec_) signs_.alloc(var_ ? static_cast<size_t>(cap * w_ + 7) / 8 : static_cast<size_t>(cap * sb_));
+    if (rec_) signs_.alloc(static_cast<size_t>(cap * sb_));
     if (var_) off_.assign(1, 0);
     int64_t ent = 0;
     for (int64_t r = 0; r < rows; ++r) {
@@ -207,15 +207,7 @@ void SideStore::realloc_to(int64_t cap, int64_t cap_ent, bool grow, const int32_
       std::memcpy(idx_.p.get() + ent * isz_, N.idx_.p.get() + b * N.isz_, static_cast<size_t>(c * isz_));
       if (scale_.n) scale_.as<float>()[r] = N.scale_.as<float>()[t];
       for (int j = 0; j < nf_; ++j) fills_.as<float>()[r * nf_ + j] = N.fills_.as<float>()[t * nf_ + j];
-      if (rec_) {
-        const int64_t nb = w_ - c, from = N.sign_bit(t);
-        const int64_t to = var_ ? r * w_ - ent : r * sb_ * 8;
-        for (int64_t j = 0; j < nb; ++j) {
-          const int bit = (N.signs_.p[(from + j) >> 3] >> ((from + j) & 7)) & 1;
-          uint8_t& o = signs_.p[(to + j) >> 3];
-          o = static_cast<uint8_t>(bit ? (o | (1u << ((to + j) & 7))) : (o & ~(1u << ((to + j) & 7))));
-        }
-      }
+      if (rec_) std::memcpy(signs_.p.get() + r * sb_, N.signs_.p.get() + t * sb_, static_cast<size_t>(sb_));
       ent += c;
       if (var_) off_.push_back(static_cast<uint32_t>(ent));
     }
@@ -323,19 +315,11 @@ void SideStore::push_sparse(const float* c, const int32_t* ch, int cnt, const fl
   }
   for (int j = 0; j < nf_; ++j) fills_.as<float>()[t * nf_ + j] = fill[j];
   if (var_) off_.push_back(static_cast<uint32_t>(e0 + cnt));
-  if (rec_) {  // sign bits of the pruned coordinates, in coordinate order
-    const int64_t b0 = var_ ? t * w_ - e0 : t * sb_ * 8;
-    int jj = 0;
-    int64_t ord = 0;
-    for (int i = 0; i < w_; ++i) {
-      if (jj < cnt && ch[jj] == i) {
-        ++jj;
-        continue;
-      }
-      const int64_t bit = b0 + ord++;
-      uint8_t& o = signs_.p[bit >> 3];
-      o = static_cast<uint8_t>(c[i] < 0 ? (o | (1u << (bit & 7))) : (o & ~(1u << (bit & 7))));
-    }
+  if (rec_) {  // one sign bit per coordinate (the kept ones too: a whole-word mask at scoring)
+    uint8_t* o = signs_.p.get() + t * sb_;
+    std::fill(o, o + sb_, uint8_t{0});
+    for (int i = 0; i < w_; ++i)
+      if (c[i] < 0) o[i >> 3] = static_cast<uint8_t>(o[i >> 3] | (1u << (i & 7)));
   }
   ++n_;
 }
@@ -378,13 +362,12 @@ void SideStore::get(const SideEncoding& e, int64_t t, float* c) const {
     c[ch] = entry_at(t, b + j);
     kept[static_cast<size_t>(ch)] = 1;
   }
-  int64_t bit = rec_ ? sign_bit(t) : 0;
+  const uint8_t* sg = rec_ ? signs_.p.get() + t * sb_ : nullptr;
   for (int i = 0; i < w_; ++i) {
     if (kept[static_cast<size_t>(i)]) continue;
     if (rec_) {
       const float f = e.pruned_magnitude(fp, i) * e.recovery[static_cast<size_t>(i)];
-      c[i] = ((signs_.p[bit >> 3] >> (bit & 7)) & 1) ? -f : f;
-      ++bit;
+      c[i] = ((sg[i >> 3] >> (i & 7)) & 1) ? -f : f;
     } else {
       c[i] = fill_ ? fill : 0.f;
     }
@@ -418,7 +401,7 @@ SideBytes SideStore::bytes() const {
     b.indices = static_cast<size_t>(ent) * static_cast<size_t>(isz_) + (var_ ? (n + 1) * 4 : 0);
     if (scale_.n) b.scales += n * 4;
     b.fills = n * static_cast<size_t>(nf_) * 4;
-    if (rec_) b.bitmasks = var_ ? static_cast<size_t>(n_ * w_ - ent + 7) / 8 : n * static_cast<size_t>(sb_);
+    if (rec_) b.bitmasks = n * static_cast<size_t>(sb_);
     return b;
   }
   b.elems = dtype_ == KvDtype::kQ4 && !tiled_ ? n * static_cast<size_t>((s_ + 1) / 2)

@@ -12,8 +12,9 @@
 //   (q8 / fp8 / q4 codes with one f32 scale per row), idx [entries] uint8 (width <= 256) or
 //   uint16, off [n + 1] uint32 only for a variable count (fixed: off_t = t·T); fills [n] f32
 //   (keys with recovery: sqrt(μ_t), or μ_t[, σ_t] for a sampled recovery; values with fill: the fill value), signs (keys with
-//   recovery): one bit per pruned coordinate in coordinate order, bit = 1 if negative; fixed
-//   count: ceil((w - T) / 8) bytes per row; variable: one bit stream, row t from bit t·w - off_t.
+//   recovery): one bit per coordinate of the row, bit i = 1 if coordinate i is negative (the
+//   kept ones too, so that scoring reads the pruned signs as one masked word, with no per-bit
+//   unpacking), ceil(w / 8) bytes per row, fixed or variable count.
 #pragma once
 #include <cstdint>
 #include <cstring>
@@ -101,8 +102,9 @@ class SideStore {
   int row_count(int64_t t) const {
     return var_ ? static_cast<int>(off_[static_cast<size_t>(t) + 1] - off_[static_cast<size_t>(t)]) : T_;
   }
-  // First sign bit of row t (recovery): fixed rows are byte aligned.
-  int64_t sign_bit(int64_t t) const { return var_ ? t * w_ - off_[static_cast<size_t>(t)] : t * sb_ * 8; }
+  // Row t's sign bytes (recovery): sign_bytes() per row, bit i of the row = coordinate i < 0.
+  const uint8_t* sign_row(int64_t t) const { return signs_.p.get() + t * sb_; }
+  int sign_bytes() const { return sb_; }
   // Element j of a dense row t / entry e of the per-token entries, as f32 (scales applied).
   float dense_at(int64_t t, int j) const;
   float entry_at(int64_t t, int64_t e) const;
@@ -118,7 +120,7 @@ class SideStore {
   int s_ = 0;    // dense: elements per row
   int T_ = 0;    // per-token fixed count (0: variable)
   int isz_ = 0;  // per-token index bytes
-  int sb_ = 0;   // fixed per-token rows with recovery: sign bytes per row
+  int sb_ = 0;   // per-token rows with recovery: sign bytes per row, ceil(w / 8)
   int nf_ = 0;   // fill / recovery parameters per row (0: none)
   int64_t n_ = 0, cap_ = 0, cap_ent_ = 0;
   Buf data_, scale_, idx_, fills_, signs_;

@@ -219,6 +219,10 @@ float exp_sub_sum(float* x, int64_t n, float m) {
   return n > 0 ? HWY_DYNAMIC_DISPATCH(ExpSub)(x, n, m) : 0.0f;
 }
 
+float max_of(const float* x, int64_t n) {
+  return n > 0 ? HWY_DYNAMIC_DISPATCH(MaxOf)(x, n) : -INFINITY;
+}
+
 void softmax(float* x, int64_t n) {
   if (n <= 0) return;
   const float mx = HWY_DYNAMIC_DISPATCH(MaxOf)(x, n);
@@ -303,6 +307,10 @@ void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) {
   for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
   const double s = 1.0 / std::sqrt(ss / static_cast<double>(n) + eps);
   for (int64_t i = 0; i < n; ++i) y[i] = static_cast<float>(x[i] * s * (w ? w[i] : 1.0f));
+}
+
+float max_of(const float* x, int64_t n) {
+  return n > 0 ? HWY_DYNAMIC_DISPATCH(MaxOf)(x, n) : -INFINITY;
 }
 
 void softmax(float* x, int64_t n) {

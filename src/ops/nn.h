@@ -11,6 +11,8 @@ void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps);
 void layer_norm(const float* x, const float* w, const float* b, float* y, int64_t n, float eps);
 // x[i] = exp(x[i] - m) in place; returns the sum (the inner step of an online softmax).
 float exp_sub_sum(float* x, int64_t n, float m);
+// max of x[0..n) (-inf for n = 0).
+float max_of(const float* x, int64_t n);
 // In-place numerically stable softmax over x[n]; returns nothing.
 void softmax(float* x, int64_t n);
 // y[i] = silu(g[i]) * u[i]  (SwiGLU), y may alias g or u.

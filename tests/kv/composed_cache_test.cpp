@@ -33,8 +33,9 @@ constexpr KvDtype kTypes[] = {KvDtype::kF32, KvDtype::kF16, KvDtype::kBF16,
 
 enum class Basis { kNone, kRotation, kRank, kOblique };
 // kRecovery: keys topk + recovery, values topk + fill; kGauss / kExp: keys topk + SPARK's sampled
-// recovery (variable counts for kExp), values as kRecovery.
-enum class Chan { kAll, kSubset, kTopK, kVariable, kRecovery, kGauss, kExp };
+// recovery (variable counts for kExp), values as kRecovery; kRecoveryVar: keys as kRecovery with a
+// variable count per token (SPARK-p), values as kRecovery.
+enum class Chan { kAll, kSubset, kTopK, kVariable, kRecovery, kGauss, kExp, kRecoveryVar };
 constexpr Basis kBases[] = {Basis::kNone, Basis::kRotation, Basis::kRank, Basis::kOblique};
 constexpr Chan kChans[] = {Chan::kAll,      Chan::kSubset, Chan::kTopK, Chan::kVariable,
                            Chan::kRecovery, Chan::kGauss,  Chan::kExp};
@@ -92,10 +93,13 @@ void set_side(SideSpec* sp, const SideChoice& ch, int d, size_t rows, bool keys,
       break;
     case Chan::kGauss:
     case Chan::kExp:
+    case Chan::kRecoveryVar:
       if (keys) {
-        c.recovery_dist = ch.c == Chan::kGauss ? RecoveryDist::kGaussian : RecoveryDist::kExponential;
-        c.recovery_seed = 7;
-        c.recovery_sqrt = ch.c == Chan::kGauss;
+        if (ch.c != Chan::kRecoveryVar) {
+          c.recovery_dist = ch.c == Chan::kGauss ? RecoveryDist::kGaussian : RecoveryDist::kExponential;
+          c.recovery_seed = 7;
+          c.recovery_sqrt = ch.c == Chan::kGauss;
+        }
         c.topk = ch.c == Chan::kGauss ? std::max(1, w / 3) : 0;
         for (size_t r = 0; r < rows; ++r) {
           const int k = c.topk > 0 ? c.topk : (r % 4 == 0 ? w : cnt(rng));
@@ -198,6 +202,24 @@ TEST(ComposedCache, EveryCombinationAttendsLikeTheReference) {
   }
 }
 
+// The degenerate recovery's byte tables (segments of >= 96 tokens) over the real models' shapes:
+// SmolLM2 (9 / 3 heads, d 64), Qwen2.5-1.5B (12 / 2, d 128: two mask words, two chunks of
+// query heads), Gemma3-270M (4 / 1, d 256: four words), and a width that is not a multiple of 8.
+// Fixed and variable counts, f16 and q8 keys, against the reference over the reconstructed rows.
+TEST(ComposedCache, RecoveryTablesOnWideHeadsAttendLikeTheReference) {
+  const AttnCase cases[] = {{9, 3, 64, 64, 300, 1, 0, true},
+                            {12, 2, 128, 128, 260, 1, 0, true},
+                            {4, 1, 256, 256, 200, 1, 0, false},
+                            {6, 2, 100, 100, 150, 1, 0, false}};
+  std::mt19937 rng(77);
+  for (const AttnCase& ac : cases)
+    for (Chan ch : {Chan::kRecovery, Chan::kRecoveryVar})
+      for (KvDtype t : {KvDtype::kF16, KvDtype::kQ8}) {
+        run_combination({Basis::kNone, ch, t}, {Basis::kNone, Chan::kAll, KvDtype::kF16}, ac, rng);
+        if (HasFatalFailure()) return;
+      }
+}
+
 TEST(ComposedCache, ExactBytesPerPart) {
   std::mt19937 rng(5);
   const int nkv = 2, dk = 64, dv = 48, n = 100, r = 32, T = r / 4, S = 20;  // set_side: rank d/2, T = w/4
@@ -224,7 +246,7 @@ TEST(ComposedCache, ExactBytesPerPart) {
   EXPECT_EQ(b.values, n * (S / 2) + var_entries * 2 + 10 * dv * 2u);
   // uint8 per-token indices; head 1 value offsets (n + 1 for its 90 rows); the subset (uint16)
   EXPECT_EQ(b.indices, n * T * 1u + var_entries * 1 + 91 * 4u + S * 2u);
-  EXPECT_EQ(b.bitmasks, n * static_cast<size_t>((r - T + 7) / 8));  // recovery signs
+  EXPECT_EQ(b.bitmasks, n * static_cast<size_t>((r + 7) / 8));  // recovery signs, one per coordinate
   // fp8 key rows: one f32 scale; recovery: r [32] once; q4 values: one f16 per block of 32
   // (S = 20: one block); q8 keys: one f32 per row
   EXPECT_EQ(b.scales, n * 4u + r * 4u + n * 2u + 90 * 4u);

@@ -259,7 +259,7 @@ TEST_F(ChannelPress, AppliedBytesAndComposition) {
   EXPECT_EQ(n_spark, nh * kN);
   EXPECT_EQ(b_spark.keys, static_cast<size_t>(nh) * kN * T * 4);  // f32 cache, T channels per token
   EXPECT_EQ(b_spark.indices, static_cast<size_t>(nh) * kN * T);   // uint8 per kept channel
-  EXPECT_EQ(b_spark.bitmasks, static_cast<size_t>(nh) * kN * ((d - T + 7) / 8));  // signs
+  EXPECT_EQ(b_spark.bitmasks, static_cast<size_t>(nh) * kN * ((d + 7) / 8));  // a sign bit per coordinate
   EXPECT_EQ(b_spark.fills, static_cast<size_t>(nh) * kN * 4);
   EXPECT_EQ(b_spark.values, static_cast<size_t>(nh) * kN * d * 4);
   auto [b_think, n_think] = run("think:ratio=0.5");
