@@ -15,6 +15,7 @@
 #include "core/thread_pool.h"
 #include "kv/attention_reference.h"
 #include "kv/kv_cache.h"
+#include "kv/recovery.h"
 #include "kv_test_util.h"
 
 namespace kvtrim {
@@ -459,6 +460,40 @@ TEST(ComposedCache, HadamardRotationOfQuantizedRows) {
     rot->apply(p);
     expect_attention_matches(*rot, 6, 1, n, nullptr, rng, std::string(kv_dtype_name(t)) + " planned");
   }
+}
+
+// The quantile tables behind the sampled recovery: the 4096 midpoint quantiles of N(0, 1) and
+// Exp(1) have the distributions' moments and CDFs (checked against erf / exp), and the draw of
+// a hash picks them uniformly.
+TEST(ComposedCache, RecoveryQuantilesAreTheDistributions) {
+  const kv::RecoveryQuantiles& q = kv::recovery_quantiles();
+  const int n = kv::RecoveryQuantiles::kN;
+  double gm = 0, gv = 0, em = 0, ev = 0;
+  for (int i = 0; i < n; ++i) {
+    const double p = (i + 0.5) / n;
+    EXPECT_NEAR(0.5 * std::erfc(-q.gauss[i] / std::sqrt(2.0)), p, 1e-6) << i;
+    EXPECT_NEAR(1 - std::exp(-static_cast<double>(q.expo[i])), p, 1e-6) << i;
+    EXPECT_FLOAT_EQ(q.gauss[i], -q.gauss[n - 1 - i]);
+    gm += q.gauss[i];
+    gv += static_cast<double>(q.gauss[i]) * q.gauss[i];
+    em += q.expo[i];
+    ev += static_cast<double>(q.expo[i]) * q.expo[i];
+  }
+  gm /= n;
+  em /= n;
+  EXPECT_NEAR(gm, 0, 1e-6);
+  EXPECT_NEAR(gv / n, 1, 0.01);  // the midpoints miss a little of the tails' variance
+  EXPECT_NEAR(em, 1, 0.005);
+  EXPECT_NEAR(ev / n - em * em, 1, 0.02);
+  // draws over many coordinates fill every stratum about equally
+  std::vector<int> hits(16, 0);
+  for (int c = 0; c < 16000; ++c) {
+    const float z = kv::recovery_draw(RecoveryDist::kGaussian, 3, 0.f, 1.f, c, false);  // max(0, z)
+    const float e = kv::recovery_draw(RecoveryDist::kExponential, 3, 1.f, 0.f, c, false);
+    EXPECT_GE(z, 0.f);
+    hits[static_cast<size_t>(std::min(15.0, 16 * (1 - std::exp(-static_cast<double>(e)))))]++;
+  }
+  for (int h : hits) EXPECT_NEAR(h, 1000, 150);
 }
 
 // SPARK's sampled recovery: a pruned key coordinate reads sign(k)·m(w̃)·r[c] with w̃ drawn from the
