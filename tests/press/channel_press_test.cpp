@@ -8,6 +8,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "core/thread_pool.h"
 #include "press_fixture.h"
 
 namespace kvtrim {
@@ -160,6 +161,17 @@ TEST_F(ChannelPress, SparkMatchesBruteForce) {
     SCOPED_TRACE(sc.opts);
     auto s = prefilled("spark:" + sc.opts, tokens(kN));
     const CompressionPlan p = plan_of(*s);
+    {  // the (layer, kv head) pairs spread over a pool give the same plan
+      ThreadPool pool(2);
+      const CompressionPlan pp = s->press()->plan(PressContext(s->cache(), model_->hparams(), s->observations(), &pool));
+      for (int il = 0; il < p.n_layer; ++il)
+        for (int ih = 0; ih < p.n_head_kv; ++ih) {
+          const ChannelSpec &a = p.at(il, ih).key.channels, &b = pp.at(il, ih).key.channels;
+          ASSERT_EQ(a.token_channels, b.token_channels);
+          ASSERT_EQ(a.token_counts, b.token_counts);
+          ASSERT_EQ(a.token_fill, b.token_fill);
+        }
+    }
     for (int il = 0; il < p.n_layer; ++il)
       for (int ih = 0; ih < p.n_head_kv; ++ih) {
         const BfWindow w = bf_window(c, il, ih, group);

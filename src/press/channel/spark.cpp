@@ -40,6 +40,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/thread_pool.h"
 #include "press/channel/channel_common.h"
 
 namespace kvtrim {
@@ -74,8 +75,17 @@ class TokenChooser {
   void choose(const float* sal, std::vector<int32_t>* kept) {
     order_.resize(static_cast<size_t>(d_));
     for (int c = 0; c < d_; ++c) order_[static_cast<size_t>(c)] = c;
-    std::stable_sort(order_.begin(), order_.end(), [sal](int32_t a, int32_t b) { return sal[a] > sal[b]; });
+    // decreasing saliency, ties to the lower index (a total order: any selection agrees with a
+    // stable sort)
+    const auto before = [sal](int32_t a, int32_t b) { return sal[a] > sal[b] || (sal[a] == sal[b] && a < b); };
     kept->clear();
+    if (o_.variant == Variant::kRatio) {  // only the top T are needed, in any order
+      std::nth_element(order_.begin(), order_.begin() + (fixed_ - 1), order_.end(), before);
+      kept->assign(order_.begin(), order_.begin() + fixed_);
+      std::sort(kept->begin(), kept->end());
+      return;
+    }
+    std::sort(order_.begin(), order_.end(), before);
     if (o_.variant == Variant::kGroups && o_.grouping == Grouping::kPaper) {
       static const double r4[] = {0.25, 0.5, 0.75, 1.0}, r5[] = {0.1, 0.3, 0.5, 0.7, 0.9};
       const double* r = o_.groups == 4 ? r4 : r5;
@@ -135,17 +145,27 @@ class SparkPress : public Press {
   CompressionPlan plan(const PressContext& ctx) const override {
     CompressionPlan plan(ctx.n_layer(), ctx.n_head_kv());
     if (!prunes_keys() && o_.value_ratio <= 0) return plan;
-    HeadData hd;
-    for (int il = 0; il < ctx.n_layer(); ++il) {
-      ObservedQueries q;
-      if (prunes_keys()) q = last_queries(ctx.queries(il, false, "spark"), o_.window);
-      for (int ih = 0; ih < ctx.n_head_kv(); ++ih) {
+    std::vector<ObservedQueries> q(static_cast<size_t>(ctx.n_layer()));
+    if (prunes_keys())
+      for (int il = 0; il < ctx.n_layer(); ++il)
+        q[static_cast<size_t>(il)] = last_queries(ctx.queries(il, false, "spark"), o_.window);
+    // (layer, kv head) pairs are independent: spread over the pool
+    const int64_t n_pairs = static_cast<int64_t>(ctx.n_layer()) * ctx.n_head_kv();
+    const auto run = [&](int64_t b, int64_t e) {
+      HeadData hd;
+      for (int64_t i = b; i < e; ++i) {
+        const int il = static_cast<int>(i / ctx.n_head_kv()), ih = static_cast<int>(i % ctx.n_head_kv());
         ctx.read_head(il, ih, &hd, prunes_keys(), o_.value_ratio > 0);
         if (hd.n == 0) continue;
         HeadPlan& hp = plan.at(il, ih);
-        if (prunes_keys()) plan_keys(ctx, q, ih, hd, &hp.key.channels);
+        if (prunes_keys()) plan_keys(ctx, q[static_cast<size_t>(il)], ih, hd, &hp.key.channels);
         if (o_.value_ratio > 0) plan_values(ctx, hd, &hp.value.channels);
       }
+    };
+    if (ctx.pool()) {
+      ctx.pool()->parallel_for(n_pairs, run);
+    } else {
+      run(0, n_pairs);
     }
     return plan;
   }
