@@ -37,21 +37,22 @@ std::vector<int32_t> bf_top(const std::vector<double>& s, int k, std::vector<int
 struct BfWindow {
   std::vector<double> sq, l2, abs_mean;
 };
-BfWindow bf_window(const CaptureAll& c, int il, int ih, int group) {
+// Query rows [first, first + nw) of the capture (default: the context's last kW).
+BfWindow bf_window(const CaptureAll& c, int il, int ih, int group, int64_t first = kN - kW, int nw = kW) {
   BfWindow w;
   w.sq.assign(c.d, 0);
   w.l2.assign(c.d, 0);
   w.abs_mean.assign(c.d, 0);
-  for (int64_t i = kN - kW; i < kN; ++i)
+  for (int64_t i = first; i < first + nw; ++i)
     for (int j = 0; j < c.d; ++j) {
       double gm = 0;
       for (int g = 0; g < group; ++g) {
         const double x = c.qrow(il, i, ih * group + g)[j];
         gm += x / group;
-        w.sq[j] += x * x / (kW * group);
+        w.sq[j] += x * x / (nw * group);
       }
       w.l2[j] += gm * gm;
-      w.abs_mean[j] += gm / kW;
+      w.abs_mean[j] += gm / nw;
     }
   for (int j = 0; j < c.d; ++j) {
     w.l2[j] = std::sqrt(w.l2[j]);
@@ -202,6 +203,65 @@ TEST_F(ChannelPress, SparkMatchesBruteForce) {
         }
       }
   }
+}
+
+// query_aware=true: the question's queries (observed by the session, then dropped) are the
+// window of both presses; brute force over the same queries from one forward pass of context +
+// question (causal, so they are the queries the session observes).
+TEST_F(ChannelPress, QueryAwareWindowIsTheQuestion) {
+  constexpr int kQ = 7;
+  const auto all = tokens(kN + kQ);
+  const std::vector<int32_t> ctx_tokens(all.begin(), all.begin() + kN), question(all.begin() + kN, all.end());
+  const auto c = capture(all);
+  const HParams& hp = model_->hparams();
+  const int group = hp.n_head / hp.n_head_kv;
+  const SparkCase sc{"ratio=0.8,query_aware=true", true, 'r', 0.8, 4};
+  for (const std::string& spec : {"spark:" + sc.opts, std::string("think:ratio=0.5,query_aware=true")}) {
+    SCOPED_TRACE(spec);
+    auto s = prefilled(spec, ctx_tokens);
+    s->observe_question(question);
+    const CompressionPlan p = plan_of(*s);
+    const bool spark = spec.rfind("spark", 0) == 0;
+    for (int il = 0; il < p.n_layer; ++il)
+      for (int ih = 0; ih < p.n_head_kv; ++ih) {
+        const BfWindow w = bf_window(c, il, ih, group, kN, kQ);
+        const ChannelSpec& ch = p.at(il, ih).key.channels;
+        if (!spark) {
+          std::vector<double> score(c.d, 0);
+          for (int j = 0; j < c.d; ++j) {
+            double ks = 0;
+            for (int t = 0; t < kN; ++t) ks += double(c.krow(il, t, ih)[j]) * c.krow(il, t, ih)[j];
+            score[j] = w.sq[j] * ks / kN;
+          }
+          EXPECT_EQ(ch.subset, bf_top(score, c.d - static_cast<int>(0.5 * c.d))) << "layer " << il << " head " << ih;
+          continue;
+        }
+        for (int t = 0; t < kN; ++t) {
+          std::vector<double> sal(c.d);
+          for (int j = 0; j < c.d; ++j) sal[j] = double(c.krow(il, t, ih)[j]) * c.krow(il, t, ih)[j] * w.l2[j];
+          EXPECT_EQ(row_of(ch, static_cast<size_t>(t)), bf_spark_row(sal, sc, c.d))
+              << "layer " << il << " head " << ih << " token " << t;
+        }
+      }
+  }
+  // composed with query-aware eviction, end to end: fewer bytes, generation continues
+  for (const char* spec : {"snapkv:ratio=0.5,query_aware=true+spark:ratio=0.8,query_aware=true",
+                           "pyramidkv:ratio=0.5,query_aware=true+think:ratio=0.8,query_aware=true"}) {
+    SCOPED_TRACE(spec);
+    auto s = prefilled(spec, ctx_tokens);
+    const size_t before = s->cache().bytes().total();
+    s->observe_question(question);
+    s->compress();
+    EXPECT_LT(s->cache().bytes().total(), before / 2);
+    EXPECT_EQ(s->n_past(), kN);
+    GenerateParams gp;
+    gp.max_new_tokens = 4;
+    gp.stop_at_eog = false;
+    EXPECT_EQ(s->generate(question, gp).tokens.size(), 4u);
+  }
+  // without the question observed, a query-aware press says so
+  auto s = prefilled("spark:ratio=0.8,query_aware=true", ctx_tokens);
+  EXPECT_THROW(plan_of(*s), Error);
 }
 
 TEST_F(ChannelPress, SparkValuesAndRecoveryModes) {

@@ -39,6 +39,20 @@ WindowStats window_stats(const ObservedQueries& q, int ih, int group, int n_head
   return s;
 }
 
+ObservedQueries observed_queries(const PressContext& ctx, int il, bool query_aware, int64_t window, const char* who) {
+  return query_aware ? ctx.queries(il, true, who) : last_queries(ctx.queries(il, false, who), window);
+}
+
+PressNeeds window_needs(bool query_aware, int64_t window) {
+  PressNeeds n;
+  if (query_aware) {
+    n.question = true;
+  } else {
+    n.window = window;
+  }
+  return n;
+}
+
 int kept_channels(double ratio, int d, CountRule rule) {
   int k = rule == CountRule::kCode ? d - static_cast<int>(ratio * d)
                                    : static_cast<int>(std::floor((1.0 - ratio) * d));

@@ -20,6 +20,13 @@ struct WindowStats {
 };
 WindowStats window_stats(const ObservedQueries& q, int ih, int group, int n_head, int d);
 
+// The queries a channel press observes for layer il: the last `window` of the context's, or,
+// query-aware, every query of the question (Session::observe_question; the SPARK and ThinK
+// papers' prompts end with the question, so their observation window holds it). needs() must
+// ask for the same (window_needs).
+ObservedQueries observed_queries(const PressContext& ctx, int il, bool query_aware, int64_t window, const char* who);
+PressNeeds window_needs(bool query_aware, int64_t window);
+
 // How many of d channels a pruning ratio λ keeps:
 //   kCode:  d − int(λ·d) (kvpress's ThinKPress and SPARK's code prune int(λ·d) channels);
 //   kPaper: ⌊(1 − λ)·d⌋ (the papers' T), at least 1.

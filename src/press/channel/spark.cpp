@@ -35,7 +35,8 @@
 //    pruned ones read the token's mean pruned value.
 // Hyper-parameters (defaults): ratio = 0.5, window = 32, saliency = code, variant = ratio,
 // p = 0.99, groups = 4, grouping = code, recovery = degenerate, seed = 0, value_ratio = 0,
-// count = code. Tokens appended later (decode) stay dense, as in the paper (prefill pruning).
+// count = code, query_aware = false (true: the question's queries are the window). Tokens
+// appended later (decode) stay dense, as in the paper (prefill pruning).
 #include <algorithm>
 #include <cmath>
 
@@ -64,6 +65,7 @@ struct SparkOptions {
   uint32_t seed = 0;
   double value_ratio = 0;
   channel::CountRule count = channel::CountRule::kCode;
+  bool query_aware = false;
 };
 
 // The per-token channel choice of one side: sal [d] -> kept channels (increasing).
@@ -138,9 +140,7 @@ class SparkPress : public Press {
   explicit SparkPress(SparkOptions o) : o_(o) {}
   std::string name() const override { return "spark"; }
   PressNeeds needs() const override {
-    PressNeeds n;
-    if (prunes_keys()) n.window = o_.window;
-    return n;
+    return prunes_keys() ? channel::window_needs(o_.query_aware, o_.window) : PressNeeds{};
   }
   CompressionPlan plan(const PressContext& ctx) const override {
     CompressionPlan plan(ctx.n_layer(), ctx.n_head_kv());
@@ -148,7 +148,7 @@ class SparkPress : public Press {
     std::vector<ObservedQueries> q(static_cast<size_t>(ctx.n_layer()));
     if (prunes_keys())
       for (int il = 0; il < ctx.n_layer(); ++il)
-        q[static_cast<size_t>(il)] = last_queries(ctx.queries(il, false, "spark"), o_.window);
+        q[static_cast<size_t>(il)] = channel::observed_queries(ctx, il, o_.query_aware, o_.window, "spark");
     // (layer, kv head) pairs are independent: spread over the pool
     const int64_t n_pairs = static_cast<int64_t>(ctx.n_layer()) * ctx.n_head_kv();
     const auto run = [&](int64_t b, int64_t e) {
@@ -285,7 +285,7 @@ PressInfo spark_press_info() {
                {"recovery", "degenerate", "pruned key channels read: degenerate (mean), gaussian, exponential, zero"},
                {"seed", "0", "seed of the gaussian / exponential draws"},
                {"value_ratio", "0", "fraction of value channels pruned per token by magnitude (0 = keys only)"},
-               channel::count_rule_option()};
+               channel::count_rule_option(), query_aware_option()};
   i.channel_axis = true;
   i.make = [](const PressArgs& a) -> std::unique_ptr<Press> {
     SparkOptions o;
@@ -307,6 +307,7 @@ PressInfo spark_press_info() {
     o.seed = static_cast<uint32_t>(seed);
     o.value_ratio = a.get_double_in("value_ratio", 0.0, 1.0, false);
     o.count = channel::parse_count_rule(a);
+    o.query_aware = a.get_bool("query_aware");
     return std::make_unique<SparkPress>(o);
   };
   return i;

@@ -7,7 +7,8 @@
 // over the last `window` post-RoPE queries w of the KV head's group g and the head's (viewed)
 // tokens t; the lowest-scoring channels are pruned (ties: the higher index is pruned).
 // Hyper-parameters (defaults): ratio = 0.5 (λ, fraction of key channels pruned), window = 32,
-// count = code (keep d − int(λ·d); paper: ⌊(1−λ)·d⌋).
+// count = code (keep d − int(λ·d); paper: ⌊(1−λ)·d⌋), query_aware = false (true: the question's
+// queries replace the window).
 // Keys only; values and tokens are untouched. Appended tokens (decode) stay dense.
 #include <cmath>
 
@@ -20,14 +21,10 @@ namespace {
 
 class ThinKPress : public Press {
  public:
-  ThinKPress(double ratio, int64_t window, channel::CountRule rule)
-      : ratio_(ratio), window_(window), rule_(rule) {}
+  ThinKPress(double ratio, int64_t window, channel::CountRule rule, bool query_aware)
+      : ratio_(ratio), window_(window), rule_(rule), query_aware_(query_aware) {}
   std::string name() const override { return "think"; }
-  PressNeeds needs() const override {
-    PressNeeds n;
-    n.window = window_;
-    return n;
-  }
+  PressNeeds needs() const override { return channel::window_needs(query_aware_, window_); }
   CompressionPlan plan(const PressContext& ctx) const override {
     CompressionPlan plan(ctx.n_layer(), ctx.n_head_kv());
     const int d = ctx.head_dim_k();
@@ -37,7 +34,7 @@ class ThinKPress : public Press {
     std::vector<float> score(static_cast<size_t>(d));
     std::vector<int32_t> order;
     for (int il = 0; il < ctx.n_layer(); ++il) {
-      const ObservedQueries q = last_queries(ctx.queries(il, false, "think"), window_);
+      const ObservedQueries q = channel::observed_queries(ctx, il, query_aware_, window_, "think");
       for (int ih = 0; ih < ctx.n_head_kv(); ++ih) {
         ctx.read_head(il, ih, &hd, true, false);
         if (hd.n == 0) continue;
@@ -62,6 +59,7 @@ class ThinKPress : public Press {
   double ratio_;
   int64_t window_;
   channel::CountRule rule_;
+  bool query_aware_;
 };
 
 }  // namespace
@@ -73,11 +71,11 @@ PressInfo think_press_info() {
   i.paper = "Xu et al. 2024, ThinK: Thinner Key Cache by Query-Driven Pruning (arXiv:2407.21018)";
   i.options = {{"ratio", "0.5", "fraction of key channels pruned per head (lambda), in [0, 1)"},
                {"window", "32", "observation window: the last W queries of the context"},
-               channel::count_rule_option()};
+               channel::count_rule_option(), query_aware_option()};
   i.channel_axis = true;
   i.make = [](const PressArgs& a) -> std::unique_ptr<Press> {
     return std::make_unique<ThinKPress>(a.get_double_in("ratio", 0.0, 1.0, false), a.get_int_min("window", 1),
-                                        channel::parse_count_rule(a));
+                                        channel::parse_count_rule(a), a.get_bool("query_aware"));
   };
   return i;
 }
