@@ -43,4 +43,16 @@ class ThreadPool {
   std::condition_variable cv_;
 };
 
+// Runs fn(begin, end) over [0, n) on the pool (ranges of at least `grain`), or inline when
+// there is no pool, one thread, or no more than `grain` items.
+template <typename Fn>
+void for_range(ThreadPool* pool, int64_t n, int64_t grain, Fn&& fn) {
+  if (n <= 0) return;
+  if (pool && pool->n_threads() > 1 && n > grain) {
+    pool->parallel_for(n, fn, grain);
+  } else {
+    fn(0, n);
+  }
+}
+
 }  // namespace kvtrim

@@ -239,16 +239,8 @@ void TokenCache::attend(int il, int64_t n_q, const float* q, const int32_t* q_po
   parts.resize(static_cast<size_t>(n_base * job.n_split * job.part_stride));
   job.parts = parts.data();
   const int64_t n_items = n_base * job.n_split;
-  if (pool && n_items > 1) {
-    pool->parallel_for(n_items, [&](int64_t b, int64_t e) { job.items(b, e); });
-  } else {
-    job.items(0, n_items);
-  }
-  if (pool && n_base > 1) {
-    pool->parallel_for(n_base, [&](int64_t b, int64_t e) { job.finish(b, e); });
-  } else {
-    job.finish(0, n_base);
-  }
+  for_range(pool, n_items, 1, [&](int64_t b, int64_t e) { job.items(b, e); });
+  for_range(pool, n_base, 1, [&](int64_t b, int64_t e) { job.finish(b, e); });
 }
 
 }  // namespace kvtrim::kv

@@ -108,16 +108,17 @@ struct RecoveryTables {
         }
       }
   }
-  float* table(int ch, int b) {
-    return tab.data() + (static_cast<size_t>(ch) * static_cast<size_t>(nbytes) + static_cast<size_t>(b)) * 256 * kLanes;
+  size_t offset(int ch, int b) const {
+    return (static_cast<size_t>(ch) * static_cast<size_t>(nbytes) + static_cast<size_t>(b)) * 256 * kLanes;
   }
+  float* table(int ch, int b) { return tab.data() + offset(ch, b); }
   // out[l] = Σ_pruned qr − 2 Σ_neg qr for the heads of chunk ch: one 4-lane add per lookup (a
   // GCC / Clang vector type, so the lanes stay in one register on any target).
   void sum(int ch, const Mask& pruned, const Mask& neg, float* out) const {
     typedef float V4 __attribute__((vector_size(16)));
     static_assert(kLanes == 4);
     V4 a = {0, 0, 0, 0}, n = a, x;
-    const float* t = tab.data() + static_cast<size_t>(ch) * static_cast<size_t>(nbytes) * 256 * kLanes;
+    const float* t = tab.data() + offset(ch, 0);
     for (int b = 0; b < nbytes; ++b, t += 256 * kLanes) {
       const int sh = 8 * (b & 7);
       std::memcpy(&x, t + ((pruned[b >> 3] >> sh) & 255) * kLanes, sizeof x);

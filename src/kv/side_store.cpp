@@ -316,7 +316,7 @@ void SideStore::push_sparse(const float* c, const int32_t* ch, int cnt, const fl
   for (int j = 0; j < nf_; ++j) fills_.as<float>()[t * nf_ + j] = fill[j];
   if (var_) off_.push_back(static_cast<uint32_t>(e0 + cnt));
   if (rec_) {  // one sign bit per coordinate (the kept ones too: a whole-word mask at scoring)
-    uint8_t* o = signs_.p.get() + t * sb_;
+    uint8_t* o = signs_.p.get() + t * sb_;  // (sign_row's writable view)
     std::fill(o, o + sb_, uint8_t{0});
     for (int i = 0; i < w_; ++i)
       if (c[i] < 0) o[i >> 3] = static_cast<uint8_t>(o[i >> 3] | (1u << (i & 7)));
@@ -362,7 +362,7 @@ void SideStore::get(const SideEncoding& e, int64_t t, float* c) const {
     c[ch] = entry_at(t, b + j);
     kept[static_cast<size_t>(ch)] = 1;
   }
-  const uint8_t* sg = rec_ ? signs_.p.get() + t * sb_ : nullptr;
+  const uint8_t* sg = rec_ ? sign_row(t) : nullptr;
   for (int i = 0; i < w_; ++i) {
     if (kept[static_cast<size_t>(i)]) continue;
     if (rec_) {

@@ -97,7 +97,6 @@ class SideStore {
   int topk() const { return T_; }
   const float* fills() const { return fills_.as<float>(); }  // [n, fill_params()]
   int fill_params() const { return nf_; }
-  const uint8_t* signs() const { return signs_.p.get(); }
   int64_t row_begin(int64_t t) const { return var_ ? off_[static_cast<size_t>(t)] : t * T_; }
   int row_count(int64_t t) const {
     return var_ ? static_cast<int>(off_[static_cast<size_t>(t) + 1] - off_[static_cast<size_t>(t)]) : T_;

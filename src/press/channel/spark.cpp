@@ -162,11 +162,7 @@ class SparkPress : public Press {
         if (o_.value_ratio > 0) plan_values(ctx, hd, &hp.value.channels);
       }
     };
-    if (ctx.pool()) {
-      ctx.pool()->parallel_for(n_pairs, run);
-    } else {
-      run(0, n_pairs);
-    }
+    for_range(ctx.pool(), n_pairs, 1, run);
     return plan;
   }
 

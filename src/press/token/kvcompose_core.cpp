@@ -16,17 +16,6 @@ const char* agg_name(Agg a) { return a == Agg::kMax ? "max" : "mean"; }
 
 namespace {
 
-// Runs fn(begin, end) over [0, n) on the pool, or inline without one.
-template <typename Fn>
-void for_range(ThreadPool* pool, int64_t n, int64_t grain, Fn&& fn) {
-  if (n <= 0) return;
-  if (pool && pool->n_threads() > 1 && n > grain) {
-    pool->parallel_for(n, fn, grain);
-  } else {
-    fn(0, n);
-  }
-}
-
 // Query rows per block so that the block's logits [rows, n_k] stay around 16 MiB.
 constexpr int64_t kLogitBudget = int64_t{4} << 20;  // floats
 
