@@ -109,13 +109,15 @@ const char* basis_method_name(BasisMethod m) {
       return "kqsvd";
     case BasisMethod::kStaticPca:
       return "staticpca";
+    case BasisMethod::kSwan:
+      return "swan";
   }
   return "?";
 }
 
 std::vector<BasisMethod> all_basis_methods() {
   return {BasisMethod::kKSvd, BasisMethod::kEigenAttention, BasisMethod::kKqSvd,
-          BasisMethod::kStaticPca};
+          BasisMethod::kStaticPca, BasisMethod::kSwan};
 }
 
 BasisMethod parse_basis_method(const std::string& name) {

@@ -1,6 +1,6 @@
 // Calibration artefacts (DESIGN.md §2 "calib", §4.3, §4.5): per (layer, kv head) statistics
 // streamed from a model run over calibration text, the low-rank bases fitted from them
-// (K-SVD, EigenAttention, KQ-SVD, StaticPCA), and the versioned file that carries both with
+// (K-SVD, EigenAttention, KQ-SVD, StaticPCA; SWAN's full rotations), and the versioned file that carries both with
 // the model's fingerprint. Presses (src/press/basis/) load a Calibration and truncate its
 // fits to the rank they need; `kvtrim calibrate` produces the file.
 //
@@ -22,8 +22,9 @@ namespace kvtrim {
 
 class Model;
 
-enum class BasisMethod { kKSvd, kEigenAttention, kKqSvd, kStaticPca };
-const char* basis_method_name(BasisMethod m);  // "ksvd", "eigenattention", "kqsvd", "staticpca"
+enum class BasisMethod { kKSvd, kEigenAttention, kKqSvd, kStaticPca, kSwan };
+// "ksvd", "eigenattention", "kqsvd", "staticpca", "swan"
+const char* basis_method_name(BasisMethod m);
 // Parses a name above; throws Error listing the valid names otherwise.
 BasisMethod parse_basis_method(const std::string& name);
 std::vector<BasisMethod> all_basis_methods();

@@ -169,6 +169,14 @@ HeadFit fit_head(BasisMethod m, const HeadStats& s) {
       h.k = kq_keys(s, dk);
       h.v = kq_values(s, dv);
       break;
+    case BasisMethod::kSwan:
+      // P_QK: right singular vectors of S_QK = [Q_group; K] (eigenvectors of G_Q + G_K);
+      // P_VO: of S_VO = [V; W_O,groupᵀ] (eigenvectors of G_V + Σ_h W_O^h W_O^hᵀ)
+      KVTRIM_CHECK(s.gram_vo.size() == static_cast<size_t>(dv) * dv,
+                   "swan fit: the statistics hold no W_O Gram (gram_vo)");
+      h.k = sym_eig_fit(from_rm(s.gram_k, dk) + from_rm(s.gram_q, dk));
+      h.v = sym_eig_fit(from_rm(s.gram_v, dv) + from_rm(s.gram_vo, dv));
+      break;
   }
   return h;
 }

@@ -25,6 +25,7 @@ SideEncoding make_side(const SideSpec& sp, int d, KvDtype dflt, bool keys) {
   } else if (c.per_token()) {
     s.mode = ChannelMode::kPerToken;
     s.topk = c.topk;
+    s.by_magnitude = c.by_magnitude;
     if (keys) {
       s.recovery = c.recovery_scale;
       s.dist = c.recovery_dist;
@@ -38,7 +39,7 @@ SideEncoding make_side(const SideSpec& sp, int d, KvDtype dflt, bool keys) {
 
 bool same_side(const SideEncoding& a, const SideEncoding& b) {
   return a.d == b.d && a.basis == b.basis && a.mode == b.mode && a.subset == b.subset &&
-         a.topk == b.topk && a.recovery == b.recovery && a.fill == b.fill && a.dtype == b.dtype && a.dist == b.dist &&
+         a.topk == b.topk && a.by_magnitude == b.by_magnitude && a.recovery == b.recovery && a.fill == b.fill && a.dtype == b.dtype && a.dist == b.dist &&
          a.seed == b.seed && a.rec_sqrt == b.rec_sqrt;
 }
 
@@ -63,6 +64,13 @@ struct Rows {
 
 // Pushes coordinates c [width] into one side of a segment through its channel stage.
 void push_side(SideStore& st, const SideEncoding& e, const float* c, const Rows& rows, size_t r) {
+  if (e.per_token() && e.by_magnitude) {
+    thread_local std::vector<int32_t> ch;
+    ch.resize(static_cast<size_t>(e.topk));
+    e.magnitude_channels(c, ch.data());
+    st.push_sparse(c, ch.data(), e.topk, nullptr);
+    return;
+  }
   if (e.mode == ChannelMode::kPerToken) {
     const float f[2] = {rows.fill(r), rows.spread(r)};
     st.push_sparse(c, rows.channels(r), rows.count(r), f);
@@ -100,6 +108,7 @@ std::shared_ptr<const SegmentEncoding> TokenCache::make_encoding(const HeadPlan&
   e->k = make_side(hp.key, cfg_.head_dim_k, cfg_.type_k(), true);
   e->v = make_side(hp.value, cfg_.head_dim_v, cfg_.type_v(), false);
   e->appends_dense = hp.appends_dense;
+  e->buffer = hp.buffer;
   return e;
 }
 
@@ -174,10 +183,27 @@ void TokenCache::apply_head(Layer& L, Head& H, const HeadPlan& hp) {
     }
     ++prow;
   };
+  // the head's dense buffer (the tail of the dense rows) before this plan
+  const int64_t buf_first = H.segs[0].n() - H.buffered;
   if (hp.keep_all) {
     for (int64_t g = 0; g < static_cast<int64_t>(ord.size()); ++g) take(g);
   } else {
     for (int32_t g : hp.keep) take(g);
+  }
+  int64_t buffered = 0;
+  if (ne && ne->buffer > 0) {
+    // the newest re-encodable tokens after the last anchor stay dense: the new buffer
+    const int32_t last_anchor = keep_seg[0].empty() ? -1 : keep_seg[0].back();
+    size_t first = reenc.size();
+    while (first > 0 && buffered < ne->buffer && reenc[first - 1] > last_anchor) {
+      --first;
+      ++buffered;
+    }
+    keep_seg[0].insert(keep_seg[0].end(), reenc.begin() + static_cast<std::ptrdiff_t>(first), reenc.end());
+    reenc.resize(first);
+    reenc_row.resize(first);
+  } else if (!ne) {  // the current epoch's buffer keeps what is still kept of it
+    for (int32_t j : keep_seg[0]) buffered += j >= buf_first ? 1 : 0;
   }
   Segment ns;  // the new epoch's segment, re-encoded from the dense rows still stored
   if (ne && !reenc.empty()) {
@@ -222,7 +248,53 @@ void TokenCache::apply_head(Layer& L, Head& H, const HeadPlan& hp) {
   std::erase_if(H.segs, [](const Segment& S) { return !S.enc->dense() && S.n() == 0; });
   if (ns.n() > 0) H.segs.push_back(std::move(ns));
   if (ne) H.cur = std::move(ne);
+  H.buffered = buffered;
   if (cfg_.max_live_bases > 0) bound_live_bases(H);
+}
+
+Segment& TokenCache::current_segment(Head& H) const {
+  for (Segment& g : H.segs)
+    if (g.enc == H.cur) return g;
+  H.segs.push_back(new_segment(H.cur));
+  return H.segs.back();
+}
+
+void TokenCache::encode_into(Segment& S, int64_t n, const float* k, int64_t ldk, const float* v,
+                             int64_t ldv) const {
+  const SegmentEncoding& e = *S.enc;
+  thread_local std::vector<float> ck, cv;
+  ck.resize(static_cast<size_t>(n * e.k.width()));
+  cv.resize(static_cast<size_t>(n * e.v.width()));
+  e.k.to_coords(k, n, ldk, ck.data());
+  e.v.to_coords(v, n, ldv, cv.data());
+  const int64_t rows = S.n() + n;
+  reserve(S, rows, e.k.per_token() ? rows * e.k.topk : 0, e.v.per_token() ? rows * e.v.topk : 0);
+  static const ChannelSpec none;
+  const Rows no_rows(none);
+  for (int64_t j = 0; j < n; ++j) {
+    push_side(S.k, e.k, ck.data() + j * e.k.width(), no_rows, 0);
+    push_side(S.v, e.v, cv.data() + j * e.v.width(), no_rows, 0);
+  }
+}
+
+void TokenCache::spill_buffer(Head& H) const {
+  const int64_t out = H.buffered - H.cur->buffer;
+  if (out <= 0) return;
+  Segment& D = H.segs[0];
+  const int64_t first = D.n() - H.buffered;
+  const int dk = cfg_.head_dim_k, dv = cfg_.head_dim_v;
+  thread_local std::vector<float> kf, vf;
+  kf.resize(static_cast<size_t>(out * dk));
+  vf.resize(static_cast<size_t>(out * dv));
+  for (int64_t j = 0; j < out; ++j) read_row(H, 0, first + j, kf.data() + j * dk, vf.data() + j * dv);
+  Segment& S = current_segment(H);  // may grow H.segs: D is not used past this point
+  encode_into(S, out, kf.data(), dk, vf.data(), dv);
+  Segment& D0 = H.segs[0];
+  S.pos.insert(S.pos.end(), D0.pos.begin() + first, D0.pos.begin() + first + out);
+  D0.k.erase_rows(first, out);
+  D0.v.erase_rows(first, out);
+  D0.pos.erase(D0.pos.begin() + first, D0.pos.begin() + first + out);
+  H.buffered -= out;
 }
 
 // Re-expresses the tokens of every older basis epoch in the newest epoch's encoding when the

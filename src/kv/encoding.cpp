@@ -94,3 +94,22 @@ void SideEncoding::from_coords(const float* c, int64_t n, float* x, int64_t ldx)
 }
 
 }  // namespace kvtrim::kv
+
+namespace kvtrim::kv {
+
+void SideEncoding::magnitude_channels(const float* c, int32_t* ch) const {
+  const int w = width(), T = topk;
+  thread_local std::vector<int32_t> order;
+  order.resize(static_cast<size_t>(w));
+  for (int j = 0; j < w; ++j) order[static_cast<size_t>(j)] = j;
+  // decreasing |c|, ties to the lower index: a total order, so the chosen set is unique
+  auto before = [c](int32_t a, int32_t b) {
+    const float x = std::fabs(c[a]), y = std::fabs(c[b]);
+    return x > y || (x == y && a < b);
+  };
+  if (T < w) std::nth_element(order.begin(), order.begin() + T, order.end(), before);
+  std::sort(order.begin(), order.begin() + T);
+  std::copy_n(order.begin(), T, ch);
+}
+
+}  // namespace kvtrim::kv

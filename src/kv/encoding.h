@@ -46,6 +46,7 @@ struct SideEncoding {
   ChannelMode mode = ChannelMode::kAll;
   std::vector<uint16_t> subset;  // kSubset: kept coordinates (increasing, < width())
   int topk = 0;                  // kPerToken: fixed count; 0 = a variable count per token
+  bool by_magnitude = false;     // kPerToken: the cache keeps each token's topk largest |c_j|
   std::vector<float> recovery;   // keys, kPerToken: r [width()] (empty: pruned read zero)
   bool fill = false;             // values, kPerToken: a per-token fill for pruned coordinates
   // keys with recovery: one fill per token (kFill, sqrt(μ_t) already), or draws from the token's
@@ -63,6 +64,11 @@ struct SideEncoding {
   bool identity() const { return !basis && mode == ChannelMode::kAll; }
   bool per_token() const { return mode == ChannelMode::kPerToken; }
   bool recovers() const { return !recovery.empty(); }
+  // Encodes tokens by itself: channels all, or per token by magnitude (no press choice needed).
+  bool self_encoding() const { return mode == ChannelMode::kAll || (per_token() && by_magnitude); }
+  // by_magnitude: the topk coordinates of c [width()] with the largest |c_j| (ties: the lower
+  // index), increasing, into ch [topk].
+  void magnitude_channels(const float* c, int32_t* ch) const;
   // Floats stored per token for its fill / recovery parameters (when it has any).
   int fill_params() const { return dist == RecoveryDist::kGaussian ? 2 : 1; }
   // The magnitude pruned coordinate i of a token with parameters f [fill_params()] reads, before
@@ -86,10 +92,10 @@ struct SideEncoding {
 struct SegmentEncoding {
   int32_t id = -1;
   SideEncoding k, v;
-  bool appends_dense = false;  // tokens appended after it stay dense (channel epochs always)
+  bool appends_dense = false;  // tokens appended after it stay dense (press-chosen channels always)
+  int64_t buffer = 0;          // the newest `buffer` tokens stay dense (HeadPlan::buffer)
   bool dense() const { return id < 0; }
-  bool appends_here() const { return !appends_dense && !k.per_token() && !v.per_token() &&
-                                     k.mode != ChannelMode::kSubset && v.mode != ChannelMode::kSubset; }
+  bool appends_here() const { return !appends_dense && k.self_encoding() && v.self_encoding(); }
 };
 
 }  // namespace kvtrim::kv

@@ -79,6 +79,17 @@ void check_channels(const ChannelSpec& c, int w, bool keys, size_t rows, const c
                   "coordinates after the basis");
     return;
   }
+  if (c.by_magnitude) {
+    PLAN_CHECK(c.topk >= 1 && c.topk <= w,
+               "%s channels by magnitude: topk %d is out of range [1, %d] (width)", side, c.topk, w);
+    PLAN_CHECK(c.token_channels.empty() && c.token_counts.empty() && c.recovery_scale.empty() &&
+                   c.token_fill.empty() && c.token_spread.empty() &&
+                   c.recovery_dist == RecoveryDist::kFill,
+               "%s channels by magnitude: the cache chooses each token's channels, so "
+               "token_channels / token_counts / recovery / fills cannot be given",
+               side);
+    return;
+  }
   PLAN_CHECK(c.per_token(), "%s channels: recovery_scale / token_fill given without per-token "
              "channels", side);
   PLAN_CHECK(c.topk >= 0 && c.topk <= w, "%s topk %d is out of range [1, %d] (width)", side,
@@ -157,6 +168,19 @@ void validate_head_plan(const HeadPlan& hp, const HeadShape& s) {
              "appends_dense is given without a basis or channels (it says how tokens appended "
              "after the plan's epoch are stored)");
   if (!hp.keep_all) check_indices(hp.keep, n, "keep", s, "the head's stored tokens");
+  if (hp.buffer != 0) {
+    PLAN_CHECK(hp.buffer > 0, "buffer %lld is negative", static_cast<long long>(hp.buffer));
+    PLAN_CHECK(hp.has_epoch(),
+               "a dense buffer is given without a basis or channels (it says how many recent "
+               "tokens an epoch leaves dense)");
+    PLAN_CHECK(!hp.appends_dense,
+               "a dense buffer and appends_dense cannot be combined (the buffer encodes the "
+               "tokens that leave it; appends_dense leaves them to a later plan)");
+    for (const ChannelSpec* c : {&hp.key.channels, &hp.value.channels})
+      PLAN_CHECK(!c->set() || (c->by_magnitude && c->subset.empty()),
+                 "a dense buffer needs an epoch that encodes tokens by itself (channels all or "
+                 "by magnitude), not channels chosen by a press");
+  }
   if (!hp.anchors.empty()) {
     PLAN_CHECK(hp.has_epoch(),
                "anchors are given without a basis or channels (anchors are the tokens an epoch "
@@ -278,6 +302,13 @@ CompressionPlan compose_plans(const CompressionPlan& first, const CompressionPla
     o.key = compose_side(a.key, b.key, b.keep_all, b.keep, "key", i, first.n_head_kv);
     o.value = compose_side(a.value, b.value, b.keep_all, b.keep, "value", i, first.n_head_kv);
     o.appends_dense = a.appends_dense || b.appends_dense;
+    KVTRIM_CHECK(a.buffer == 0 || b.buffer == 0 || a.buffer == b.buffer,
+                 "compose_plans: two presses set different dense buffers (%lld, %lld tokens) for "
+                 "layer %zu kv head %zu",
+                 static_cast<long long>(a.buffer), static_cast<long long>(b.buffer),
+                 i / static_cast<size_t>(std::max(1, first.n_head_kv)),
+                 i % static_cast<size_t>(std::max(1, first.n_head_kv)));
+    o.buffer = a.buffer != 0 ? a.buffer : b.buffer;
     // Anchors: first's that are still kept, plus second's mapped through first.
     std::vector<int32_t> anchors;
     for (int32_t t : a.anchors)

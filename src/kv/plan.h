@@ -31,6 +31,10 @@ namespace kvtrim {
 //    coordinate) and m = sqrt when recovery_sqrt, else the identity.
 //    Values, optional fill (SPARK's value pruning): token_fill [rows] without recovery_scale:
 //    a pruned coordinate reads token_fill[t] (the token's mean pruned value).
+//  - per-token by magnitude (SWAN): by_magnitude with topk = T (1..w) and nothing else: the cache
+//    itself keeps each token's T coordinates of largest |c_j| (ties: the lower index), for the
+//    tokens the plan re-encodes and for every token the epoch encodes later (appends, tokens
+//    leaving the dense buffer); pruned coordinates read zero.
 struct ChannelSpec {
   std::vector<int32_t> subset;
   int topk = 0;
@@ -42,10 +46,11 @@ struct ChannelSpec {
   std::vector<float> token_spread;
   uint32_t recovery_seed = 0;
   bool recovery_sqrt = false;
+  bool by_magnitude = false;
   bool per_token() const { return topk != 0 || !token_channels.empty() || !token_counts.empty(); }
   bool set() const {
     return !subset.empty() || per_token() || !recovery_scale.empty() || !token_fill.empty() ||
-           !token_spread.empty() || recovery_dist != RecoveryDist::kFill;
+           !token_spread.empty() || recovery_dist != RecoveryDist::kFill || by_magnitude;
   }
 };
 
@@ -87,8 +92,11 @@ struct HeadPlan {
   SideSpec key, value;
   std::vector<int32_t> anchors;
   bool appends_dense = false;
+  int64_t buffer = 0;
   bool has_epoch() const { return key.set() || value.set(); }
-  bool planned() const { return !keep_all || has_epoch() || !anchors.empty() || appends_dense; }
+  bool planned() const {
+    return !keep_all || has_epoch() || !anchors.empty() || appends_dense || buffer != 0;
+  }
 };
 
 // A plan for the whole cache: one HeadPlan per (layer, kv head).

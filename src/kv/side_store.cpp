@@ -235,29 +235,65 @@ void SideStore::realloc_to(int64_t cap, int64_t cap_ent, bool grow, const int32_
       std::memcpy(scale_.p.get(), N.scale_.p.get(), sbytes);
     }
   } else if (rows > 0) {
-    const Slot sl{tiled_, s_};
-    const size_t es = elem_bytes(1);
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t t = keep[r];
-      if (dtype_ == KvDtype::kQ4) {
-        for (int i = 0; i < s_; ++i) put_nibble(data_.p.get(), sl.nib(r, i), get_nibble(N.data_.p.get(), sl.nib(t, i)));
-        for (int b = 0; b < nblk; ++b) {
-          const int64_t fr = tiled_ ? ((t / kKeyTile) * nblk + b) * kKeyTile + t % kKeyTile : t * nblk + b;
-          const int64_t to = tiled_ ? ((r / kKeyTile) * nblk + b) * kKeyTile + r % kKeyTile : r * nblk + b;
-          scale_.as<uint16_t>()[to] = N.scale_.as<uint16_t>()[fr];
-        }
-        continue;
-      }
-      if (tiled_) {
-        for (int i = 0; i < s_; ++i)
-          std::memcpy(data_.p.get() + sl.at(r, i) * es, N.data_.p.get() + sl.at(t, i) * es, es);
-      } else {
-        std::memcpy(data_.p.get() + r * s_ * es, N.data_.p.get() + t * s_ * es, static_cast<size_t>(s_) * es);
-      }
-      if (scale_.n) scale_.as<float>()[r] = N.scale_.as<float>()[t];
-    }
+    for (int64_t r = 0; r < rows; ++r) copy_dense_row(N, keep[r], r);
   }
   n_ = rows;
+}
+
+void SideStore::copy_dense_row(const SideStore& src, int64_t t, int64_t r) {
+  const Slot sl{tiled_, s_};
+  const int nblk = n_blocks(s_);
+  const uint8_t* from = src.data_.p.get();
+  uint8_t* to = data_.p.get();
+  if (dtype_ == KvDtype::kQ4) {
+    for (int i = 0; i < s_; ++i) put_nibble(to, sl.nib(r, i), get_nibble(from, sl.nib(t, i)));
+    for (int b = 0; b < nblk; ++b) {
+      const int64_t fr = tiled_ ? ((t / kKeyTile) * nblk + b) * kKeyTile + t % kKeyTile : t * nblk + b;
+      const int64_t at = tiled_ ? ((r / kKeyTile) * nblk + b) * kKeyTile + r % kKeyTile : r * nblk + b;
+      scale_.as<uint16_t>()[at] = src.scale_.as<uint16_t>()[fr];
+    }
+    return;
+  }
+  const size_t es = elem_bytes(1);
+  if (tiled_) {
+    for (int i = 0; i < s_; ++i) std::memcpy(to + sl.at(r, i) * es, from + sl.at(t, i) * es, es);
+  } else {
+    std::memmove(to + r * s_ * es, from + t * s_ * es, static_cast<size_t>(s_) * es);
+  }
+  if (scale_.n) scale_.as<float>()[r] = src.scale_.as<float>()[t];
+}
+
+void SideStore::erase_rows(int64_t first, int64_t count) {
+  KVTRIM_ASSERT(!sparse_ && first >= 0 && count >= 0 && first + count <= n_);
+  if (count == 0) return;
+  const int64_t moved = n_ - first - count;  // rows after the erased ones, moved down by count
+  if (dtype_ == KvDtype::kQ4) {
+    for (int64_t r = 0; r < moved; ++r) copy_dense_row(*this, first + count + r, first + r);
+  } else if (tiled_) {
+    // element i of consecutive tokens is contiguous inside a tile: move runs that stay inside
+    // one tile on both sides (increasing rows: a source is never overwritten before it is read)
+    const Slot sl{tiled_, s_};
+    const size_t es = elem_bytes(1);
+    uint8_t* d = data_.p.get();
+    for (int64_t r = 0; r < moved;) {
+      const int64_t to = first + r, from = first + count + r;
+      const int64_t run = std::min({kKeyTile - to % kKeyTile, kKeyTile - from % kKeyTile, moved - r});
+      for (int i = 0; i < s_; ++i)
+        std::memmove(d + sl.at(to, i) * es, d + sl.at(from, i) * es, static_cast<size_t>(run) * es);
+      r += run;
+    }
+    if (scale_.n)
+      std::memmove(scale_.as<float>() + first, scale_.as<float>() + first + count,
+                   static_cast<size_t>(moved) * sizeof(float));
+  } else {
+    const size_t es = elem_bytes(1), row = static_cast<size_t>(s_) * es;
+    std::memmove(data_.p.get() + first * row, data_.p.get() + (first + count) * row,
+                 static_cast<size_t>(moved) * row);
+    if (scale_.n)
+      std::memmove(scale_.as<float>() + first, scale_.as<float>() + first + count,
+                   static_cast<size_t>(moved) * sizeof(float));
+  }
+  n_ -= count;
 }
 
 void SideStore::reserve(int64_t rows, int64_t entries, int64_t min_step, int64_t max_rows) {

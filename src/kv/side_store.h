@@ -85,6 +85,9 @@ class SideStore {
   // Returns false (and does nothing) when keep is every row and storage is already exact.
   bool select(const std::vector<int32_t>& keep);
   void truncate(int64_t n);
+  // Dense rows only: drops rows [first, first + count) and moves the later rows down, in place
+  // (capacity kept; SWAN's buffer hands its oldest rows to the sparse store at every step).
+  void erase_rows(int64_t first, int64_t count);
   SideBytes bytes() const;
 
   // Raw views for the attention kernels.
@@ -110,6 +113,8 @@ class SideStore {
 
  private:
   size_t elem_bytes(int64_t count) const;  // bytes of `count` stored elements
+  // Dense row t of src -> row r of this store (same layout; src may be this store, t != r).
+  void copy_dense_row(const SideStore& src, int64_t t, int64_t r);
   void realloc_to(int64_t cap, int64_t cap_ent, bool grow, const int32_t* keep, int64_t n_keep);
   int64_t entries() const { return sparse_ ? row_begin(n_) : 0; }
 

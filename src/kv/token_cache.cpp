@@ -93,24 +93,10 @@ void TokenCache::append(int il, int64_t n, const float* k, const float* v, const
     const float* kh = k + ih * dk;  // k: [n, n_head_kv, head_dim_k]
     const float* vh = v + ih * dv;  // v: [n, n_head_kv, head_dim_v]
     Segment* S = &H.segs[0];
-    if (H.cur && H.cur->appends_here()) {  // encoded at once with the current epoch
-      S = nullptr;
-      for (Segment& g : H.segs)
-        if (g.enc == H.cur) S = &g;
-      if (!S) {
-        H.segs.push_back(new_segment(H.cur));
-        S = &H.segs.back();
-      }
-      const SegmentEncoding& e = *H.cur;
-      ck.resize(static_cast<size_t>(n * e.k.width()));
-      cv.resize(static_cast<size_t>(n * e.v.width()));
-      e.k.to_coords(kh, n, nkv * dk, ck.data());
-      e.v.to_coords(vh, n, nkv * dv, cv.data());
-      reserve(*S, S->n() + n, 0, 0);
-      for (int64_t j = 0; j < n; ++j) {
-        S->k.push_dense(ck.data() + j * e.k.width());
-        S->v.push_dense(cv.data() + j * e.v.width());
-      }
+    const bool buffering = H.cur && H.cur->appends_here() && H.cur->buffer > 0;
+    if (H.cur && H.cur->appends_here() && !buffering) {  // encoded at once with the current epoch
+      S = &current_segment(H);
+      encode_into(*S, n, kh, nkv * dk, vh, nkv * dv);
     } else if (!S->enc->k.identity() || !S->enc->v.identity()) {  // rotated dense rows
       const SegmentEncoding& e = *S->enc;
       ck.resize(static_cast<size_t>(n * dk));
@@ -130,6 +116,10 @@ void TokenCache::append(int il, int64_t n, const float* k, const float* v, const
       }
     }
     if (!L.shared) S->pos.insert(S->pos.end(), pos, pos + n);
+    if (buffering) {  // the new rows joined the dense buffer; its oldest beyond the size leave it
+      H.buffered += n;
+      spill_buffer(H);
+    }
   }
   if (L.shared) L.pos.insert(L.pos.end(), pos, pos + n);
 }
@@ -271,6 +261,9 @@ void TokenCache::truncate(int32_t pos) {
       continue;
     }
     for (Head& H : L.heads) {
+      // the buffer is the tail of the dense rows: truncation removes it first
+      H.buffered = std::max<int64_t>(0, H.buffered - (H.segs[0].n() - static_cast<int64_t>(
+          std::lower_bound(H.segs[0].pos.begin(), H.segs[0].pos.end(), pos) - H.segs[0].pos.begin())));
       for (Segment& S : H.segs) {
         const int64_t keep = std::lower_bound(S.pos.begin(), S.pos.end(), pos) - S.pos.begin();
         S.pos.resize(static_cast<size_t>(keep));
@@ -297,6 +290,7 @@ void TokenCache::reset() {
   for (Layer& L : layers_) {
     for (Head& H : L.heads) {
       H.cur.reset();
+      H.buffered = 0;
       H.segs.resize(1);
     }
   }

@@ -38,6 +38,7 @@ struct Segment {
 struct Head {
   std::vector<Segment> segs;                   // [0] dense rows, then epochs
   std::shared_ptr<const SegmentEncoding> cur;  // the head's current epoch (null: none)
+  int64_t buffered = 0;  // the last `buffered` dense rows form the current epoch's dense buffer
   int64_t n_tokens() const {
     int64_t n = 0;
     for (const Segment& s : segs) n += s.n();
@@ -89,6 +90,14 @@ class TokenCache final : public KvCache {
   void apply_head(Layer& L, Head& H, const HeadPlan& hp);
   std::shared_ptr<const SegmentEncoding> make_encoding(const HeadPlan& hp);
   void bound_live_bases(Head& H) const;
+  // The segment of H holding its current epoch's tokens (created when missing).
+  Segment& current_segment(Head& H) const;
+  // Encodes n tokens (head coordinates, rows ldk / ldv apart) with segment S's encoding and
+  // appends them to S (positions: the caller's).
+  void encode_into(Segment& S, int64_t n, const float* k, int64_t ldk, const float* v,
+                   int64_t ldv) const;
+  // Moves the oldest dense-buffer rows beyond the current epoch's buffer into the epoch.
+  void spill_buffer(Head& H) const;
   HeadShape shape_of(const Layer& L, int il, int ih) const;
 
   std::shared_ptr<const SegmentEncoding> dense_enc_;  // identity, the cache's K / V types

@@ -28,10 +28,12 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <limits>
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kv/kv_cache.h"
@@ -318,12 +320,24 @@ class PressArgs {
   int64_t get_int_min(const std::string& name, int64_t lo) const;
   // `ratio` (in [0, 1)) and `budget` (>= 0) as a Budget.
   Budget get_budget() const;
+  // A string option that must be one of `choices` (name, value); the error lists them.
+  template <typename E>
+  E get_choice(const std::string& name, std::initializer_list<std::pair<const char*, E>> choices) const {
+    const std::string v = get_string(name);
+    std::string valid;
+    for (const auto& [n, e] : choices) {
+      if (v == n) return e;
+      valid += (valid.empty() ? "" : ", ") + std::string(n);
+    }
+    bad_choice(name, v, valid);
+  }
   // Wrappers: the inner press (set by the parser; nullptr otherwise).
   std::unique_ptr<Press> take_inner() const { return std::move(inner_); }
   void set_inner(std::unique_ptr<Press> p) { inner_ = std::move(p); }
 
  private:
   const std::string& raw(const std::string& name) const;
+  [[noreturn]] void bad_choice(const std::string& name, const std::string& v, const std::string& valid) const;
   std::string press_;
   std::map<std::string, std::string> values_;
   mutable std::unique_ptr<Press> inner_;

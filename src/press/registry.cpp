@@ -215,6 +215,10 @@ int64_t PressArgs::get_int_min(const std::string& name, int64_t lo) const {
   return v;
 }
 
+void PressArgs::bad_choice(const std::string& name, const std::string& v, const std::string& valid) const {
+  fail("press '%s': option '%s' = '%s' is not one of: %s", press_.c_str(), name.c_str(), v.c_str(), valid.c_str());
+}
+
 Budget PressArgs::get_budget() const {
   Budget b;
   const double r = get_double("ratio");

@@ -303,6 +303,32 @@ TEST(Fit, OrthonormalFitsSortedAndLossless) {
   }
 }
 
+// SWAN: P_QK = right singular vectors of [Q; K] (EigenAttention's keys), P_VO = of [V; W_Oᵀ]:
+// eigenvectors of G_V + G_VO, checked against the eigen-equation and a brute-force SVD of the
+// stacked rows.
+TEST(Fit, SwanRotationsAreTheStackedSingularVectors) {
+  const Synthetic y = make_synthetic(3);
+  const HeadFit f = fit_head(BasisMethod::kSwan, y.s);
+  const HeadFit ea = fit_head(BasisMethod::kEigenAttention, y.s);
+  EXPECT_EQ(f.k.enc, ea.k.enc);
+  ASSERT_TRUE(f.v.orthonormal());
+  const int d = y.d;
+  const Mat E = cols(f.v.enc, d, d);
+  EXPECT_LT((E.transpose() * E - Mat::Identity(d, d)).cwiseAbs().maxCoeff(), 1e-5);
+  Mat S(y.V.rows() + y.W.cols(), d);  // [V; W_Oᵀ]: y.W is [d, n_embd]
+  S << y.V, y.W.transpose();
+  Eigen::JacobiSVD<Mat> svd(S, Eigen::ComputeFullV);
+  for (int j = 0; j < d; ++j) {
+    const double sv2 = svd.singularValues()(j) * svd.singularValues()(j);
+    EXPECT_NEAR(f.v.energy[j] / sv2, 1, 1e-5) << j;
+    // the same direction up to sign (singular values of a random matrix are distinct)
+    EXPECT_NEAR(std::fabs(E.col(j).dot(svd.matrixV().col(j))), 1, 1e-4) << j;
+  }
+  HeadStats no_vo = y.s;
+  no_vo.gram_vo.clear();
+  EXPECT_THROW(fit_head(BasisMethod::kSwan, no_vo), Error);
+}
+
 TEST(Fit, KqSvdFullRankExactAndOptimalAtRankR) {
   const Synthetic y = make_synthetic(2);
   const HeadFit f = fit_head(BasisMethod::kKqSvd, y.s);

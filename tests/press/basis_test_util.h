@@ -1,5 +1,5 @@
 // An in-memory calibration for the tiny press-test model (tests/press/basis_*_test.cpp):
-// brute-force PCA fits of the keys / values of a capture run (written here independently of
+// brute-force PCA fits of the keys / values of a capture run (and SWAN's [K; Q] / [V; W_Oᵀ]) (written here independently of
 // src/calib/fit.cpp), an oblique KQ-SVD stand-in, installed with set_calibration_override.
 #pragma once
 #include <cmath>
@@ -8,6 +8,7 @@
 
 #include "calib/calibration.h"
 #include "calib/lowrank.h"
+#include "ops/dequant.h"
 #include "press/basis/lowrank_press.h"
 #include "press_fixture.h"
 
@@ -47,8 +48,13 @@ inline std::shared_ptr<Calibration> tiny_calibration(const Model& model, const C
   const int nl = hp.n_layer, nkv = hp.n_head_kv, d = hp.head_dim_k, g = hp.n_head / hp.n_head_kv;
   const size_t n = c.pos.size();
   auto cal = std::make_shared<Calibration>(model_fingerprint(model), nl, nkv);
-  std::vector<HeadFit> ksvd, ea, kq;
-  for (int il = 0; il < nl; ++il)
+  std::vector<HeadFit> ksvd, ea, kq, swan;
+  for (int il = 0; il < nl; ++il) {
+    // W_O [n_embd, n_head * d] dequantized: head h owns columns h·d .. (h+1)·d of each row
+    const WeightView& wo = model.layers().at(static_cast<size_t>(il)).wo;
+    std::vector<float> w(static_cast<size_t>(wo.n_rows * wo.n_cols));
+    for (int64_t r = 0; r < wo.n_rows; ++r)
+      dequantize_row(wo.type, static_cast<const uint8_t*>(wo.data) + r * wo.row_bytes, w.data() + r * wo.n_cols, wo.n_cols);
     for (int ih = 0; ih < nkv; ++ih) {
       std::vector<float> K, V, KQ;
       for (size_t t = 0; t < n; ++t) {
@@ -63,11 +69,21 @@ inline std::shared_ptr<Calibration> tiny_calibration(const Model& model, const C
       ksvd.push_back(f);
       ea.push_back(HeadFit{pca_fit(KQ, d), f.v});
       kq.push_back(HeadFit{oblique_of(f.k), oblique_of(f.v)});
+      // SWAN's P_VO: the rows of [V; W_O,groupᵀ] (each W_O row's slice of each group head)
+      std::vector<float> VO = V;
+      for (int64_t r = 0; r < wo.n_rows; ++r)
+        for (int gi = 0; gi < g; ++gi) {
+          const float* x = w.data() + r * wo.n_cols + (ih * g + gi) * d;
+          VO.insert(VO.end(), x, x + d);
+        }
+      swan.push_back(HeadFit{pca_fit(KQ, d), pca_fit(VO, d)});
     }
+  }
   cal->set_fits(BasisMethod::kKSvd, ksvd);
   cal->set_fits(BasisMethod::kStaticPca, ksvd);
   cal->set_fits(BasisMethod::kEigenAttention, ea);
   cal->set_fits(BasisMethod::kKqSvd, kq);
+  cal->set_fits(BasisMethod::kSwan, swan);
   return cal;
 }
 

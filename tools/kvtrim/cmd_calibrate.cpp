@@ -55,7 +55,7 @@ std::vector<BasisMethod> parse_methods(const std::string& s) {
   }
   KVTRIM_CHECK(
       !out.empty(),
-      "--methods: no method given (use all or a list of ksvd,eigenattention,kqsvd,staticpca)");
+      "--methods: no method given (use all or a list of ksvd,eigenattention,kqsvd,staticpca,swan)");
   return out;
 }
 
@@ -300,7 +300,7 @@ void register_calibrate(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   c->add_option("--methods", o->methods,
-                "all, or a comma-separated list of ksvd,eigenattention,kqsvd,staticpca")
+                "all, or a comma-separated list of ksvd,eigenattention,kqsvd,staticpca,swan")
       ->capture_default_str();
   c->add_option("-o,--out", o->out, "output file (default: next to the model, <model>.kvcalib)");
   c->add_option("--seed", o->seed, "seed of the layer-io reservoir sample")->capture_default_str();

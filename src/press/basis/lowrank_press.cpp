@@ -18,31 +18,6 @@ namespace kvtrim {
 
 namespace {
 
-std::mutex g_override_mu;
-std::shared_ptr<const Calibration> g_override;
-
-std::shared_ptr<const Calibration> calibration_override() {
-  std::lock_guard<std::mutex> lk(g_override_mu);
-  return g_override;
-}
-
-// <model gguf path minus .gguf>.kvcalib (what `kvtrim calibrate` writes by default).
-std::string default_calib_path(const Model& model) {
-  std::string p = model.gguf().path();
-  const std::string ext = ".gguf";
-  if (p.size() > ext.size() && p.compare(p.size() - ext.size(), ext.size(), ext) == 0)
-    p.resize(p.size() - ext.size());
-  return p + ".kvcalib";
-}
-
-void check_calibration_shape(const Calibration& cal, const PressContext& ctx,
-                             const std::string& who, const std::string& where) {
-  KVTRIM_CHECK(cal.n_layer() == ctx.n_layer() && cal.n_head_kv() == ctx.n_head_kv(),
-               "press '%s': the calibration %s has %d layers x %d kv heads, the model %d x %d",
-               who.c_str(), where.c_str(), cal.n_layer(), cal.n_head_kv(), ctx.n_layer(),
-               ctx.n_head_kv());
-}
-
 using MatF = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using MapCF = Eigen::Map<const MatF>;
 
@@ -99,10 +74,6 @@ int rank_for_eigen_energy(const std::vector<double>& eig, double frac) {
 
 }  // namespace
 
-void set_calibration_override(std::shared_ptr<const Calibration> cal) {
-  std::lock_guard<std::mutex> lk(g_override_mu);
-  g_override = std::move(cal);
-}
 
 // ---------------------------------------------------------------------------------------
 // Options
@@ -220,7 +191,7 @@ std::vector<float> residual_error_scores(const float* k, const int32_t* pos, int
 // ---------------------------------------------------------------------------------------
 // LowRankPress
 
-LowRankPress::LowRankPress(LowRankConfig cfg) : cfg_(std::move(cfg)) {}
+LowRankPress::LowRankPress(LowRankConfig cfg) : cfg_(std::move(cfg)), cal_(cfg_.name, cfg_.calib) {}
 
 int LowRankPress::rank_for_removed_ratio(double ratio, int d) {
   const int r = static_cast<int>(std::lround(static_cast<double>(d) * (1.0 - ratio)));
@@ -238,53 +209,7 @@ int LowRankPress::decode_interval() const {
 }
 
 std::shared_ptr<const Calibration> LowRankPress::calibration(const PressContext& ctx) const {
-  const Model* model = ctx.model();
-  std::shared_ptr<const Calibration> cal = cfg_.calib.empty() ? calibration_override() : nullptr;
-  std::lock_guard<std::mutex> lk(mu_);
-  if (!cal) {
-    if (!cal_) {
-      KVTRIM_CHECK(!cfg_.calib.empty() || model != nullptr,
-                   "press '%s' needs a calibration file: give calib=PATH (no model to find "
-                   "<model>.kvcalib from)",
-                   cfg_.name.c_str());
-      const std::string path = cfg_.calib.empty() ? default_calib_path(*model) : cfg_.calib;
-      if (!std::filesystem::exists(path)) {
-        const std::string model_path = model ? model->gguf().path() : std::string("MODEL.gguf");
-        const std::string out = cfg_.calib.empty() ? "" : " -o " + path;
-        fail(
-            "press '%s' needs a calibration file, and '%s' does not exist; create it with: kvtrim "
-            "calibrate -m %s%s",
-            cfg_.name.c_str(), path.c_str(), model_path.c_str(), out.c_str());
-      }
-      cal_ =
-          std::make_shared<const Calibration>(Calibration::load(path, model));  // checks the model
-      cal_path_ = path;
-      checked_model_ = model;
-    }
-    cal = cal_;
-    if (model && model != checked_model_) {
-      const ModelFingerprint fp = model_fingerprint(*model);
-      KVTRIM_CHECK(cal->fingerprint() == fp,
-                   "press '%s': the calibration file '%s' was made for another model (%s; this "
-                   "model: %s)",
-                   cfg_.name.c_str(), cal_path_.c_str(), cal->fingerprint().describe().c_str(),
-                   fp.describe().c_str());
-      checked_model_ = model;
-    }
-    check_calibration_shape(*cal, ctx, cfg_.name, "file");
-  } else {
-    if (model && (cal.get() != override_checked_ || model != checked_model_)) {
-      const ModelFingerprint fp = model_fingerprint(*model);
-      KVTRIM_CHECK(
-          cal->fingerprint() == fp,
-          "press '%s': the in-memory calibration was made for another model (%s; this model: %s)",
-          cfg_.name.c_str(), cal->fingerprint().describe().c_str(), fp.describe().c_str());
-      override_checked_ = cal.get();
-      checked_model_ = model;
-    }
-    check_calibration_shape(*cal, ctx, cfg_.name, "in memory");
-  }
-  return cal;
+  return cal_.get(ctx);
 }
 
 CompressionPlan LowRankPress::plan(const PressContext& ctx) const {

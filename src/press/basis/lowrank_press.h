@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "calib/calibration.h"
+#include "press/calibration_source.h"
 #include "press/press.h"
 
 namespace kvtrim {
@@ -83,17 +84,8 @@ class LowRankPress : public Press {
   bool needs_calibration() const { return !(cfg_.oja && cfg_.init_prompt); }
 
   LowRankConfig cfg_;
-  mutable std::mutex mu_;
-  mutable std::shared_ptr<const Calibration> cal_;  // loaded from a file
-  mutable std::string cal_path_;                    // ... this one
-  mutable const Model* checked_model_ = nullptr;    // model the calibration was checked against
-  mutable const Calibration* override_checked_ = nullptr;  // the override checked (if any)
+  CalibrationSource cal_;
 };
-
-// A calibration held in memory (tests; tools that just calibrated): while set, every basis
-// press without an explicit calib= option uses it instead of the default file. It is checked
-// against the model like a loaded file. nullptr clears it.
-void set_calibration_override(std::shared_ptr<const Calibration> cal);
 
 // Query-weighted residual error of OjaKV §5.1 for tokens k [n, d] (post-RoPE) at positions pos
 // [n] under a basis encoder E [d, r] / decoder D [d, r] (D empty: D = E): residual

@@ -252,17 +252,6 @@ class SparkPress : public Press {
   SparkOptions o_;
 };
 
-template <typename E>
-E pick(const PressArgs& a, const char* opt, std::initializer_list<std::pair<const char*, E>> vals) {
-  const std::string v = a.get_string(opt);
-  std::string valid;
-  for (const auto& [name, e] : vals) {
-    if (v == name) return e;
-    valid += (valid.empty() ? "" : ", ") + std::string(name);
-  }
-  throw Error(strprintf("press '%s': option '%s' = '%s' is not one of: %s", a.press().c_str(), opt, v.c_str(),
-                        valid.c_str()));
-}
 
 }  // namespace
 
@@ -287,15 +276,15 @@ PressInfo spark_press_info() {
     SparkOptions o;
     o.ratio = a.get_double_in("ratio", 0.0, 1.0, false);
     o.window = a.get_int_min("window", 1);
-    o.saliency = pick<Saliency>(a, "saliency", {{"code", Saliency::kCode}, {"paper", Saliency::kPaper}});
-    o.variant = pick<Variant>(a, "variant", {{"ratio", Variant::kRatio}, {"p", Variant::kTopP}, {"g", Variant::kGroups}});
+    o.saliency = a.get_choice<Saliency>("saliency", {{"code", Saliency::kCode}, {"paper", Saliency::kPaper}});
+    o.variant = a.get_choice<Variant>("variant", {{"ratio", Variant::kRatio}, {"p", Variant::kTopP}, {"g", Variant::kGroups}});
     o.p = a.get_double_in("p", 0.0, 1.0, true);
     KVTRIM_CHECK(o.p > 0, "press 'spark': option 'p' = %g must be in (0, 1]", o.p);
     o.groups = static_cast<int>(a.get_int("groups"));
     KVTRIM_CHECK(o.groups == 4 || o.groups == 5, "press 'spark': option 'groups' = %d must be 4 or 5 (the paper's)",
                  o.groups);
-    o.grouping = pick<Grouping>(a, "grouping", {{"code", Grouping::kCode}, {"paper", Grouping::kPaper}});
-    o.recovery = pick<Recovery>(a, "recovery", {{"degenerate", Recovery::kDegenerate}, {"gaussian", Recovery::kGaussian},
+    o.grouping = a.get_choice<Grouping>("grouping", {{"code", Grouping::kCode}, {"paper", Grouping::kPaper}});
+    o.recovery = a.get_choice<Recovery>("recovery", {{"degenerate", Recovery::kDegenerate}, {"gaussian", Recovery::kGaussian},
                                                 {"exponential", Recovery::kExponential}, {"zero", Recovery::kZero}});
     const int64_t seed = a.get_int("seed");
     KVTRIM_CHECK(seed >= 0 && seed <= 0xffffffffLL, "press 'spark': option 'seed' = %lld must be in [0, 2^32)",
