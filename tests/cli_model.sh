@@ -22,5 +22,11 @@ head -c 20000 "${KVTRIM_SHARED_DATA:-$(dirname "$0")/../../shared/data}/wikitext
 check ppl 0 "ppl = [0-9]+\.[0-9]+ \+/- " ppl -m smollm2 -f "$tmp/wiki.txt" -c 256 -t 2
 check ppl_ctx_past_model 1 "exceeds the model's context limit" ppl -m smollm2 -f "$tmp/wiki.txt" -c 9000
 check bench 0 "tg4@d64" bench -m smollm2 -p 32 -d 64 -n 4 -r 1 -t 2
+# SWAN on the real model: a small calibration, a run whose cache holds sparse rows (indices),
+# a k_active changed without recalibrating, and a calibration made for another model refused
+check calibrate_small 0 "wrote .*5 methods" calibrate -m smollm2 --seqs 2 --seq-len 128 -t 2 -o "$tmp/s.kvcalib"
+check run_swan 0 "KV cache: .*indices [1-9][0-9]*" run -m smollm2 -p "$long" -n 8 -t 2 --press "swan:0.5,buffer=16,calib=$tmp/s.kvcalib"
+check run_swan_k 0 "KV cache: .*indices [1-9][0-9]*" run -m smollm2 -p "$long" -n 8 -t 2 --press "swan:k=16,kv=48,values=fp8,buffer=16,calib=$tmp/s.kvcalib"
+check swan_wrong_model 1 "made for another model" run -m gemma3-270m -p "$long" -n 4 -t 2 --press "swan:0.5,calib=$tmp/s.kvcalib"
 echo "$pass passed, $failed failed"
 [ "$failed" -eq 0 ]

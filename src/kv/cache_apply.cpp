@@ -277,8 +277,8 @@ void TokenCache::encode_into(Segment& S, int64_t n, const float* k, int64_t ldk,
   }
 }
 
-void TokenCache::spill_buffer(Head& H) const {
-  const int64_t out = H.buffered - H.cur->buffer;
+void TokenCache::spill_buffer(Head& H, int64_t keep) const {
+  const int64_t out = H.buffered - keep;
   if (out <= 0) return;
   Segment& D = H.segs[0];
   const int64_t first = D.n() - H.buffered;

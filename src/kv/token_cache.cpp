@@ -116,9 +116,14 @@ void TokenCache::append(int il, int64_t n, const float* k, const float* v, const
       }
     }
     if (!L.shared) S->pos.insert(S->pos.end(), pos, pos + n);
-    if (buffering) {  // the new rows joined the dense buffer; its oldest beyond the size leave it
+    if (buffering) {
+      // The new rows joined the dense buffer; its oldest leave it, keeping buffer + n - 1:
+      // decode (n = 1) is Algorithm 1 exactly (b dense tokens, the new one included); in a chunk
+      // every query still sees the b - 1 tokens before it dense, as at decode, and the chunk's
+      // own tokens stay dense for its attention (the paper's dense prefill attention), until
+      // the next append.
       H.buffered += n;
-      spill_buffer(H);
+      spill_buffer(H, H.cur->buffer + n - 1);
     }
   }
   if (L.shared) L.pos.insert(L.pos.end(), pos, pos + n);

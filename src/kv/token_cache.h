@@ -96,8 +96,8 @@ class TokenCache final : public KvCache {
   // appends them to S (positions: the caller's).
   void encode_into(Segment& S, int64_t n, const float* k, int64_t ldk, const float* v,
                    int64_t ldv) const;
-  // Moves the oldest dense-buffer rows beyond the current epoch's buffer into the epoch.
-  void spill_buffer(Head& H) const;
+  // Moves the oldest dense-buffer rows into the current epoch until `keep` remain.
+  void spill_buffer(Head& H, int64_t keep) const;
   HeadShape shape_of(const Layer& L, int il, int ih) const;
 
   std::shared_ptr<const SegmentEncoding> dense_enc_;  // identity, the cache's K / V types

@@ -133,8 +133,9 @@ class SwanCache {
   void append(int64_t n, std::mt19937& rng) {
     const int32_t p0 = c_->n_past();
     kvtrim::append(*c_, m_, n, p0, rng);
+    // after n appended tokens the buffer holds b + n - 1 (exactly b at decode), or what it has
     for (auto& l : buf_)
-      for (int64_t& b : l) b = std::min(s_.buffer, b + n);
+      for (int64_t& b : l) b = s_.buffer == 0 ? 0 : std::min(s_.buffer + n - 1, b + n);
   }
   void truncate(int32_t pos) {
     for (int il = 0; il < kLayers; ++il)
@@ -326,7 +327,9 @@ TEST(SwanCache, PlanOnAnEmptyCacheEncodesThroughout) {
   hp.buffer = 8;
   c->apply(p);
   Mirror m;
-  append(*c, m, 30, 0, rng);
+  append(*c, m, 20, 0, rng);  // a chunk stays dense for its own attention
+  EXPECT_EQ(c->bytes().indices, 0u);
+  for (int32_t p = 20; p < 30; ++p) append(*c, m, 1, p, rng);  // decode: the buffer shrinks to 8
   const KvCache::HeadLayout lay = c->head_layout(0, 0);
   int dense = 0;
   for (int32_t e : lay.epoch) dense += e < 0 ? 1 : 0;

@@ -184,6 +184,29 @@ TEST_F(SwanPress, ComposesWithEvictionAndBytesMultiply) {
   EXPECT_EQ(s->generate({}, gp).tokens.size(), 5u);
 }
 
+// prefill=throughout: the epoch starts after the first forward call; the prompt's later chunks
+// pass through the buffer (b + n - 1 stay dense after a chunk of n: 16 + 16 + 8 tokens, b = 8 ->
+// 8, then 23, then 15 dense), and the prompt's logits read the pruned cache.
+TEST_F(SwanPress, PrefillThroughout) {
+  test::CalibrationScope scope(test::tiny_calibration(*model_, capture(test::calib_tokens())));
+  const HParams& hp = model_->hparams();
+  auto s = prefilled("swan:k=5,buffer=8,prefill=throughout", tokens(kN), 16);
+  for (int il = 0; il < hp.n_layer; ++il)
+    for (int ih = 0; ih < hp.n_head_kv; ++ih) {
+      const KvCache::HeadLayout lay = s->cache().head_layout(il, ih);
+      int dense = 0;
+      for (int32_t e : lay.epoch) dense += e < 0 ? 1 : 0;
+      EXPECT_EQ(dense, 15) << il << "," << ih;
+    }
+  Session plain(*model_, params(16));
+  const std::vector<float> a = plain.prefill(tokens(kN));
+  const std::vector<float> b = s->decode(3), a2 = plain.decode(3);
+  double diff = 0;
+  for (size_t j = 0; j < b.size(); ++j) diff = std::max(diff, std::fabs(static_cast<double>(b[j]) - a2[j]));
+  EXPECT_GT(diff, 1e-3);  // pruned keys and values change the logits
+  EXPECT_THROW(make_press("swan:prefill=during"), Error);
+}
+
 TEST_F(SwanPress, ClearErrors) {
   for (const char* bad : {"swan:ratio=1", "swan:values=q8", "swan:proj=pca", "swan:buffer=-1", "swan:k=-2",
                           "swan:seed=-1", "swan:nosuch=1"})

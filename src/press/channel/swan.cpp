@@ -24,7 +24,10 @@
 // round(d·(1 − ratio)), the paper's retention 1 − ratio), k / kv = key / value k_active (0 = from
 // ratio; kv = 0 takes the keys' count), buffer = 128, values = f16 (the precision of the stored
 // non-zero entries, keys and values: f16 or fp8), proj = calib, seed = 0, calib = the default
-// file. Retention 1 (ratio 0, or k = d) rotates without pruning.
+// file, prefill = after (the plan is applied once the prompt is prefilled, whose attention is
+// dense; throughout: every layer starts its epoch after the first forward call, so the
+// prompt's attention reads the pruned cache). Retention 1 (ratio 0, or k = d) rotates without
+// pruning.
 #include <Eigen/Dense>
 #include <algorithm>
 #include <cmath>
@@ -51,6 +54,7 @@ struct SwanOptions {
   Proj proj = Proj::kCalib;
   uint32_t seed = 0;
   std::string calib;
+  bool throughout = false;  // prefill=throughout: the epoch starts with the first forward call
 };
 
 // A seeded permutation of [0, n) (std::mt19937 + Fisher-Yates, portable across libraries).
@@ -88,6 +92,23 @@ class SwanPress : public Press {
   std::string name() const override { return "swan"; }
 
   CompressionPlan plan(const PressContext& ctx) const override {
+    CompressionPlan out(ctx.n_layer(), ctx.n_head_kv());
+    for (int il = 0; il < ctx.n_layer(); ++il) plan_layer(ctx, il, &out);
+    return out;
+  }
+  // prefill=throughout: after the first forward call appended a layer's tokens, before its
+  // attention reads them, the layer's heads start the SWAN epoch; later appends go through the
+  // cache's buffer (so the prompt's own attention reads the pruned cache, as decode does).
+  bool plans_after_append() const override { return o_.throughout; }
+  CompressionPlan plan_after_append(const PressContext& ctx, int il) const override {
+    CompressionPlan out(ctx.n_layer(), ctx.n_head_kv());
+    KVTRIM_CHECK(il >= 0 && il < ctx.n_layer(), "press 'swan': layer %d out of range", il);
+    if (ctx.cache().head_layout(il, 0).current_epoch < 0) plan_layer(ctx, il, &out);
+    return out;
+  }
+
+ private:
+  void plan_layer(const PressContext& ctx, int il, CompressionPlan* out) const {
     const int nl = ctx.n_layer(), nkv = ctx.n_head_kv();
     const int dk = ctx.head_dim_k(), dv = ctx.head_dim_v();
     const int tk = active(o_.k, dk), tv = active(o_.kv > 0 ? o_.kv : o_.k, dv);
@@ -95,43 +116,37 @@ class SwanPress : public Press {
                  "press 'swan': proj=swap needs keys and values of one head size (here %d and %d)", dk, dv);
     const std::vector<HeadFit>* fits = o_.proj == Proj::kIdentity || o_.proj == Proj::kRandom ? nullptr : &swan_fits(ctx);
     const std::vector<int> lperm = permutation(nl, o_.seed);
-    CompressionPlan plan(nl, nkv);
-    for (int il = 0; il < nl; ++il) {
-      const std::vector<int> hperm = permutation(nkv, o_.seed ^ (0x9e3779b9u * static_cast<uint32_t>(il + 1)));
-      for (int ih = 0; ih < nkv; ++ih) {
-        HeadPlan& hp = plan.at(il, ih);
-        std::vector<float> pk, pv;  // [d, d] rotations (empty: none)
-        switch (o_.proj) {
-          case Proj::kIdentity:
-            break;
-          case Proj::kRandom: {
-            const uint64_t s = (uint64_t{o_.seed} << 32) ^ static_cast<uint64_t>(il * nkv + ih) * 2;
-            pk = random_rotation(dk, s);
-            pv = random_rotation(dv, s + 1);
-            break;
-          }
-          case Proj::kCalib:
-          case Proj::kLayerShuffle:
-          case Proj::kHeadShuffle:
-          case Proj::kSwap: {
-            const int jl = o_.proj == Proj::kLayerShuffle ? lperm[static_cast<size_t>(il)] : il;
-            const int jh = o_.proj == Proj::kHeadShuffle ? hperm[static_cast<size_t>(ih)] : ih;
-            const HeadFit& f = (*fits)[static_cast<size_t>(jl * nkv + jh)];
-            pk = (o_.proj == Proj::kSwap ? f.v : f.k).enc_cols(dk);
-            pv = (o_.proj == Proj::kSwap ? f.k : f.v).enc_cols(dv);
-            break;
-          }
+    const std::vector<int> hperm = permutation(nkv, o_.seed ^ (0x9e3779b9u * static_cast<uint32_t>(il + 1)));
+    for (int ih = 0; ih < nkv; ++ih) {
+      HeadPlan& hp = out->at(il, ih);
+      std::vector<float> pk, pv;  // [d, d] rotations (empty: none)
+      switch (o_.proj) {
+        case Proj::kIdentity:
+          break;
+        case Proj::kRandom: {
+          const uint64_t s = (uint64_t{o_.seed} << 32) ^ static_cast<uint64_t>(il * nkv + ih) * 2;
+          pk = random_rotation(dk, s);
+          pv = random_rotation(dv, s + 1);
+          break;
         }
-        side(&hp.key, dk, tk, std::move(pk));
-        side(&hp.value, dv, tv, std::move(pv));
-        hp.buffer = o_.buffer;
-        if (!hp.has_epoch()) hp.buffer = 0;  // identity at retention 1: nothing to do
+        case Proj::kCalib:
+        case Proj::kLayerShuffle:
+        case Proj::kHeadShuffle:
+        case Proj::kSwap: {
+          const int jl = o_.proj == Proj::kLayerShuffle ? lperm[static_cast<size_t>(il)] : il;
+          const int jh = o_.proj == Proj::kHeadShuffle ? hperm[static_cast<size_t>(ih)] : ih;
+          const HeadFit& f = (*fits)[static_cast<size_t>(jl * nkv + jh)];
+          pk = (o_.proj == Proj::kSwap ? f.v : f.k).enc_cols(dk);
+          pv = (o_.proj == Proj::kSwap ? f.k : f.v).enc_cols(dv);
+          break;
+        }
       }
+      side(&hp.key, dk, tk, std::move(pk));
+      side(&hp.value, dv, tv, std::move(pv));
+      hp.buffer = hp.has_epoch() ? o_.buffer : 0;  // identity at retention 1: nothing to do
     }
-    return plan;
   }
 
- private:
   // k_active of a side of width d: `k` when given, else round(d (1 − ratio)), in [1, d].
   int active(int64_t k, int d) const {
     if (k > 0) {
@@ -198,7 +213,9 @@ PressInfo swan_press_info() {
       {"values", "f16", "precision of the stored non-zero entries (keys and values): f16 or fp8"},
       {"proj", "calib", "rotations: calib, or the ablations random, layer-shuffle, head-shuffle, swap, identity"},
       {"seed", "0", "seed of the random / shuffled projections"},
-      {"calib", "", "calibration file (default: <model>.kvcalib next to the model's .gguf)"}};
+      {"calib", "", "calibration file (default: <model>.kvcalib next to the model's .gguf)"},
+      {"prefill", "after", "after: prune once the prompt is prefilled (its attention is dense); throughout: from the "
+                           "first forward call on (the prompt's attention reads the pruned cache)"}};
   i.channel_axis = true;  // every token kept, fewer coordinates stored per token
   i.make = [](const PressArgs& a) -> std::unique_ptr<Press> {
     SwanOptions o;
@@ -218,6 +235,7 @@ PressInfo swan_press_info() {
                  static_cast<long long>(seed));
     o.seed = static_cast<uint32_t>(seed);
     o.calib = a.get_string("calib");
+    o.throughout = a.get_choice<bool>("prefill", {{"after", false}, {"throughout", true}});
     return std::make_unique<SwanPress>(o);
   };
   return i;
