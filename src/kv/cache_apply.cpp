@@ -33,13 +33,17 @@ SideEncoding make_side(const SideSpec& sp, int d, KvDtype dflt, bool keys) {
       s.rec_sqrt = c.recovery_sqrt;
     }
     s.fill = !keys && !c.token_fill.empty();
+    const bool can = c.topk > 0 && c.recovery_scale.empty() && c.token_fill.empty();
+    const int w = s.width(), isz = w <= 256 ? 1 : 2;
+    s.bitmask = can && (c.index == IndexLayout::kBitmask ||
+                        (c.index == IndexLayout::kAuto && (w + 7) / 8 < c.topk * isz));
   }
   return s;
 }
 
 bool same_side(const SideEncoding& a, const SideEncoding& b) {
   return a.d == b.d && a.basis == b.basis && a.mode == b.mode && a.subset == b.subset &&
-         a.topk == b.topk && a.by_magnitude == b.by_magnitude && a.recovery == b.recovery && a.fill == b.fill && a.dtype == b.dtype && a.dist == b.dist &&
+         a.topk == b.topk && a.by_magnitude == b.by_magnitude && a.bitmask == b.bitmask && a.recovery == b.recovery && a.fill == b.fill && a.dtype == b.dtype && a.dist == b.dist &&
          a.seed == b.seed && a.rec_sqrt == b.rec_sqrt;
 }
 

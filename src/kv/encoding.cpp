@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <mutex>
 
@@ -103,8 +104,13 @@ void SideEncoding::magnitude_channels(const float* c, int32_t* ch) const {
   order.resize(static_cast<size_t>(w));
   for (int j = 0; j < w; ++j) order[static_cast<size_t>(j)] = j;
   // decreasing |c|, ties to the lower index: a total order, so the chosen set is unique
-  auto before = [c](int32_t a, int32_t b) {
-    const float x = std::fabs(c[a]), y = std::fabs(c[b]);
+  // (a NaN counts as the largest magnitude, so the order stays a strict weak order)
+  auto mag = [c](int32_t i) {
+    const float m = std::fabs(c[i]);
+    return std::isnan(m) ? std::numeric_limits<float>::infinity() : m;
+  };
+  auto before = [&mag](int32_t a, int32_t b) {
+    const float x = mag(a), y = mag(b);
     return x > y || (x == y && a < b);
   };
   if (T < w) std::nth_element(order.begin(), order.begin() + T, order.end(), before);

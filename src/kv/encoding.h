@@ -47,6 +47,7 @@ struct SideEncoding {
   std::vector<uint16_t> subset;  // kSubset: kept coordinates (increasing, < width())
   int topk = 0;                  // kPerToken: fixed count; 0 = a variable count per token
   bool by_magnitude = false;     // kPerToken: the cache keeps each token's topk largest |c_j|
+  bool bitmask = false;          // kPerToken: kept coordinates as a bitmask (else a list)
   std::vector<float> recovery;   // keys, kPerToken: r [width()] (empty: pruned read zero)
   bool fill = false;             // values, kPerToken: a per-token fill for pruned coordinates
   // keys with recovery: one fill per token (kFill, sqrt(μ_t) already), or draws from the token's

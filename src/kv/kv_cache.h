@@ -61,8 +61,9 @@ struct KvCacheConfig {
 //  bases: f32 basis matrices (encoders and decoders), each counted once in the cache however
 //    many heads, epochs or clones hold it (attributed to the first layer holding it);
 //  indices: per-head channel subsets (uint16 per kept channel of each held epoch, once);
-//    per-token channels (uint8 per kept entry, uint16 when the width > 256; a variable count
-//    adds uint32 row offsets, n + 1 per segment side);
+//    per-token channels (uint8 per kept entry, uint16 when the width > 256, or in the bitmask
+//    layout ceil(w / 8) bytes per row; a variable count adds uint32 row offsets, n + 1 per
+//    segment side);
 //  bitmasks: per-token recovery sign bits, one per coordinate (ceil(w / 8) bytes per token);
 //  fills: per-token channel rows' fill parameters, f32: a key recovery fill sqrt(μ_t) (or μ_t
 //    and, Gaussian, σ_t for a sampled recovery) or a value fill, per token;

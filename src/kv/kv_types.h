@@ -18,6 +18,13 @@ enum class KvDtype { kF32, kF16, kBF16, kQ8, kFP8, kQ4 };
 // draw per coordinate from a distribution with the token's parameters (SPARK's F).
 enum class RecoveryDist : unsigned char { kFill, kGaussian, kExponential };
 
+// How per-token channel rows record which coordinates they keep (plan.h ChannelSpec::index):
+//  kList: one index per kept entry (uint8, uint16 when the width is over 256) — the papers' layout;
+//  kBitmask: one bit per coordinate, ceil(w / 8) bytes per row (fixed-count rows without
+//            recovery or fill only);
+//  kAuto: the bitmask where it is smaller (ceil(w / 8) < T · index size) and allowed, else a list.
+enum class IndexLayout : unsigned char { kAuto, kList, kBitmask };
+
 const char* kv_dtype_name(KvDtype t);
 // Parses a cache type name: f32, f16, bf16, q8 (also q8_0, llama.cpp's name), fp8 (also
 // fp8_e4m3), q4 (also q4_0). Throws Error naming the accepted names otherwise.

@@ -35,6 +35,8 @@ namespace kvtrim {
 //    itself keeps each token's T coordinates of largest |c_j| (ties: the lower index), for the
 //    tokens the plan re-encodes and for every token the epoch encodes later (appends, tokens
 //    leaving the dense buffer); pruned coordinates read zero.
+//  Per-token rows record their kept coordinates as a list or a bitmask (`index`, kv_types.h
+//  IndexLayout; kAuto: whichever is smaller where a bitmask is allowed).
 struct ChannelSpec {
   std::vector<int32_t> subset;
   int topk = 0;
@@ -47,6 +49,7 @@ struct ChannelSpec {
   uint32_t recovery_seed = 0;
   bool recovery_sqrt = false;
   bool by_magnitude = false;
+  IndexLayout index = IndexLayout::kAuto;  // per-token rows: kept-coordinate list or bitmask
   bool per_token() const { return topk != 0 || !token_channels.empty() || !token_counts.empty(); }
   bool set() const {
     return !subset.empty() || per_token() || !recovery_scale.empty() || !token_fill.empty() ||

@@ -45,8 +45,45 @@ void dense_scores(const SideStore& k, const float* qs, int G, int64_t b, int64_t
   }
 }
 
-// The kernels' view of per-token rows; false for q4 rows (no kernel: the generic path).
-bool sparse_view(const SideStore& st, int w, SparseRows* r) {
+// Indices of bitmask rows [b, b + nb) expanded into `out` (uint8 / uint16 as the kernels read a
+// list, T per row). uint8: one table lookup per mask byte (the byte's set bits as up to 8
+// indices, offset by 8 · byte with one 64-bit add: no carries while indices stay < 256).
+void expand_masks(const SideStore& st, int64_t b, int64_t nb, std::vector<uint8_t>* out) {
+  const int T = st.topk(), mb = st.mask_bytes(), isz = st.idx_bytes();
+  out->resize(static_cast<size_t>(nb * T * isz) + 8);
+  if (isz == 1) {
+    static const std::vector<uint64_t> lut = [] {
+      std::vector<uint64_t> l(256, 0);
+      for (unsigned v = 0; v < 256; ++v) {
+        int k = 0;
+        for (unsigned x = v; x; x &= x - 1) l[v] |= static_cast<uint64_t>(__builtin_ctz(x)) << (8 * k++);
+      }
+      return l;
+    }();
+    uint8_t* o = out->data();
+    for (int64_t t = 0; t < nb; ++t) {
+      const uint8_t* m = st.mask_row(b + t);
+      for (int i = 0; i < mb; ++i) {
+        const uint64_t x = lut[m[i]] + 0x0808080808080808ull * static_cast<uint64_t>(i);
+        std::memcpy(o, &x, 8);  // the bytes past the popcount are overwritten next (8 B slack)
+        o += __builtin_popcount(m[i]);
+      }
+    }
+    return;
+  }
+  thread_local std::vector<int32_t> ch;
+  ch.resize(static_cast<size_t>(T));
+  uint16_t* o = reinterpret_cast<uint16_t*>(out->data());
+  for (int64_t t = 0; t < nb; ++t) {
+    st.row_channels(b + t, ch.data());
+    for (int j = 0; j < T; ++j) *o++ = static_cast<uint16_t>(ch[static_cast<size_t>(j)]);
+  }
+}
+
+// The kernels' view of per-token rows [b, b + nb); false for q4 rows (no kernel: the generic
+// path). *t0: the view's index of row b (b itself; 0 for bitmask rows, whose indices are
+// expanded for these rows only into a per-thread buffer, valid until the next call).
+bool sparse_view(const SideStore& st, int w, int64_t b, int64_t nb, SparseRows* r, int64_t* t0) {
   switch (st.dtype()) {
     case KvDtype::kF32:
       r->type = SparseType::kF32;
@@ -73,6 +110,16 @@ bool sparse_view(const SideStore& st, int w, SparseRows* r) {
   r->T = st.topk();
   r->scale = st.dtype() == KvDtype::kQ8 || st.dtype() == KvDtype::kFP8 ? st.row_scale() : nullptr;
   r->dim = w;
+  *t0 = b;
+  if (st.bitmask()) {
+    thread_local std::vector<uint8_t> ex;
+    expand_masks(st, b, nb, &ex);
+    r->vals = st.data() + static_cast<size_t>(st.row_begin(b)) * st.elem_size();
+    r->idx = ex.data();
+    r->off = nullptr;
+    if (r->scale) r->scale += b;
+    *t0 = 0;
+  }
   return true;
 }
 
@@ -158,9 +205,10 @@ void sparse_scores(const SideStore& k, const SideEncoding& e, int w, const float
   thread_local std::vector<char> kept;
   const bool rec = qr != nullptr;
   SparseRows view;
-  const bool kern = sparse_view(k, w, &view);
+  int64_t t0 = 0;
+  const bool kern = sparse_view(k, w, b, nb, &view, &t0);
   if (kern) {
-    kvtrim::kv::sparse_scores(view, qs, G, w, b, nb, s, ld);
+    kvtrim::kv::sparse_scores(view, qs, G, w, t0, nb, s, ld);
     if (!rec) return;
   }
   const int nf = k.fill_params();
@@ -185,11 +233,9 @@ void sparse_scores(const SideStore& k, const SideEncoding& e, int w, const float
     const int cnt = k.row_count(t);
     val.resize(static_cast<size_t>(cnt));
     ch.resize(static_cast<size_t>(cnt));
-    for (int j = 0; j < cnt; ++j) {
+    k.row_channels(t, ch.data());
+    for (int j = 0; j < cnt; ++j)
       if (!kern) val[static_cast<size_t>(j)] = k.entry_at(t, e0 + j);  // (the kernel scored them)
-      ch[static_cast<size_t>(j)] =
-          k.idx_bytes() == 1 ? k.idx()[e0 + j] : reinterpret_cast<const uint16_t*>(k.idx())[e0 + j];
-    }
     for (int g = 0; g < G && !kern; ++g) {
       const float* q = qs + static_cast<int64_t>(g) * w;
       float dot = 0;
@@ -267,22 +313,22 @@ void dense_accum(const SideStore& v, const float* p, int G, int64_t ldp, int64_t
 void sparse_accum(const SideStore& v, int w, bool fill, const float* p, int G, int64_t ldp,
                   int64_t b, int64_t nb, float* acc, int aw) {
   SparseRows view;
-  if (!fill && sparse_view(v, w, &view)) {
-    kvtrim::kv::sparse_accum(view, p, G, ldp, b, nb, acc, aw);
+  int64_t t0 = 0;
+  if (!fill && sparse_view(v, w, b, nb, &view, &t0)) {
+    kvtrim::kv::sparse_accum(view, p, G, ldp, t0, nb, acc, aw);
     return;
   }
+  thread_local std::vector<int32_t> ch;
   for (int64_t t = b; t < b + nb; ++t) {
     const int64_t e0 = v.row_begin(t);
     const int cnt = v.row_count(t);
     const float f = fill ? v.fills()[t] : 0.f;
+    ch.resize(static_cast<size_t>(cnt));
+    v.row_channels(t, ch.data());
     for (int g = 0; g < G; ++g) {
       const float pt = p[g * ldp + (t - b)];
       float* a = acc + static_cast<int64_t>(g) * aw;
-      for (int j = 0; j < cnt; ++j) {
-        const int c = v.idx_bytes() == 1 ? v.idx()[e0 + j]
-                                         : reinterpret_cast<const uint16_t*>(v.idx())[e0 + j];
-        a[c] += pt * (v.entry_at(t, e0 + j) - f);
-      }
+      for (int j = 0; j < cnt; ++j) a[ch[static_cast<size_t>(j)]] += pt * (v.entry_at(t, e0 + j) - f);
       if (fill) a[w] += pt * f;
     }
   }

@@ -144,6 +144,8 @@ void SideStore::init(const SideEncoding& e, bool keys) {
   rec_ = sparse_ && keys && e.recovers();
   fill_ = sparse_ && (rec_ || (!keys && e.fill));
   isz_ = sparse_ ? (w_ <= 256 ? 1 : 2) : 0;
+  mask_ = sparse_ && e.bitmask;
+  mb_ = mask_ ? (w_ + 7) / 8 : 0;
   sb_ = rec_ ? (w_ + 7) / 8 : 0;
   nf_ = fill_ ? (rec_ ? e.fill_params() : 1) : 0;
   n_ = cap_ = cap_ent_ = 0;
@@ -181,6 +183,8 @@ void SideStore::realloc_to(int64_t cap, int64_t cap_ent, bool grow, const int32_
   s_ = N.s_;
   T_ = N.T_;
   isz_ = N.isz_;
+  mask_ = N.mask_;
+  mb_ = N.mb_;
   sb_ = N.sb_;
   nf_ = N.nf_;
   cap_ = cap;
@@ -189,7 +193,8 @@ void SideStore::realloc_to(int64_t cap, int64_t cap_ent, bool grow, const int32_
   const int64_t rows = grow ? N.n_ : n_keep;
   if (sparse_) {
     data_.alloc(elem_bytes(cap_ent) + 1);
-    idx_.alloc(static_cast<size_t>(cap_ent) * static_cast<size_t>(isz_));
+    idx_.alloc(mask_ ? static_cast<size_t>(cap) * static_cast<size_t>(mb_)
+                     : static_cast<size_t>(cap_ent) * static_cast<size_t>(isz_));
     if (has_row_scale(dtype_) || dtype_ == KvDtype::kQ4) scale_.alloc(static_cast<size_t>(cap) * 4);
     if (fill_) fills_.alloc(static_cast<size_t>(cap * nf_) * 4);
     if (rec_) signs_.alloc(static_cast<size_t>(cap * sb_));
@@ -204,7 +209,11 @@ void SideStore::realloc_to(int64_t cap, int64_t cap_ent, bool grow, const int32_
         const size_t es = elem_bytes(1);
         std::memcpy(data_.p.get() + ent * es, N.data_.p.get() + b * es, static_cast<size_t>(c) * es);
       }
-      std::memcpy(idx_.p.get() + ent * isz_, N.idx_.p.get() + b * N.isz_, static_cast<size_t>(c * isz_));
+      if (mask_) {
+        std::memcpy(idx_.p.get() + r * mb_, N.idx_.p.get() + t * mb_, static_cast<size_t>(mb_));
+      } else {
+        std::memcpy(idx_.p.get() + ent * isz_, N.idx_.p.get() + b * N.isz_, static_cast<size_t>(c * isz_));
+      }
       if (scale_.n) scale_.as<float>()[r] = N.scale_.as<float>()[t];
       for (int j = 0; j < nf_; ++j) fills_.as<float>()[r * nf_ + j] = N.fills_.as<float>()[t * nf_ + j];
       if (rec_) std::memcpy(signs_.p.get() + r * sb_, N.signs_.p.get() + t * sb_, static_cast<size_t>(sb_));
@@ -342,11 +351,17 @@ void SideStore::push_sparse(const float* c, const int32_t* ch, int cnt, const fl
   for (int j = 0; j < cnt; ++j) vals[static_cast<size_t>(j)] = c[ch[j]];
   const float sc = encode_elems(dtype_, vals.data(), cnt, data_.p.get(), [&](int64_t j) { return e0 + j; });
   if (scale_.n) scale_.as<float>()[t] = sc;
-  for (int j = 0; j < cnt; ++j) {
-    if (isz_ == 1) {
-      idx_.p[e0 + j] = static_cast<uint8_t>(ch[j]);
-    } else {
-      idx_.as<uint16_t>()[e0 + j] = static_cast<uint16_t>(ch[j]);
+  if (mask_) {
+    uint8_t* m = idx_.p.get() + t * mb_;
+    std::fill(m, m + mb_, uint8_t{0});
+    for (int j = 0; j < cnt; ++j) m[ch[j] >> 3] = static_cast<uint8_t>(m[ch[j] >> 3] | (1u << (ch[j] & 7)));
+  } else {
+    for (int j = 0; j < cnt; ++j) {
+      if (isz_ == 1) {
+        idx_.p[e0 + j] = static_cast<uint8_t>(ch[j]);
+      } else {
+        idx_.as<uint16_t>()[e0 + j] = static_cast<uint16_t>(ch[j]);
+      }
     }
   }
   for (int j = 0; j < nf_; ++j) fills_.as<float>()[t * nf_ + j] = fill[j];
@@ -376,6 +391,19 @@ float SideStore::entry_at(int64_t t, int64_t e) const {
   return decode_elem(dtype_, data_.p.get(), e, sc);
 }
 
+void SideStore::row_channels(int64_t t, int32_t* ch) const {
+  if (mask_) {
+    const uint8_t* m = mask_row(t);
+    int k = 0;
+    for (int i = 0; i < mb_; ++i)
+      for (unsigned v = m[i]; v; v &= v - 1) ch[k++] = 8 * i + __builtin_ctz(v);
+    return;
+  }
+  const int64_t b = row_begin(t);
+  const int cnt = row_count(t);
+  for (int j = 0; j < cnt; ++j) ch[j] = isz_ == 1 ? idx_.p[b + j] : idx_.as<uint16_t>()[b + j];
+}
+
 void SideStore::get(const SideEncoding& e, int64_t t, float* c) const {
   if (!sparse_) {
     if (e.mode == ChannelMode::kSubset) {
@@ -392,9 +420,12 @@ void SideStore::get(const SideEncoding& e, int64_t t, float* c) const {
   const float fill = fp ? fp[0] : 0.f;
   // pruned coordinates: value fill, key recovery ±fill·r[c], or zero
   thread_local std::vector<char> kept;
+  thread_local std::vector<int32_t> chs;
   kept.assign(static_cast<size_t>(w_), 0);
+  chs.resize(static_cast<size_t>(cnt));
+  row_channels(t, chs.data());
   for (int j = 0; j < cnt; ++j) {
-    const int ch = isz_ == 1 ? idx_.p[b + j] : idx_.as<uint16_t>()[b + j];
+    const int ch = chs[static_cast<size_t>(j)];
     c[ch] = entry_at(t, b + j);
     kept[static_cast<size_t>(ch)] = 1;
   }
@@ -434,7 +465,8 @@ SideBytes SideStore::bytes() const {
   if (sparse_) {
     const int64_t ent = entries();
     b.elems = elem_bytes(ent);
-    b.indices = static_cast<size_t>(ent) * static_cast<size_t>(isz_) + (var_ ? (n + 1) * 4 : 0);
+    b.indices = (mask_ ? n * static_cast<size_t>(mb_) : static_cast<size_t>(ent) * static_cast<size_t>(isz_)) +
+                (var_ ? (n + 1) * 4 : 0);
     if (scale_.n) b.scales += n * 4;
     b.fills = n * static_cast<size_t>(nf_) * 4;
     if (rec_) b.bitmasks = n * static_cast<size_t>(sb_);

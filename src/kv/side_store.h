@@ -10,7 +10,9 @@
 // Per-token rows (channels chosen per token, keys and values alike): row t keeps cnt_t entries
 //   (value, coordinate), packed row-major from entry off_t: vals [entries] in the dtype
 //   (q8 / fp8 / q4 codes with one f32 scale per row), idx [entries] uint8 (width <= 256) or
-//   uint16, off [n + 1] uint32 only for a variable count (fixed: off_t = t·T); fills [n] f32
+//   uint16 — or, bitmask layout (fixed count, no recovery / fill), idx [n][ceil(w / 8)] with bit
+//   i of a row set for each kept coordinate i (the entries in increasing coordinate order) —,
+//   off [n + 1] uint32 only for a variable count (fixed: off_t = t·T); fills [n] f32
 //   (keys with recovery: sqrt(μ_t), or μ_t[, σ_t] for a sampled recovery; values with fill: the fill value), signs (keys with
 //   recovery): one bit per coordinate of the row, bit i = 1 if coordinate i is negative (the
 //   kept ones too, so that scoring reads the pruned signs as one masked word, with no per-bit
@@ -94,8 +96,17 @@ class SideStore {
   const uint8_t* data() const { return data_.p.get(); }
   const float* row_scale() const { return scale_.as<float>(); }
   const uint16_t* block_scale() const { return scale_.as<uint16_t>(); }
+  // List layout: entry e's coordinate at idx()[e · idx_bytes()] (uint8 or uint16).
   const uint8_t* idx() const { return idx_.p.get(); }
   int idx_bytes() const { return isz_; }
+  // Bitmask layout: row t's kept coordinates as bits (bit i of byte i / 8), mask_bytes() per row.
+  bool bitmask() const { return mask_; }
+  int mask_bytes() const { return mb_; }
+  const uint8_t* mask_row(int64_t t) const { return idx_.p.get() + t * mb_; }
+  // Row t's kept coordinates, increasing, into ch [row_count(t)] (either layout).
+  void row_channels(int64_t t, int32_t* ch) const;
+  // Bytes of one stored element (not q4).
+  size_t elem_size() const { return elem_bytes(1); }
   const uint32_t* offsets() const { return var_ ? off_.data() : nullptr; }
   int topk() const { return T_; }
   const float* fills() const { return fills_.as<float>(); }  // [n, fill_params()]
@@ -123,7 +134,9 @@ class SideStore {
   int w_ = 0;    // coordinates (width)
   int s_ = 0;    // dense: elements per row
   int T_ = 0;    // per-token fixed count (0: variable)
-  int isz_ = 0;  // per-token index bytes
+  int isz_ = 0;  // per-token index bytes (list layout)
+  bool mask_ = false;  // per-token rows: kept coordinates as a bitmask of mb_ bytes per row
+  int mb_ = 0;
   int sb_ = 0;   // per-token rows with recovery: sign bytes per row, ceil(w / 8)
   int nf_ = 0;   // fill / recovery parameters per row (0: none)
   int64_t n_ = 0, cap_ = 0, cap_ent_ = 0;

@@ -79,6 +79,7 @@ struct Setup {
   KvDtype sparse;  // the pruned entries' type
   int tk, tv;      // k_active
   int64_t buffer;
+  IndexLayout index = IndexLayout::kAuto;  // kAuto: a bitmask (4 bytes < tk, tv at kD = 32)
 };
 
 double tol(KvDtype t) {
@@ -121,6 +122,7 @@ class SwanCache {
           sp->basis = *U;
           sp->channels.by_magnitude = true;
           sp->channels.topk = t;
+          sp->channels.index = s_.index;
           sp->dtype = s_.sparse;
         }
         hp.buffer = s_.buffer;
@@ -223,7 +225,7 @@ class SwanCache {
         };
         keys += elem(s_.sparse, ns * s_.tk);
         values += elem(s_.sparse, ns * s_.tv);
-        idx += static_cast<size_t>(ns * (s_.tk + s_.tv));
+        idx += static_cast<size_t>(s_.index == IndexLayout::kList ? ns * (s_.tk + s_.tv) : ns * 2 * (kD / 8));
         if (s_.sparse == KvDtype::kFP8) scales += static_cast<size_t>(ns * 8);
         if (s_.dense == KvDtype::kF16 || s_.dense == KvDtype::kF32) {
           keys += elem(s_.dense, nb * kD);
@@ -307,6 +309,7 @@ TEST(SwanCache, BufferAndMagnitudeTopKOverEveryPrecision) {
     for (KvDtype sparse : {KvDtype::kF16, KvDtype::kFP8}) {
       SCOPED_TRACE(std::string("dense ") + kv_dtype_name(dense) + ", sparse " + kv_dtype_name(sparse));
       run({dense, sparse, 12, 9, 20}, &pool);
+      run({dense, sparse, 12, 9, 20, IndexLayout::kList}, &pool);
     }
 }
 
@@ -334,7 +337,7 @@ TEST(SwanCache, PlanOnAnEmptyCacheEncodesThroughout) {
   int dense = 0;
   for (int32_t e : lay.epoch) dense += e < 0 ? 1 : 0;
   EXPECT_EQ(dense, 8);
-  EXPECT_EQ(c->bytes().indices, static_cast<size_t>(22 * 5));
+  EXPECT_EQ(c->bytes().indices, static_cast<size_t>(22 * (kD / 8)));  // bitmask rows
 }
 
 TEST(SwanCache, BadPlans) {
@@ -378,6 +381,11 @@ TEST(SwanCache, BadPlans) {
   g.buffer = 2;
   g.appends_dense = true;
   refused(g, "appends_dense");
+  HeadPlan v;  // a bitmask needs a fixed count
+  v.key.channels.token_counts.assign(10, 1);
+  v.key.channels.token_channels.assign(10, 0);
+  v.key.channels.index = IndexLayout::kBitmask;
+  refused(v, "bitmask");
   EXPECT_EQ(c->n_tokens(0, 0), 10);
   EXPECT_EQ(c->head_layout(0, 0).current_epoch, -1);
 }

@@ -78,9 +78,15 @@ TEST_F(SwanPress, PrunedTokensKeepTheirTopKRotatedCoordinates) {
       for (int t = 0; t < kN + 5; ++t) EXPECT_EQ(lay.epoch[static_cast<size_t>(t)] < 0, t >= kN + 5 - 8);
     }
   const KvBytes b = s->cache().bytes();
-  const size_t nh = static_cast<size_t>(hp.n_layer * hp.n_head_kv);
-  EXPECT_EQ(b.indices, nh * (kN + 5 - 8) * (5 + 9));
+  const size_t nh = static_cast<size_t>(hp.n_layer * hp.n_head_kv), mb = static_cast<size_t>(d + 7) / 8;
+  EXPECT_EQ(b.indices, nh * (kN + 5 - 8) * 2 * mb);  // auto: a bitmask is smaller than 5 or 9 indices
   EXPECT_EQ(b.keys, nh * ((kN + 5 - 8) * 5 * 2 + 8 * static_cast<size_t>(d) * 4));  // f16 entries, f32 buffer
+  // the paper's layout (a uint8 index per entry): other bytes, the same attention bit for bit
+  auto l = prefilled("swan:k=5,kv=9,buffer=8,index=list", prompt);
+  l->compress();
+  for (int i = 0; i < 5; ++i) l->decode(3 + i);
+  EXPECT_EQ(l->cache().bytes().indices, nh * (kN + 5 - 8) * (5 + 9));
+  EXPECT_EQ(l->decode(9), s->decode(9));
 }
 
 // Retention 1 rotates without pruning: the same logits as the uncompressed cache (the rotation is
@@ -175,7 +181,7 @@ TEST_F(SwanPress, ComposesWithEvictionAndBytesMultiply) {
   EXPECT_EQ(total_tokens(s->cache()), static_cast<int64_t>(nh * kN / 2));
   const KvBytes b = s->cache().bytes();
   const size_t T = d / 4, pruned = kN / 2 - 4;
-  EXPECT_EQ(b.indices, nh * pruned * 2 * T);
+  EXPECT_EQ(b.indices, nh * pruned * 2 * ((d + 7) / 8));  // bitmask rows
   EXPECT_EQ(b.keys, nh * (pruned * T + 4 * d * 4));  // fp8 entries + the f32 buffer
   EXPECT_EQ(b.scales, nh * pruned * 2 * 4);         // one f32 per fp8 row, keys and values
   GenerateParams gp;
@@ -208,7 +214,7 @@ TEST_F(SwanPress, PrefillThroughout) {
 }
 
 TEST_F(SwanPress, ClearErrors) {
-  for (const char* bad : {"swan:ratio=1", "swan:values=q8", "swan:proj=pca", "swan:buffer=-1", "swan:k=-2",
+  for (const char* bad : {"swan:ratio=1", "swan:values=q8", "swan:index=u16", "swan:proj=pca", "swan:buffer=-1", "swan:k=-2",
                           "swan:seed=-1", "swan:nosuch=1"})
     EXPECT_THROW(make_press(bad), Error) << bad;
   test::CalibrationScope scope(test::tiny_calibration(*model_, capture(test::calib_tokens())));

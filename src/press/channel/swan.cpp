@@ -55,6 +55,7 @@ struct SwanOptions {
   uint32_t seed = 0;
   std::string calib;
   bool throughout = false;  // prefill=throughout: the epoch starts with the first forward call
+  IndexLayout index = IndexLayout::kAuto;
 };
 
 // A seeded permutation of [0, n) (std::mt19937 + Fisher-Yates, portable across libraries).
@@ -164,6 +165,7 @@ class SwanPress : public Press {
     if (t < d) {
       sp->channels.by_magnitude = true;
       sp->channels.topk = t;
+      sp->channels.index = o_.index;
     }
     if (sp->set()) sp->dtype = o_.values;
   }
@@ -214,6 +216,8 @@ PressInfo swan_press_info() {
       {"proj", "calib", "rotations: calib, or the ablations random, layer-shuffle, head-shuffle, swap, identity"},
       {"seed", "0", "seed of the random / shuffled projections"},
       {"calib", "", "calibration file (default: <model>.kvcalib next to the model's .gguf)"},
+      {"index", "auto", "kept coordinates: list (a uint8 index per entry, the paper's layout), bitmask (d/8 bytes "
+                        "per row), auto (the smaller)"},
       {"prefill", "after", "after: prune once the prompt is prefilled (its attention is dense); throughout: from the "
                            "first forward call on (the prompt's attention reads the pruned cache)"}};
   i.channel_axis = true;  // every token kept, fewer coordinates stored per token
@@ -235,6 +239,9 @@ PressInfo swan_press_info() {
                  static_cast<long long>(seed));
     o.seed = static_cast<uint32_t>(seed);
     o.calib = a.get_string("calib");
+    o.index = a.get_choice<IndexLayout>("index", {{"auto", IndexLayout::kAuto},
+                                                   {"list", IndexLayout::kList},
+                                                   {"bitmask", IndexLayout::kBitmask}});
     o.throughout = a.get_choice<bool>("prefill", {{"after", false}, {"throughout", true}});
     return std::make_unique<SwanPress>(o);
   };
