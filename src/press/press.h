@@ -318,6 +318,8 @@ class PressArgs {
   // get_double with a range check: lo <= v (< or <=) hi.
   double get_double_in(const std::string& name, double lo, double hi, bool hi_inclusive) const;
   int64_t get_int_min(const std::string& name, int64_t lo) const;
+  // An integer in [0, 2^32) (seeds).
+  uint32_t get_uint32(const std::string& name) const;
   // `ratio` (in [0, 1)) and `budget` (>= 0) as a Budget.
   Budget get_budget() const;
   // A string option that must be one of `choices` (name, value); the error lists them.

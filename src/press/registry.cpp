@@ -219,6 +219,13 @@ void PressArgs::bad_choice(const std::string& name, const std::string& v, const 
   fail("press '%s': option '%s' = '%s' is not one of: %s", press_.c_str(), name.c_str(), v.c_str(), valid.c_str());
 }
 
+uint32_t PressArgs::get_uint32(const std::string& name) const {
+  const int64_t v = get_int(name);
+  KVTRIM_CHECK(v >= 0 && v <= 0xffffffffLL, "press '%s': option '%s' = %lld must be in [0, 2^32)", press_.c_str(),
+               name.c_str(), static_cast<long long>(v));
+  return static_cast<uint32_t>(v);
+}
+
 Budget PressArgs::get_budget() const {
   Budget b;
   const double r = get_double("ratio");

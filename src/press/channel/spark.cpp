@@ -286,10 +286,7 @@ PressInfo spark_press_info() {
     o.grouping = a.get_choice<Grouping>("grouping", {{"code", Grouping::kCode}, {"paper", Grouping::kPaper}});
     o.recovery = a.get_choice<Recovery>("recovery", {{"degenerate", Recovery::kDegenerate}, {"gaussian", Recovery::kGaussian},
                                                 {"exponential", Recovery::kExponential}, {"zero", Recovery::kZero}});
-    const int64_t seed = a.get_int("seed");
-    KVTRIM_CHECK(seed >= 0 && seed <= 0xffffffffLL, "press 'spark': option 'seed' = %lld must be in [0, 2^32)",
-                 static_cast<long long>(seed));
-    o.seed = static_cast<uint32_t>(seed);
+    o.seed = a.get_uint32("seed");
     o.value_ratio = a.get_double_in("value_ratio", 0.0, 1.0, false);
     o.count = channel::parse_count_rule(a);
     o.query_aware = a.get_bool("query_aware");

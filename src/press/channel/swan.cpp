@@ -234,10 +234,7 @@ PressInfo swan_press_info() {
                                          {"head-shuffle", Proj::kHeadShuffle},
                                          {"swap", Proj::kSwap},
                                          {"identity", Proj::kIdentity}});
-    const int64_t seed = a.get_int("seed");
-    KVTRIM_CHECK(seed >= 0 && seed <= 0xffffffffLL, "press 'swan': option 'seed' = %lld must be in [0, 2^32)",
-                 static_cast<long long>(seed));
-    o.seed = static_cast<uint32_t>(seed);
+    o.seed = a.get_uint32("seed");
     o.calib = a.get_string("calib");
     o.index = a.get_choice<IndexLayout>("index", {{"auto", IndexLayout::kAuto},
                                                    {"list", IndexLayout::kList},
