@@ -45,28 +45,42 @@ void dense_scores(const SideStore& k, const float* qs, int G, int64_t b, int64_t
   }
 }
 
+// Per mask byte v: its set bits as up to 8 uint8 indices (idx[v], byte k = the k-th set bit) and
+// their count (cnt[v]; a table, not __builtin_popcount, which is a library call without -mpopcnt).
+struct MaskTable {
+  uint64_t idx[256];
+  uint8_t cnt[256];
+};
+const MaskTable& mask_table() {
+  static const MaskTable t = [] {
+    MaskTable m{};
+    for (unsigned v = 0; v < 256; ++v) {
+      int k = 0;
+      for (unsigned x = v; x; x &= x - 1) m.idx[v] |= static_cast<uint64_t>(__builtin_ctz(x)) << (8 * k++);
+      m.cnt[v] = static_cast<uint8_t>(k);
+    }
+    return m;
+  }();
+  return t;
+}
+
 // Indices of bitmask rows [b, b + nb) expanded into `out` (uint8 / uint16 as the kernels read a
 // list, T per row). uint8: one table lookup per mask byte (the byte's set bits as up to 8
 // indices, offset by 8 · byte with one 64-bit add: no carries while indices stay < 256).
 void expand_masks(const SideStore& st, int64_t b, int64_t nb, std::vector<uint8_t>* out) {
   const int T = st.topk(), mb = st.mask_bytes(), isz = st.idx_bytes();
-  out->resize(static_cast<size_t>(nb * T * isz) + 8);
+  if (out->size() < static_cast<size_t>(nb * T * isz) + 8) out->resize(static_cast<size_t>(nb * T * isz) + 8);
   if (isz == 1) {
-    static const std::vector<uint64_t> lut = [] {
-      std::vector<uint64_t> l(256, 0);
-      for (unsigned v = 0; v < 256; ++v) {
-        int k = 0;
-        for (unsigned x = v; x; x &= x - 1) l[v] |= static_cast<uint64_t>(__builtin_ctz(x)) << (8 * k++);
-      }
-      return l;
-    }();
+    const MaskTable& lut = mask_table();
     uint8_t* o = out->data();
-    for (int64_t t = 0; t < nb; ++t) {
-      const uint8_t* m = st.mask_row(b + t);
-      for (int i = 0; i < mb; ++i) {
-        const uint64_t x = lut[m[i]] + 0x0808080808080808ull * static_cast<uint64_t>(i);
-        std::memcpy(o, &x, 8);  // the bytes past the popcount are overwritten next (8 B slack)
-        o += __builtin_popcount(m[i]);
+    const uint8_t* m = st.mask_row(b);  // rows are consecutive: mb bytes each
+    for (int64_t t = 0; t < nb; ++t, m += mb) {
+      uint64_t base = 0;  // 8 · (byte index) in every byte lane
+      for (int j = 0; j < mb; ++j, base += 0x0808080808080808ull) {
+        const unsigned v = m[j];
+        const uint64_t x = lut.idx[v] + base;
+        std::memcpy(o, &x, 8);  // the bytes past the count are overwritten next (8 B slack)
+        o += lut.cnt[v];
       }
     }
     return;
