@@ -135,6 +135,16 @@ inline std::vector<int32_t> kept(const HeadPlan& h, int64_t n) {
 }  // namespace kvtrim::test
 
 namespace kvtrim::test {
+// f() must throw an Error whose message contains `needle`.
+template <class F>
+void expect_error(F f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one containing: " << needle;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
 // The plan's kept set for a head is a valid top-k of the brute-force scores: k tokens, and no
 // dropped token scores more than a kept one (beyond a float tolerance: ties may go either way).
 inline void expect_topk(const std::vector<double>& bf, const std::vector<int32_t>& keep, int64_t k,
