@@ -1,3 +1,4 @@
+// kvtrim eval ruler / mc / ppl and the `eval` command line (the sweeps: cmd_eval_sweep.cpp).
 // kvtrim eval ruler: RULER-style long-context tasks with kvpress's protocol (docs/eval.md).
 // Generates the samples (or loads them from --data), runs each through a session (context
 // prefilled alone, then each question), appends one JSON line per question to --out as it
@@ -13,6 +14,7 @@
 #include <tuple>
 
 #include "cli.h"
+#include "cmd_eval.h"
 #include "core/error.h"
 #include "core/progress.h"
 #include "core/timer.h"
@@ -29,30 +31,7 @@
 
 namespace kvtrim::cli {
 
-namespace {
-
 namespace fs = std::filesystem;
-
-struct EvalRulerOptions {
-  CommonOptions common;
-  int64_t ctx_len = 4096;
-  int samples = 5;
-  std::string tasks = "all";
-  uint64_t seed = 42;
-  std::string out;
-  std::string data;
-  std::string format = "auto";
-  std::string haystack;
-  std::string wordnet_dir = eval::kDefaultWordnetDir;
-  std::string scowl_dir = eval::kDefaultScowlDir;
-  std::vector<double> depths;
-  std::string dump_samples;
-  PressOptions press;
-  bool query_aware = false;
-  bool dry_run = false;
-};
-
-}  // namespace
 
 // <rel> under ../shared/data: $KVTRIM_SHARED_DATA, the working directory's parents, then the
 // executable's parents (declared in cli.h; kvtrim calibrate uses it too).
@@ -78,7 +57,7 @@ std::string default_shared_path(const std::string& rel, const char* option) {
        tried.empty() ? "" : tried.front().c_str(), tried.size() > 1 ? " and the parents of the working and executable directories" : "");
 }
 
-namespace {
+namespace evalcmd {
 
 // The Paul Graham essays.
 std::string default_haystack_dir() { return default_shared_path("haystack/paul_graham", "--haystack DIR"); }
@@ -225,15 +204,6 @@ void run_ruler(const EvalRulerOptions& o) {
   std::fflush(stdout);
 }
 
-struct EvalMcOptions {
-  CommonOptions common;
-  std::string bench;
-  int64_t limit = 0;
-  int shots = 0;
-  std::string data;
-  std::string out;
-  PressOptions press;
-};
 
 // The items of `eval mc` (and `eval sweep mc`): --bench from --data (default shared/data),
 // the first --limit. *source: what identifies them in a config hash.
@@ -329,17 +299,6 @@ void run_mc(const EvalMcOptions& o) {
   std::fflush(stdout);
 }
 
-struct EvalPplOptions {
-  CommonOptions common;
-  std::string file;
-  int64_t ctx = 512;
-  int64_t max_tokens = 0;
-  std::string press;
-  std::string mode;
-  int64_t prefix = 0;
-  int64_t chunk = 1;
-  std::string out;
-};
 
 // kvtrim eval ppl: PPL through the compressed cache and ΔPPL against the full cache on the
 // same tokens, both computed here (src/eval/ppl.h).
@@ -428,340 +387,6 @@ void run_ppl(const EvalPplOptions& o) {
   std::fflush(stdout);
 }
 
-struct EvalSweepOptions {
-  CommonOptions common;  // its model is replaced by `models`
-  std::vector<std::string> models;
-  std::vector<std::string> presses;  // each a comma-separated list (repeatable)
-  std::string ratios = "0.25,0.5,0.75,0.9";
-  std::string out_dir;
-  bool summary_only = false;
-  EvalRulerOptions ruler;  // the benchmark's own options (their common / press / out unused)
-  EvalMcOptions mc;
-  EvalPplOptions ppl;
-};
-
-// "-m smollm2" -> "smollm2"; "-m dir/x.gguf" -> "x".
-std::string model_label(const std::string& arg) {
-  std::error_code ec;
-  if (fs::is_regular_file(arg, ec)) return fs::path(arg).stem().string();
-  return arg;
-}
-
-// kvtrim eval sweep ruler|mc: the benchmark over presses x ratios (x models), one results
-// file, resumable, with the summaries of src/eval/sweep.h (docs/eval.md "Sweeps").
-// What both sweep commands check first (a bad press, ratio or model list fails before any model
-// loads): the press entries, the ratios, the models (each once).
-struct SweepSetup {
-  std::vector<std::string> entries, models;
-  std::vector<double> ratios;
-};
-SweepSetup sweep_setup(const EvalSweepOptions& o) {
-  SweepSetup st;
-  for (const std::string& p : o.presses)
-    for (const std::string& e : eval::split_press_list(p)) st.entries.push_back(e);
-  st.ratios = eval::parse_ratio_list(o.ratios);
-  st.models = o.models.empty() ? std::vector<std::string>{o.common.model} : o.models;
-  std::set<std::string> seen;
-  for (const auto& m : st.models)
-    KVTRIM_CHECK(seen.insert(model_label(m)).second, "-m %s is given twice", m.c_str());
-  return st;
-}
-
-// Creates --out-dir (after every argument check, so a bad command line leaves nothing behind).
-void make_out_dir(const std::string& dir) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  KVTRIM_CHECK(!ec && fs::is_directory(dir), "cannot create --out-dir '%s'%s%s", dir.c_str(), ec ? ": " : "",
-               ec ? ec.message().c_str() : "");
-}
-
-void print_results_status(const std::string& path, const char* unit, int64_t pending, size_t n_rows,
-                          int64_t n_other) {
-  std::fprintf(stderr, "results: %s: %lld %s to run, %zu already there%s\n", path.c_str(),
-               static_cast<long long>(pending), unit, n_rows,
-               n_other ? strprintf(", %lld lines of other configs kept", static_cast<long long>(n_other)).c_str() : "");
-}
-
-// Runs `run` (unless --summary-only) under a progress bar, writes the summaries (also when the
-// run is interrupted: a rerun resumes), prints the markdown. run(bar, done) counts rows in done.
-void run_then_summarize(const EvalSweepOptions& o, const char* bar_name, const char* unit, const char* what,
-                        int64_t pending, const std::function<void(ProgressBar&, int64_t&)>& run,
-                        const std::function<std::string()>& summarize) {
-  if (!o.summary_only) {
-    const double t0 = now_seconds();
-    ProgressBar bar(bar_name, pending, unit);
-    int64_t done = 0;
-    try {
-      run(bar, done);
-    } catch (...) {
-      bar.finish("interrupted");
-      summarize();  // what is there so far; a rerun resumes
-      throw;
-    }
-    bar.finish();
-    std::fprintf(stderr, "ran %lld %s in %.1f s\n", static_cast<long long>(done), what, now_seconds() - t0);
-  }
-  const std::string md = summarize();
-  std::fprintf(stderr, "wrote %s/{summary.md, summary.csv, curves.csv, plot.svg}\n", o.out_dir.c_str());
-  std::fputs(md.c_str(), stdout);
-  std::fflush(stdout);
-}
-
-void run_sweep(const EvalSweepOptions& o, const std::string& bench) {
-  const bool ruler = bench == "ruler";
-  // The grid first: a bad press or ratio fails before any model loads.
-  if (ruler) KVTRIM_CHECK(o.ruler.samples > 0, "--samples must be positive");
-  const SweepSetup st = sweep_setup(o);
-  const std::vector<std::string>& entries = st.entries;
-  const std::vector<double>& ratios = st.ratios;
-  const std::vector<std::string>& models = st.models;
-  const std::vector<eval::SweepCell> grid = eval::sweep_cells(entries, ratios);
-  make_out_dir(o.out_dir);
-  std::fprintf(stderr, "sweep: %zu presses x %zu ratios + the uncompressed baseline = %zu cells per sample, %zu model(s)\n",
-               entries.size(), ratios.size(), grid.size(), models.size());
-
-  struct Job {
-    std::string label;
-    std::unique_ptr<Model> model;
-    std::unique_ptr<Session> session;
-    std::unique_ptr<eval::PromptBuilder> pb;
-    std::vector<eval::EvalSample> samples;
-    std::vector<eval::SweepCell> cells;
-  };
-  std::vector<Job> jobs;
-  std::vector<eval::McItem> items;
-  std::string mc_source;
-  if (!ruler) items = mc_items(o.mc, &mc_source);
-  std::vector<std::string> task_order;
-  std::set<std::string> configs;
-  for (const std::string& m : models) {
-    Job j;
-    j.label = model_label(m);
-    CommonOptions co = o.common;
-    co.model = m;
-    j.model = load_model(co);
-    j.session = std::make_unique<Session>(*j.model, session_params(co));
-    j.cells = grid;
-    std::vector<std::string> base = {"model=" + file_identity(j.model->gguf().path()), "kv=" + kv_tag(o.common),
-                                     "batch=" + std::to_string(o.common.batch)};
-    if (ruler) {
-      const eval::PromptFormat format = eval::resolve_prompt_format(o.ruler.format, *j.model);
-      j.pb = std::make_unique<eval::PromptBuilder>(*j.model, format);
-      std::string source;
-      task_order.clear();
-      j.samples = ruler_samples(o.ruler, *j.pb, j.session->n_ctx(), &task_order, &source);
-      base.push_back("format=" + std::string(eval::prompt_format_name(format)));
-      base.push_back(source);
-      eval::set_cell_configs(&j.cells, base, o.ruler.query_aware ? "sweep-ruler-query-aware-v1" : "sweep-ruler-v1");
-    } else {
-      base.push_back("bench=" + o.mc.bench);
-      base.push_back(mc_source);
-      eval::set_cell_configs(&j.cells, base, "sweep-mc-loglik-v1");
-    }
-    for (const auto& c : j.cells) configs.insert(c.config);
-    jobs.push_back(std::move(j));
-  }
-
-  const std::string results_path = (fs::path(o.out_dir) / "results.jsonl").string();
-  eval::SweepResultsFile results(results_path, configs);
-  int64_t pending = 0;
-  for (const Job& j : jobs)
-    pending += ruler ? eval::sweep_ruler_pending(j.samples, j.cells, results)
-                     : eval::sweep_mc_pending(o.mc.bench, items, j.cells, results);
-  print_results_status(results_path, "rows", pending, results.rows().size(), results.n_other_config());
-  if (ruler)
-    std::fprintf(stderr, "prefill: %s\n",
-                 o.ruler.query_aware ? "fresh per cell and question (--query-aware: the press sees the question)"
-                                     : "one per sample, shared by every cell (the observer captures every press's needs)");
-  else
-    std::fprintf(stderr, "prefill: fresh per cell (mc scores each item through eval mc's own path)\n");
-
-  // The rows this command's summaries cover: its cells on its samples / items.
-  auto summarize = [&]() {
-    std::set<std::string> ids;
-    if (ruler) {
-      for (const Job& j : jobs)
-        for (const auto& smp : j.samples) ids.insert(smp.id());
-    } else {
-      for (const auto& it : items) ids.insert(eval::mc_row_id(o.mc.bench, it));
-    }
-    std::vector<eval::SweepRow> rows;
-    for (const auto& r : results.rows())
-      if (ids.count(r.id)) rows.push_back(r);
-    const std::string title =
-        ruler ? (o.ruler.data.empty()
-                     ? strprintf("RULER sweep: ctx-len %lld, seed %llu, tasks %s, %d sample(s) per task%s",
-                                 static_cast<long long>(o.ruler.ctx_len), static_cast<unsigned long long>(o.ruler.seed),
-                                 o.ruler.tasks.c_str(), o.ruler.samples, o.ruler.query_aware ? ", query-aware" : "")
-                     : strprintf("RULER sweep: %s, tasks %s", o.ruler.data.c_str(), o.ruler.tasks.c_str()))
-              : strprintf("%s sweep: %zu items (%s)", o.mc.bench.c_str(), items.size(),
-                          o.mc.bench == "mmlu" ? "acc" : "acc_norm");
-    return eval::write_sweep_summaries(o.out_dir, rows, title,
-                                       ruler ? "RULER score (0-100)" : (o.mc.bench == "mmlu" ? "accuracy (%)" : "acc_norm (%)"));
-  };
-
-  run_then_summarize(
-      o, "sweep", "rows", "rows", pending,
-      [&](ProgressBar& bar, int64_t& done) {
-        for (const Job& j : jobs) {
-          eval::SweepRunOptions ro;
-          ro.model = j.label;
-          ro.query_aware = ruler && o.ruler.query_aware;
-          ro.on_row = [&](const eval::SweepRow& r) {
-            ++done;
-            bar.update(done, strprintf("%s %s@%g %s", r.model.c_str(), r.press.c_str(), r.ratio, r.id.c_str()));
-          };
-          if (ruler) {
-            eval::sweep_ruler(*j.session, *j.pb, j.samples, j.cells, results, ro);
-          } else {
-            eval::sweep_mc(*j.session, o.mc.bench, items, j.cells, results, ro);
-          }
-        }
-      },
-      summarize);
-}
-
-// kvtrim eval sweep ppl: eval ppl over presses x ratios (x models) into one results file,
-// resumable per (cell, window), with the summaries of src/eval/sweep_ppl.h.
-void run_sweep_ppl(const EvalSweepOptions& o) {
-  const EvalPplOptions& po = o.ppl;
-  const SweepSetup st = sweep_setup(o);
-  const std::vector<std::string>& entries = st.entries;
-  const std::vector<double>& ratios = st.ratios;
-  const std::vector<std::string>& models = st.models;
-  const std::vector<eval::SweepCell> grid = eval::ppl_sweep_cells(eval::sweep_cells(entries, ratios));
-  const eval::PplMode mode = eval::parse_ppl_mode(po.mode);
-  KVTRIM_CHECK(mode == eval::PplMode::kThroughout || po.chunk == 1, "--chunk applies to --mode throughout only");
-  const std::string text = read_file(po.file);
-  make_out_dir(o.out_dir);
-  std::fprintf(stderr, "sweep ppl: %zu presses x %zu ratios = %zu cells per window (each with its full-cache pass), %zu model(s)\n",
-               entries.size(), ratios.size(), grid.size(), models.size());
-
-  struct Job {
-    std::string label;
-    std::unique_ptr<Model> model;
-    std::unique_ptr<Session> session;
-    std::vector<int32_t> tokens;
-    eval::PplConfig c;
-    int64_t n_win = 0;
-    std::vector<eval::SweepCell> cells;
-  };
-  std::vector<Job> jobs;
-  std::set<std::string> configs;
-  std::map<std::string, int64_t> n_win_of;  // config -> the model's windows in this run
-  std::map<std::string, size_t> cell_pos;   // config -> position in the grid over the models
-  for (const std::string& m : models) {
-    Job j;
-    j.label = model_label(m);
-    CommonOptions co = o.common;
-    co.model = m;
-    j.model = load_model(co);
-    const Tokenizer& tok = j.model->tokenizer();
-    j.tokens = tok.encode(text, tok.add_bos(), false);
-    const size_t n_text = j.tokens.size();
-    if (po.max_tokens > 0 && static_cast<int64_t>(j.tokens.size()) > po.max_tokens)
-      j.tokens.resize(static_cast<size_t>(po.max_tokens));
-    j.c.ctx = po.ctx;
-    j.c.mode = mode;
-    j.c.prefix = po.prefix;
-    j.c.chunk = po.chunk;
-    j.c.bos = tok.add_bos() ? tok.bos() : -1;
-    KVTRIM_CHECK(po.ctx <= j.model->hparams().n_ctx_train, "--ctx %lld exceeds %s's context limit of %d tokens",
-                 static_cast<long long>(po.ctx), j.label.c_str(), j.model->hparams().n_ctx_train);
-    SessionParams sp = session_params(co);
-    sp.n_ctx = po.ctx;
-    j.session = std::make_unique<Session>(*j.model, sp);
-    j.n_win = eval::ppl_window_count(static_cast<int64_t>(j.tokens.size()), j.c.ctx);
-    std::fprintf(stderr, "%s: %s: %zu tokens (%zu used), %lld windows of %lld, scored rows [%lld, %lld), mode %s%s\n",
-                 j.label.c_str(), po.file.c_str(), n_text, j.tokens.size(), static_cast<long long>(j.n_win),
-                 static_cast<long long>(j.c.ctx), static_cast<long long>(j.c.first_row()),
-                 static_cast<long long>(j.c.ctx - 1), eval::ppl_mode_name(mode),
-                 mode == eval::PplMode::kThroughout
-                     ? strprintf(" (chunk %lld%s)", static_cast<long long>(j.c.chunk),
-                                 j.c.chunk > 1 ? ": APPROXIMATE, tokens of a chunk see each other uncompressed" : ": exact")
-                           .c_str()
-                     : "");
-    // eval ppl's config parts (not --max-tokens: more tokens extend a run), the press added per cell.
-    j.cells = grid;
-    eval::set_cell_configs(
-        &j.cells,
-        {"model=" + file_identity(j.model->gguf().path()), "data=" + file_identity(po.file), "kv=" + kv_tag(o.common),
-         "batch=" + std::to_string(o.common.batch), std::string("mode=") + eval::ppl_mode_name(mode),
-         "ctx=" + std::to_string(j.c.ctx), "prefix=" + std::to_string(j.c.first_row()),
-         "chunk=" + std::to_string(mode == eval::PplMode::kThroughout ? j.c.chunk : 0)},
-        "sweep-ppl-v1");
-    for (const auto& c : j.cells) {
-      configs.insert(c.config);
-      n_win_of[c.config] = j.n_win;
-      cell_pos[c.config] = cell_pos.size();
-    }
-    jobs.push_back(std::move(j));
-  }
-
-  const std::string results_path = (fs::path(o.out_dir) / "results.jsonl").string();
-  eval::PplSweepResultsFile results(results_path, configs);
-  int64_t pending = 0;
-  for (const Job& j : jobs) pending += eval::sweep_ppl_pending(j.tokens, j.cells, results, j.c);
-  print_results_status(results_path, "(cell, window) rows", pending, results.rows().size(), results.n_other_config());
-
-  // The rows this command's summaries cover: its cells on its windows (a longer earlier run's
-  // windows beyond --max-tokens stay in the file, out of the summary).
-  auto summarize = [&]() {
-    std::vector<eval::PplSweepRow> rows;
-    for (const auto& r : results.rows())
-      if (r.w.index < n_win_of.at(r.config)) rows.push_back(r);
-    // grid order (models as given, presses as given, ratios ascending), windows ascending
-    std::sort(rows.begin(), rows.end(), [&](const eval::PplSweepRow& a, const eval::PplSweepRow& b) {
-      return std::make_tuple(cell_pos.at(a.config), a.w.index) < std::make_tuple(cell_pos.at(b.config), b.w.index);
-    });
-    const std::string title =
-        strprintf("Perplexity sweep: %s, ctx %lld, scored from row %lld, mode %s", fs::path(po.file).filename().c_str(),
-                  static_cast<long long>(po.ctx), static_cast<long long>(jobs.front().c.first_row()),
-                  eval::ppl_mode_name(mode)) +
-        (mode == eval::PplMode::kThroughout ? strprintf(" (chunk %lld)", static_cast<long long>(po.chunk)) : "");
-    return eval::write_sweep_ppl_summaries(o.out_dir, rows, title);
-  };
-
-  run_then_summarize(
-      o, "sweep ppl", "win", "(cell, window) rows", pending,
-      [&](ProgressBar& bar, int64_t& done) {
-        for (const Job& j : jobs) {
-          eval::PplSweepRunOptions ro;
-          ro.model = j.label;
-          ro.ppl = j.c;
-          ro.on_row = [&](const eval::PplSweepRow& r) {
-            ++done;
-            bar.update(done, strprintf("%s %s@%g win %lld", r.model.c_str(), r.press.c_str(), r.ratio,
-                                       static_cast<long long>(r.w.index)));
-          };
-          eval::sweep_ppl(*j.session, j.tokens, j.cells, results, ro);
-        }
-      },
-      summarize);
-}
-
-// Adds `eval sweep <bench>`'s options: the common ones with -m repeatable, the grid, and the
-// benchmark's own (shared with `eval <bench>`).
-CLI::App* add_sweep_command(CLI::App* sw, const std::string& bench, const std::shared_ptr<EvalSweepOptions>& o,
-                            const std::string& help) {
-  CLI::App* c = sw->add_subcommand(bench, help);
-  add_common_options(c, o->common);
-  c->remove_option(c->get_option("--model"));
-  c->add_option("-m,--model", o->models,
-                "model(s): installed name (smollm2, qwen2.5-coder-1.5b, gemma3-270m) or a .gguf path; repeat for "
-                "several (default smollm2)");
-  c->add_option("--presses", o->presses,
-                "press entries, comma-separated (repeatable); each gets ratio set per cell, e.g. "
-                "snapkv,streamingllm or snapkv:window=16,tova (`kvtrim presses` lists them)")
-      ->required();
-  c->add_option("--ratios", o->ratios, "compression ratios in (0, 1), comma-separated; 0 (uncompressed) is always run")
-      ->capture_default_str();
-  c->add_option("--out-dir", o->out_dir, "directory for results.jsonl (appended per row; rerun to resume), summary.md, "
-                                         "summary.csv, curves.csv and plot.svg")
-      ->required();
-  c->add_flag("--summary-only", o->summary_only, "run nothing: rewrite the summaries from results.jsonl");
-  return c;
-}
 
 // The benchmark's own options, shared by `eval ruler` and `eval sweep ruler` (declared once).
 void add_ruler_options(CLI::App* c, EvalRulerOptions& o) {
@@ -790,9 +415,10 @@ void add_mc_options(CLI::App* mc, EvalMcOptions& m) {
   mc->add_option("--data", m.data, "data file (hellaswag) or directory (piqa, mmlu); default: shared/data/<bench>");
 }
 
-}  // namespace
+}  // namespace evalcmd
 
 void register_eval(CLI::App& app) {
+  using namespace evalcmd;
   CLI::App* e = app.add_subcommand("eval", "evaluation harness (RULER-style long-context tasks, multiple choice)");
   e->require_subcommand(1);
   auto o = std::make_shared<EvalRulerOptions>();
