@@ -284,14 +284,13 @@ void TokenCache::encode_into(Segment& S, int64_t n, const float* k, int64_t ldk,
 void TokenCache::spill_buffer(Head& H, int64_t keep) const {
   const int64_t out = H.buffered - keep;
   if (out <= 0) return;
-  Segment& D = H.segs[0];
-  const int64_t first = D.n() - H.buffered;
+  const int64_t first = H.segs[0].n() - H.buffered;
   const int dk = cfg_.head_dim_k, dv = cfg_.head_dim_v;
   thread_local std::vector<float> kf, vf;
   kf.resize(static_cast<size_t>(out * dk));
   vf.resize(static_cast<size_t>(out * dv));
   for (int64_t j = 0; j < out; ++j) read_row(H, 0, first + j, kf.data() + j * dk, vf.data() + j * dv);
-  Segment& S = current_segment(H);  // may grow H.segs: D is not used past this point
+  Segment& S = current_segment(H);  // may grow H.segs: segs[0] is looked up again below
   encode_into(S, out, kf.data(), dk, vf.data(), dv);
   Segment& D0 = H.segs[0];
   S.pos.insert(S.pos.end(), D0.pos.begin() + first, D0.pos.begin() + first + out);

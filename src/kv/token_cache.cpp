@@ -267,8 +267,9 @@ void TokenCache::truncate(int32_t pos) {
     }
     for (Head& H : L.heads) {
       // the buffer is the tail of the dense rows: truncation removes it first
-      H.buffered = std::max<int64_t>(0, H.buffered - (H.segs[0].n() - static_cast<int64_t>(
-          std::lower_bound(H.segs[0].pos.begin(), H.segs[0].pos.end(), pos) - H.segs[0].pos.begin())));
+      const std::vector<int32_t>& dp = H.segs[0].pos;
+      const int64_t dropped = dp.end() - std::lower_bound(dp.begin(), dp.end(), pos);
+      H.buffered = std::max<int64_t>(0, H.buffered - dropped);
       for (Segment& S : H.segs) {
         const int64_t keep = std::lower_bound(S.pos.begin(), S.pos.end(), pos) - S.pos.begin();
         S.pos.resize(static_cast<size_t>(keep));
