@@ -27,7 +27,8 @@ double GenerateResult::decode_tps() const {
 
 Session::Session(const Model& model, SessionParams p)
     : model_(model), p_(p), n_ctx_(p.n_ctx > 0 ? p.n_ctx : model.hparams().n_ctx_train),
-      pool_(p.n_threads) {
+      own_pool_(p.pool ? nullptr : std::make_unique<ThreadPool>(p.n_threads)),
+      pool_(p.pool ? p.pool : own_pool_.get()) {
   const int64_t train = model.hparams().n_ctx_train;
   KVTRIM_CHECK(n_ctx_ > 0, "context size must be positive (got %lld)", static_cast<long long>(n_ctx_));
   KVTRIM_CHECK(n_ctx_ <= train,
@@ -54,28 +55,42 @@ void Session::check_room(int64_t n_new) const {
                static_cast<long long>(need), static_cast<long long>(n_ctx_), model_.hparams().n_ctx_train);
 }
 
+void Session::check_tokens(const int32_t* tokens, int64_t n) const {
+  const int32_t n_vocab = model_.hparams().n_vocab;
+  for (int64_t i = 0; i < n; ++i)
+    KVTRIM_CHECK(tokens[i] >= 0 && tokens[i] < n_vocab, "token id %d out of range [0, %d)", tokens[i], n_vocab);
+}
+
 const std::vector<float>& Session::prefill(const std::vector<int32_t>& tokens) {
   KVTRIM_CHECK(!tokens.empty(), "prefill needs at least one token");
   check_room(static_cast<int64_t>(tokens.size()));
-  const int32_t n_vocab = model_.hparams().n_vocab;
-  for (int32_t t : tokens) KVTRIM_CHECK(t >= 0 && t < n_vocab, "token id %d out of range [0, %d)", t, n_vocab);
+  check_tokens(tokens.data(), static_cast<int64_t>(tokens.size()));
   for (size_t i = 0; i < tokens.size(); i += static_cast<size_t>(p_.n_batch)) {
     const int64_t n = std::min<int64_t>(p_.n_batch, static_cast<int64_t>(tokens.size() - i));
-    model_.forward(tokens.data() + i, n, n_past(), *cache_, logits_.data(), false, &pool_, observer_.get());
+    step_batch({SessionChunk{this, tokens.data() + i, n, false}});
   }
-  update_from_ = n_past();  // the press has seen the prompt (after-append plans, or compress())
-  decode_steps_ = 0;
   return logits_;
 }
 
 const std::vector<float>& Session::decode(int32_t token) {
-  check_room(1);
-  KVTRIM_CHECK(token >= 0 && token < model_.hparams().n_vocab, "token id %d out of range", token);
+  step_batch({SessionChunk{this, &token, 1, true}});
+  return logits_;
+}
+
+void Session::before_step(bool decode) {
+  if (!decode || !observer_) return;
   // Attention statistics of decode tokens matter only if decoding itself compresses.
-  if (observer_) observer_->set_accumulate(sched_.decode_every > 0);
-  // Decode steps are planned by plan_decode below, never by the after-append hook.
-  if (observer_) observer_->set_hooks(false);
-  model_.forward(&token, 1, n_past(), *cache_, logits_.data(), false, &pool_, observer_.get());
+  observer_->set_accumulate(sched_.decode_every > 0);
+  // Decode steps are planned by plan_decode (after_step), never by the after-append hook.
+  observer_->set_hooks(false);
+}
+
+void Session::after_step(bool decode) {
+  if (!decode) {
+    update_from_ = n_past();  // the press has seen the prompt (after-append plans, or compress())
+    decode_steps_ = 0;
+    return;
+  }
   if (observer_) {
     observer_->set_accumulate(true);
     observer_->set_hooks(hooks_);
@@ -84,12 +99,42 @@ const std::vector<float>& Session::decode(int32_t token) {
     const int every = press_->decode_interval();
     if (every > 0 && ++decode_steps_ % every == 0) decode_update();
   }
-  return logits_;
+}
+
+void Session::step_batch(const std::vector<SessionChunk>& chunks) {
+  KVTRIM_CHECK(!chunks.empty(), "step_batch: no chunks");
+  const Session& s0 = *chunks[0].session;
+  std::vector<ForwardSeq> seqs;
+  seqs.reserve(chunks.size());
+  for (const SessionChunk& c : chunks) {
+    Session& s = *c.session;
+    KVTRIM_CHECK(&s.model_ == &s0.model_ && s.pool_ == s0.pool_,
+                 "step_batch: the sessions must share the model and the thread pool");
+    KVTRIM_CHECK(c.n > 0 && (!c.decode || c.n == 1), "step_batch: a %s chunk of %lld tokens",
+                 c.decode ? "decode" : "prefill", static_cast<long long>(c.n));
+    for (const SessionChunk& d : chunks)
+      KVTRIM_CHECK(&d == &c || d.session != c.session, "step_batch: a session appears twice in one batch");
+    s.check_room(c.n);
+    s.check_tokens(c.tokens, c.n);
+    seqs.push_back(ForwardSeq{c.tokens, c.n, s.n_past(), s.cache_.get(), s.logits_.data(), false, s.observer_.get()});
+  }
+  for (const SessionChunk& c : chunks) c.session->before_step(c.decode);
+  try {
+    s0.model_.forward_batch(seqs, s0.pool_);
+  } catch (...) {
+    for (const SessionChunk& c : chunks) {  // back to the observers' defaults, nothing else
+      if (!c.session->observer_) continue;
+      c.session->observer_->set_accumulate(true);
+      c.session->observer_->set_hooks(c.session->hooks_);
+    }
+    throw;
+  }
+  for (const SessionChunk& c : chunks) c.session->after_step(c.decode);
 }
 
 // The press's periodic decode-time plan (OjaKV: Oja step on the buffer, new basis epoch).
 void Session::decode_update() {
-  PressContext ctx(*cache_, model_.hparams(), observer_ ? &observer_->observations() : nullptr, &pool_);
+  PressContext ctx(*cache_, model_.hparams(), observer_ ? &observer_->observations() : nullptr, pool_);
   ctx.set_model(&model_);
   ctx.set_new_from(update_from_);
   ctx.set_decode_step(decode_steps_);
@@ -112,7 +157,7 @@ void Session::eval_all(const int32_t* tokens, int64_t n, float* logits) {
   const size_t n_vocab = static_cast<size_t>(model_.hparams().n_vocab);
   for (int64_t i = 0; i < n; i += p_.n_batch) {
     const int64_t m = std::min<int64_t>(p_.n_batch, n - i);
-    model_.forward(tokens + i, m, n_past(), *cache_, logits + static_cast<size_t>(i) * n_vocab, true, &pool_,
+    model_.forward(tokens + i, m, n_past(), *cache_, logits + static_cast<size_t>(i) * n_vocab, true, pool_,
                    observer_.get());
   }
   update_from_ = n_past();
@@ -130,7 +175,7 @@ void Session::reset() {
   n_updates_ = 0;
 }
 
-void Session::set_press(std::unique_ptr<Press> press, PressSchedule sched) {
+void Session::set_press(std::unique_ptr<Press> press, PressSchedule sched, const PressNeeds& extra) {
   KVTRIM_CHECK(sched.decode_every >= 0 && (sched.decode_every == 0 || sched.decode_target > 0),
                "press schedule: decode compression every %d steps needs a positive target (got %lld)",
                sched.decode_every, static_cast<long long>(sched.decode_target));
@@ -139,8 +184,9 @@ void Session::set_press(std::unique_ptr<Press> press, PressSchedule sched) {
   observer_.reset();
   if (press_) {
     PressNeeds needs = press_->needs();
+    needs.merge(extra);
     observer_ = std::make_unique<PressObserver>(model_, *cache_, needs);
-    observer_->set_pool(&pool_);
+    observer_->set_pool(pool_);
     if (press_->plans_after_append()) observer_->set_after_append_press(press_.get());
     observer_->set_hooks(hooks_);
   }
@@ -150,14 +196,14 @@ void Session::set_press(std::unique_ptr<Press> press, PressSchedule sched) {
 
 CompressStats Session::compress() {
   KVTRIM_CHECK(press_ != nullptr, "compress: no press set on this session");
-  CompressStats st = run_press(*press_, *cache_, model_, observer_.get(), &pool_);
+  CompressStats st = run_press(*press_, *cache_, model_, observer_.get(), pool_);
   compress_log_.push_back(st);
   return st;
 }
 
 CompressStats Session::compress(const Budget& budget_override) {
   KVTRIM_CHECK(press_ != nullptr, "compress: no press set on this session");
-  CompressStats st = run_press(*press_, *cache_, model_, observer_.get(), &pool_, &budget_override);
+  CompressStats st = run_press(*press_, *cache_, model_, observer_.get(), pool_, &budget_override);
   compress_log_.push_back(st);
   return st;
 }
@@ -172,7 +218,7 @@ void Session::observe_question(const std::vector<int32_t>& question) {
   try {
     for (size_t i = 0; i < question.size(); i += static_cast<size_t>(p_.n_batch)) {
       const int64_t n = std::min<int64_t>(p_.n_batch, static_cast<int64_t>(question.size() - i));
-      model_.forward(question.data() + i, n, n_past(), *cache_, logits_.data(), false, &pool_, observer_.get());
+      model_.forward(question.data() + i, n, n_past(), *cache_, logits_.data(), false, pool_, observer_.get());
     }
   } catch (...) {
     observer_->end_question();
@@ -241,7 +287,7 @@ GenerateResult Session::generate(const std::vector<int32_t>& prompt, const Gener
       if (most > sched_.decode_target) {
         Budget b;
         b.n_keep = sched_.decode_target;
-        compress_log_.push_back(run_press(*press_, *cache_, model_, observer_.get(), &pool_, &b));
+        compress_log_.push_back(run_press(*press_, *cache_, model_, observer_.get(), pool_, &b));
       }
     }
   }
@@ -258,12 +304,12 @@ void Session::set_observer(const PressNeeds& needs) {
   press_.reset();
   sched_ = PressSchedule{};
   observer_ = std::make_unique<PressObserver>(model_, *cache_, needs);
-  observer_->set_pool(&pool_);
+  observer_->set_pool(pool_);
   observer_->set_hooks(hooks_);
 }
 
 CompressStats Session::compress_with(const Press& press) {
-  CompressStats st = run_press(press, *cache_, model_, observer_.get(), &pool_);
+  CompressStats st = run_press(press, *cache_, model_, observer_.get(), pool_);
   compress_log_.push_back(st);
   return st;
 }
@@ -289,7 +335,7 @@ void Session::restore_state(const State& st) {
     // The observer keeps a reference to the cache it observes: rebuild it over the new one.
     // Set up as set_press does.
     auto obs = std::make_unique<PressObserver>(model_, *c, observer_->needs());
-    obs->set_pool(&pool_);
+    obs->set_pool(pool_);
     if (press_ && press_->plans_after_append()) obs->set_after_append_press(press_.get());
     obs->set_hooks(hooks_);
     obs->restore(st.observations);

@@ -29,6 +29,19 @@ struct SessionParams {
   KvDtype kv_dtype = KvDtype::kF16;          // precision of stored keys and values ...
   std::optional<KvDtype> kv_dtype_k, kv_dtype_v;  // ... unless set per side (-ctk / -ctv)
   bool kv_rotate = true;  // quantized dense rows in a Hadamard rotation (KvCacheConfig::rotate_quantized)
+  // A pool shared with other sessions (not owned; it must outlive the session), e.g. a server's
+  // slots, whose steps run batched (Session::step_batch). nullptr: the session's own pool of
+  // n_threads.
+  ThreadPool* pool = nullptr;
+};
+
+class Session;
+// One session's part of a batched forward call (Session::step_batch).
+struct SessionChunk {
+  Session* session = nullptr;
+  const int32_t* tokens = nullptr;
+  int64_t n = 0;
+  bool decode = false;  // a decode step (n == 1: Session::decode's press hooks) or a prefill chunk
 };
 
 struct GenerateParams {
@@ -66,7 +79,7 @@ class Session {
   const Model& model() const { return model_; }
   KvCache& cache() { return *cache_; }
   const KvCache& cache() const { return *cache_; }
-  ThreadPool& pool() { return pool_; }
+  ThreadPool& pool() { return *pool_; }
   int64_t n_ctx() const { return n_ctx_; }
   int32_t n_past() const { return cache_->n_past(); }
   const SessionParams& params() const { return p_; }
@@ -76,6 +89,16 @@ class Session {
   const std::vector<float>& prefill(const std::vector<int32_t>& tokens);
   // Appends one token; returns its logits [n_vocab].
   const std::vector<float>& decode(int32_t token);
+  // The logits of the last token run (prefill, decode, step_batch).
+  const std::vector<float>& logits() const { return logits_; }
+  // Continuous batching: runs every chunk through the model in one forward call, so the
+  // weights are read once for all of them (Model::forward_batch). A decode chunk is exactly
+  // decode() of its session (press hooks included); a prefill chunk is one chunk of prefill()
+  // (no compression: call compress() after a prompt's last chunk as generate() does). Each
+  // session's logits() then hold its last token's logits. The sessions must be distinct and
+  // share the model and the thread pool (SessionParams::pool); every check (context room,
+  // token ids) runs before any work, so a refused batch changes nothing.
+  static void step_batch(const std::vector<SessionChunk>& chunks);
   // Appends tokens and writes the logits of every one: logits[n, n_vocab] (perplexity).
   void eval_all(const int32_t* tokens, int64_t n, float* logits);
   // Drops the context: the cache keeps no tokens and no basis / channel epoch (KvCache::reset;
@@ -87,7 +110,9 @@ class Session {
   // returning false stops generation.
   // Compression (DESIGN.md §3). set_press installs a press and the observer that captures
   // what it needs from then on (set it before prefill); nullptr removes it.
-  void set_press(std::unique_ptr<Press> press, PressSchedule sched = {});
+  // `extra`: what the observer captures besides the press's own needs (a server's pressure
+  // press, applied later with compress_with).
+  void set_press(std::unique_ptr<Press> press, PressSchedule sched = {}, const PressNeeds& extra = {});
   const Press* press() const { return press_.get(); }
   const PressSchedule& press_schedule() const { return sched_; }
   // Compresses the cache now with the session's press (plan, then the cache applies it).
@@ -121,10 +146,14 @@ class Session {
 
  private:
   void check_room(int64_t n_new) const;
+  void check_tokens(const int32_t* tokens, int64_t n) const;
+  void before_step(bool decode);
+  void after_step(bool decode);
   const Model& model_;
   SessionParams p_;
   int64_t n_ctx_;
-  ThreadPool pool_;
+  std::unique_ptr<ThreadPool> own_pool_;  // when no shared pool is given
+  ThreadPool* pool_;
   std::unique_ptr<KvCache> cache_;
   std::vector<float> logits_;
   std::unique_ptr<Press> press_;

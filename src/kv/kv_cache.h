@@ -74,6 +74,10 @@ struct KvBytes {
   size_t keys = 0, values = 0, positions = 0, scales = 0, bases = 0, indices = 0, bitmasks = 0,
          fills = 0, other = 0;
   std::vector<size_t> per_layer;
+  // [n_layer * n_head_kv]: the bytes of each (layer, kv head)'s own rows (elements, scales,
+  // indices, bitmasks, fills, per-head positions); positions shared by a layer's heads, bases
+  // and epoch metadata count in per_layer only. For pictures of where the bytes are.
+  std::vector<size_t> per_head;
   size_t total() const {
     return keys + values + positions + scales + bases + indices + bitmasks + fills + other;
   }

@@ -209,16 +209,21 @@ int64_t TokenCache::n_tokens(int il, int ih) const {
 KvBytes TokenCache::bytes() const {
   KvBytes b;
   b.per_layer.resize(layers_.size());
+  b.per_head.assign(layers_.size() * static_cast<size_t>(cfg_.n_head_kv), 0);
   std::unordered_set<const BasisMat*> bases;  // each basis once in the cache
   for (size_t il = 0; il < layers_.size(); ++il) {
     const Layer& L = layers_[il];
     KvBytes l;
     if (L.shared) l.positions = L.pos.size() * sizeof(int32_t);
-    for (const Head& H : L.heads) {
+    for (size_t ih = 0; ih < L.heads.size(); ++ih) {
+      const Head& H = L.heads[ih];
       std::vector<const SegmentEncoding*> held;  // each epoch encoding the head holds, once
       if (H.cur) held.push_back(H.cur.get());
+      size_t& own = b.per_head[il * L.heads.size() + ih];
       for (const Segment& S : H.segs) {
         const SideBytes kb = S.k.bytes(), vb = S.v.bytes();
+        own += kb.elems + vb.elems + kb.scales + vb.scales + kb.indices + vb.indices + kb.bitmasks + vb.bitmasks +
+               kb.fills + vb.fills + (L.shared ? 0 : static_cast<size_t>(S.n()) * sizeof(int32_t));
         l.keys += kb.elems;
         l.values += vb.elems;
         l.scales += kb.scales + vb.scales;

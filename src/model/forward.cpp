@@ -28,6 +28,7 @@ struct Workspace {
   std::vector<float> up;     // [n, n_ff]
   std::vector<int32_t> pos;  // [n] positions
   std::vector<float> x_in;   // [n, n_embd] a layer's input (only for ForwardObserver::on_layer_io)
+  std::vector<float> logits; // [rows needing logits, n_vocab] of a batch of several sequences
 };
 
 // y[n, n_rows] = x[n, n_cols] · Wᵀ: matvec for one token, matmul for a chunk.
@@ -56,9 +57,15 @@ void rms_norm_rows(const float* x, const WeightView& w, float* y, int64_t n, int
 
 void Model::forward(const int32_t* tokens, int64_t n, int32_t pos0, KvCache& cache, float* logits,
                     bool all_logits, ThreadPool* pool, ForwardObserver* observer) const {
+  forward_batch({ForwardSeq{tokens, n, pos0, &cache, logits, all_logits, observer}}, pool);
+}
+
+void Model::check_seq(const ForwardSeq& s) const {
   const HParams& hp = hp_;
-  const ArchInfo& ai = arch_info(hp.arch);
-  const KvCacheConfig& cc = cache.config();
+  KVTRIM_CHECK(s.cache != nullptr && s.logits != nullptr, "forward: a sequence without a cache or logits");
+  const KvCacheConfig& cc = s.cache->config();
+  const int64_t n = s.n;
+  const int32_t pos0 = s.pos0;
   KVTRIM_CHECK(n > 0, "forward: no tokens");
   KVTRIM_CHECK(pos0 >= 0, "forward: negative position %d", pos0);
   KVTRIM_CHECK(
@@ -75,14 +82,29 @@ void Model::forward(const int32_t* tokens, int64_t n, int32_t pos0, KvCache& cac
   KVTRIM_CHECK(pos_end <= hp.n_ctx_train,
                "context full: positions %d..%lld exceed the model's context limit of %d tokens "
                "(%s.context_length)",
-               pos0, static_cast<long long>(pos_end - 1), hp.n_ctx_train, ai.gguf_name);
-  KVTRIM_CHECK(pos0 >= cache.n_past(),
+               pos0, static_cast<long long>(pos_end - 1), hp.n_ctx_train, arch_info(hp.arch).gguf_name);
+  KVTRIM_CHECK(pos0 >= s.cache->n_past(),
                "forward: position %d is before the cache's end (n_past %d); truncate first", pos0,
-               cache.n_past());
+               s.cache->n_past());
   for (int64_t i = 0; i < n; ++i) {
-    KVTRIM_CHECK(tokens[i] >= 0 && tokens[i] < hp.n_vocab,
-                 "forward: token id %d out of range [0, %d)", tokens[i], hp.n_vocab);
+    KVTRIM_CHECK(s.tokens[i] >= 0 && s.tokens[i] < hp.n_vocab,
+                 "forward: token id %d out of range [0, %d)", s.tokens[i], hp.n_vocab);
   }
+}
+
+void Model::forward_batch(const std::vector<ForwardSeq>& seqs, ThreadPool* pool) const {
+  const HParams& hp = hp_;
+  const ArchInfo& ai = arch_info(hp.arch);
+  KVTRIM_CHECK(!seqs.empty(), "forward: no sequences");
+  // Every check before any work: a refused batch leaves every cache untouched.
+  std::vector<int64_t> row0(seqs.size() + 1, 0);  // sequence s owns rows [row0[s], row0[s+1])
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    check_seq(seqs[s]);
+    for (size_t t = 0; t < s; ++t)
+      KVTRIM_CHECK(seqs[t].cache != seqs[s].cache, "forward: sequences %zu and %zu share a KV cache", t, s);
+    row0[s + 1] = row0[s] + seqs[s].n;
+  }
+  const int64_t n = row0.back();
 
   const int64_t n_embd = hp.n_embd, n_ff = hp.n_ff;
   const int64_t hdk = hp.head_dim_k, hdv = hp.head_dim_v;
@@ -101,13 +123,19 @@ void Model::forward(const int32_t* tokens, int64_t n, int32_t pos0, KvCache& cac
   ws.pos.resize(static_cast<size_t>(n));
   float* x = ws.x.data();
   float* xb = ws.xb.data();
-  for (int64_t i = 0; i < n; ++i) ws.pos[i] = static_cast<int32_t>(pos0 + i);
+  for (size_t s = 0; s < seqs.size(); ++s)
+    for (int64_t i = 0; i < seqs[s].n; ++i) ws.pos[row0[s] + i] = static_cast<int32_t>(seqs[s].pos0 + i);
 
   // token embeddings (gemma: times sqrt(n_embd))
-  for (int64_t i = 0; i < n; ++i) {
-    get_row(tok_embd_, tokens[i], x + i * n_embd);
-    if (hp.embd_scale != 1.f) scale(x + i * n_embd, hp.embd_scale, n_embd);
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    for (int64_t i = 0; i < seqs[s].n; ++i) {
+      float* xr = x + (row0[s] + i) * n_embd;
+      get_row(tok_embd_, seqs[s].tokens[i], xr);
+      if (hp.embd_scale != 1.f) scale(xr, hp.embd_scale, n_embd);
+    }
   }
+  bool any_layer_io = false;
+  for (const ForwardSeq& sq : seqs) any_layer_io |= sq.observer && sq.observer->wants_layer_io();
 
   for (int il = 0; il < hp.n_layer; ++il) {
     const LayerWeights& w = layers_[il];
@@ -116,8 +144,7 @@ void Model::forward(const int32_t* tokens, int64_t n, int32_t pos0, KvCache& cac
     const float rope_base = window > 0 ? hp.rope_base_swa : hp.rope_base;
     const float rope_scale = window > 0 ? 1.f : hp.rope_freq_scale;
 
-    const bool layer_io = observer && observer->wants_layer_io();
-    if (layer_io) ws.x_in.assign(x, x + n * n_embd);
+    if (any_layer_io) ws.x_in.assign(x, x + n * n_embd);
     // --- attention: xb = rmsnorm(x); q, k, v = xb·Wqᵀ (+b), ...
     rms_norm_rows(x, w.attn_norm, xb, n, n_embd, hp.norm_eps);
     project(w.wq, xb, n, ws.q.data(), pool);
@@ -131,7 +158,11 @@ void Model::forward(const int32_t* tokens, int64_t n, int32_t pos0, KvCache& cac
       rms_norm_rows(ws.q.data(), w.q_norm, ws.q.data(), n * hp.n_head, hdk, hp.norm_eps);
     if (w.k_norm.data)
       rms_norm_rows(ws.k.data(), w.k_norm, ws.k.data(), n * hp.n_head_kv, hdk, hp.norm_eps);
-    if (observer && observer->wants_pre_rope()) observer->on_qk_pre_rope(il, n, ws.q.data(), ws.k.data());
+    for (size_t s = 0; s < seqs.size(); ++s) {
+      ForwardObserver* ob = seqs[s].observer;
+      if (ob && ob->wants_pre_rope())
+        ob->on_qk_pre_rope(il, seqs[s].n, ws.q.data() + row0[s] * n_q, ws.k.data() + row0[s] * n_k);
+    }
     // RoPE at the original positions
     for (int64_t i = 0; i < n; ++i) {
       for (int ih = 0; ih < hp.n_head; ++ih) {
@@ -143,15 +174,23 @@ void Model::forward(const int32_t* tokens, int64_t n, int32_t pos0, KvCache& cac
              hp.rope_neox);
       }
     }
-    if (observer) observer->on_qkv(il, n, ws.q.data(), ws.k.data(), ws.v.data(), ws.pos.data());
-    // the cache stores k, v, then attends over everything it holds for this layer
-    cache.append(il, n, ws.k.data(), ws.v.data(), ws.pos.data());
-    if (observer) observer->after_append(il, cache);
     AttnParams ap;
     ap.n_head = hp.n_head;
     ap.scale = hp.attn_scale;
     ap.sliding_window = window;
-    cache.attend(il, n, ws.q.data(), ws.pos.data(), ap, ws.att.data(), pool);
+    // per sequence: its cache stores its k, v, then attends over everything it holds
+    for (size_t s = 0; s < seqs.size(); ++s) {
+      const ForwardSeq& sq = seqs[s];
+      const int64_t r = row0[s];
+      float* q = ws.q.data() + r * n_q;
+      const float* k = ws.k.data() + r * n_k;
+      const float* v = ws.v.data() + r * n_v;
+      const int32_t* pos = ws.pos.data() + r;
+      if (sq.observer) sq.observer->on_qkv(il, sq.n, q, k, v, pos);
+      sq.cache->append(il, sq.n, k, v, pos);
+      if (sq.observer) sq.observer->after_append(il, *sq.cache);
+      sq.cache->attend(il, sq.n, q, pos, ap, ws.att.data() + r * n_o, pool);
+    }
     // x += [post_norm](att·Woᵀ)
     project(w.wo, ws.att.data(), n, xb, pool);
     if (w.post_attn_norm.data) rms_norm_rows(xb, w.post_attn_norm, xb, n, n_embd, hp.norm_eps);
@@ -169,18 +208,39 @@ void Model::forward(const int32_t* tokens, int64_t n, int32_t pos0, KvCache& cac
     project(w.ffn_down, ws.gate.data(), n, xb, pool);
     if (w.post_ffn_norm.data) rms_norm_rows(xb, w.post_ffn_norm, xb, n, n_embd, hp.norm_eps);
     add(x, xb, n * n_embd);
-    if (layer_io) observer->on_layer_io(il, n, ws.x_in.data(), x);
+    for (size_t s = 0; s < seqs.size(); ++s) {
+      ForwardObserver* ob = seqs[s].observer;
+      if (ob && ob->wants_layer_io())
+        ob->on_layer_io(il, seqs[s].n, ws.x_in.data() + row0[s] * n_embd, x + row0[s] * n_embd);
+    }
   }
 
-  // final norm and logits (all tokens, or only the last)
-  if (all_logits) {
-    rms_norm_rows(x, out_norm_, xb, n, n_embd, hp.norm_eps);
-    project(output_, xb, n, logits, pool);
+  // final norm and logits: one product over the rows that need logits (every row of an
+  // all_logits sequence, the last row of the others)
+  const int64_t n_vocab = hp.n_vocab;
+  if (seqs.size() == 1) {
+    const ForwardSeq& sq = seqs[0];
+    const int64_t first = sq.all_logits ? 0 : n - 1;
+    rms_norm_rows(x + first * n_embd, out_norm_, xb, n - first, n_embd, hp.norm_eps);
+    project(output_, xb, n - first, sq.logits, pool);
   } else {
-    rms_norm_rows(x + (n - 1) * n_embd, out_norm_, xb, 1, n_embd, hp.norm_eps);
-    matvec(output_, xb, logits, pool);
+    int64_t m = 0;  // rows gathered into xb
+    for (size_t s = 0; s < seqs.size(); ++s) {
+      const int64_t first = seqs[s].all_logits ? row0[s] : row0[s + 1] - 1;
+      const int64_t cnt = row0[s + 1] - first;
+      rms_norm_rows(x + first * n_embd, out_norm_, xb + m * n_embd, cnt, n_embd, hp.norm_eps);
+      m += cnt;
+    }
+    ws.logits.resize(static_cast<size_t>(m * n_vocab));
+    project(output_, xb, m, ws.logits.data(), pool);
+    m = 0;
+    for (size_t s = 0; s < seqs.size(); ++s) {
+      const int64_t cnt = seqs[s].all_logits ? seqs[s].n : 1;
+      std::copy_n(ws.logits.data() + m * n_vocab, cnt * n_vocab, seqs[s].logits);
+      m += cnt;
+    }
   }
-  cache.advance(static_cast<int32_t>(pos_end));
+  for (const ForwardSeq& sq : seqs) sq.cache->advance(static_cast<int32_t>(sq.pos0 + sq.n));
 }
 
 }  // namespace kvtrim

@@ -82,6 +82,19 @@ class ForwardObserver {
   virtual void after_append(int il, KvCache& cache) {}
 };
 
+// One sequence of a batched forward call (Model::forward_batch): its tokens at positions
+// pos0 .. pos0+n-1 go into its own cache. logits: [n, n_vocab] if all_logits, else [n_vocab]
+// for its last token. observer (may be nullptr) sees this sequence's rows only.
+struct ForwardSeq {
+  const int32_t* tokens = nullptr;
+  int64_t n = 0;
+  int32_t pos0 = 0;
+  KvCache* cache = nullptr;
+  float* logits = nullptr;
+  bool all_logits = false;
+  ForwardObserver* observer = nullptr;
+};
+
 class Model {
  public:
   // Loads a GGUF file; throws Error for unsupported architectures, missing or mis-shaped
@@ -105,9 +118,18 @@ class Model {
   // observer (may be nullptr) sees every layer's q, k, v.
   void forward(const int32_t* tokens, int64_t n, int32_t pos0, KvCache& cache, float* logits,
                bool all_logits, ThreadPool* pool, ForwardObserver* observer = nullptr) const;
+  // Several sequences, each with its own cache, in one pass (continuous batching: the decode
+  // steps of a server's conversations, or decode steps next to a prefill chunk): every weight
+  // matrix is applied once to the rows of all sequences (one matmul instead of a matvec per
+  // sequence), attention runs per sequence over its own cache. Under 16 rows in all, the
+  // products use the decode kernel row by row and each sequence's logits equal forward()'s
+  // bit for bit; larger batches take the prefill GEMM, as a prefill chunk does. The caches
+  // must be distinct; every check of forward() applies per sequence, before any work is done.
+  void forward_batch(const std::vector<ForwardSeq>& seqs, ThreadPool* pool) const;
 
  private:
   Model() = default;
+  void check_seq(const ForwardSeq& s) const;  // forward()'s checks of one sequence
   std::unique_ptr<GgufFile> file_;
   std::unique_ptr<Tokenizer> tok_;
   HParams hp_;

@@ -156,6 +156,9 @@ TEST(TokenCache, BytesExactAfterApply) {
         const size_t n = static_cast<size_t>(c->n_tokens(il, ih));
         const HeadPlan& hp = plan.at(il, ih);
         EXPECT_EQ(n, hp.keep_all ? 333u : hp.keep.size());
+        ASSERT_EQ(b.per_head.size(), size_t{nl} * nkv);
+        EXPECT_EQ(b.per_head[il * nkv + ih], n * ((dk + dv) * es + sc + (shared ? 0 : 4)))
+            << "layer " << il << " head " << ih << " " << kv_dtype_name(t);
         keys += n * dk * es;
         values += n * dv * es;
         scales += n * sc;

@@ -1,0 +1,142 @@
+// Continuous batching: Model::forward_batch and Session::step_batch against the same sequences
+// run one at a time (tiny random models with their quantized weights: under 16 rows in all the
+// batch uses the decode kernel row by row, so logits must be equal bit for bit).
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <vector>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "engine/press_runner.h"
+#include "engine/session.h"
+#include "press/press.h"
+#include "test_util.h"
+#include "tiny_model.h"
+
+namespace kvtrim {
+namespace {
+
+std::vector<int32_t> tokens(int n, int salt) {
+  std::vector<int32_t> t;
+  for (int i = 0; i < n; ++i) t.push_back((i * 37 + salt * 11 + 5) % 250);
+  return t;
+}
+
+class BatchTest : public ::testing::TestWithParam<Arch> {
+ protected:
+  void SetUp() override {
+    dir_ = test::temp_dir("batch");
+    model_ = Model::load(test::write_tiny_model(test::tiny_spec(GetParam(), 7), dir_));
+  }
+  SessionParams params(ThreadPool* pool) const {
+    SessionParams p;
+    p.n_ctx = 128;
+    p.n_batch = 8;
+    p.pool = pool;
+    return p;
+  }
+  std::string dir_;
+  std::unique_ptr<Model> model_;
+};
+
+// Three conversations at different lengths decode together; each equals its solo run.
+TEST_P(BatchTest, BatchedDecodeEqualsSoloDecode) {
+  ThreadPool pool(2);
+  const int n_seq = 3;
+  std::vector<std::unique_ptr<Session>> solo, batched;
+  for (int s = 0; s < n_seq; ++s) {
+    solo.push_back(std::make_unique<Session>(*model_, params(&pool)));
+    batched.push_back(std::make_unique<Session>(*model_, params(&pool)));
+    solo[s]->prefill(tokens(5 + 7 * s, s));
+    batched[s]->prefill(tokens(5 + 7 * s, s));
+  }
+  for (int step = 0; step < 6; ++step) {
+    std::vector<int32_t> next(n_seq);
+    std::vector<SessionChunk> chunks;
+    for (int s = 0; s < n_seq; ++s) {
+      next[s] = (step * 13 + s * 29 + 1) % 250;
+      solo[s]->decode(next[s]);
+      chunks.push_back(SessionChunk{batched[s].get(), &next[s], 1, true});
+    }
+    Session::step_batch(chunks);
+    for (int s = 0; s < n_seq; ++s) {
+      ASSERT_EQ(batched[s]->n_past(), solo[s]->n_past());
+      ASSERT_EQ(batched[s]->logits(), solo[s]->logits()) << "sequence " << s << " step " << step;
+    }
+  }
+}
+
+// A prefill chunk next to decode steps (the server's continuous batching): the prefill's own
+// logits and the decoding sequence's logits match their solo runs. 21 rows take the f32 GEMM
+// path where a solo decode takes the 8-bit-activation kernel, so this model has f32 weights:
+// both paths are then exact to f32 rounding and the comparison sees the batching alone.
+TEST_P(BatchTest, PrefillChunkBesideDecodeSteps) {
+  test::TinyModelSpec spec = test::tiny_spec(GetParam(), 8);
+  spec.t_embd = spec.t_attn = spec.t_v = spec.t_ffn = spec.t_down = spec.t_output = GgmlType::F32;
+  model_ = Model::load(test::write_tiny_model(spec, dir_));
+  ThreadPool pool(2);
+  SessionParams p = params(&pool);
+  p.kv_dtype = KvDtype::kF32;
+  Session a_solo(*model_, p), b_solo(*model_, p), a(*model_, p), b(*model_, p);
+  a_solo.prefill(tokens(9, 1));
+  a.prefill(tokens(9, 1));
+  const std::vector<int32_t> prompt = tokens(20, 2);
+  b_solo.prefill(prompt);
+  const int32_t t = 42;
+  a_solo.decode(t);
+  Session::step_batch({SessionChunk{&a, &t, 1, true}, SessionChunk{&b, prompt.data(), 20, false}});
+  ASSERT_EQ(a.n_past(), 10);
+  ASSERT_EQ(b.n_past(), 20);
+  for (size_t i = 0; i < a.logits().size(); ++i) {
+    ASSERT_NEAR(a.logits()[i], a_solo.logits()[i], 1e-4f) << i;
+    ASSERT_NEAR(b.logits()[i], b_solo.logits()[i], 1e-4f) << i;
+  }
+}
+
+// Press hooks run per session in a batch: a press that plans during prefill (streaming_llm
+// keeps sink + window) and one decoding uncompressed, batched, equal their solo runs.
+TEST_P(BatchTest, PressesActPerSession) {
+  ThreadPool pool(2);
+  Session p_solo(*model_, params(&pool)), q_solo(*model_, params(&pool));
+  Session p(*model_, params(&pool)), q(*model_, params(&pool));
+  for (Session* s : {&p_solo, &p}) s->set_press(make_press("streamingllm:0.5"));
+  for (Session* s : {&p_solo, &p, &q_solo, &q}) s->prefill(tokens(12, 3));
+  p_solo.compress();
+  p.compress();
+  EXPECT_LT(p.cache().bytes().total(), q.cache().bytes().total());
+  for (int step = 0; step < 4; ++step) {
+    const int32_t t1 = 7 + step, t2 = 99 - step;
+    p_solo.decode(t1);
+    q_solo.decode(t2);
+    Session::step_batch({SessionChunk{&p, &t1, 1, true}, SessionChunk{&q, &t2, 1, true}});
+    ASSERT_EQ(p.logits(), p_solo.logits()) << step;
+    ASSERT_EQ(q.logits(), q_solo.logits()) << step;
+  }
+  EXPECT_EQ(p.cache().bytes().total(), p_solo.cache().bytes().total());
+}
+
+// Every check runs before any work: a refused batch (one session out of room, a bad token, a
+// session twice, a foreign pool) changes no cache.
+TEST_P(BatchTest, RefusedBatchChangesNothing) {
+  ThreadPool pool(2), other(1);
+  SessionParams small = params(&pool);
+  small.n_ctx = 10;
+  Session a(*model_, params(&pool)), full(*model_, small), foreign(*model_, params(&other));
+  a.prefill(tokens(4, 0));
+  full.prefill(tokens(10, 0));
+  const int32_t ok = 3, bad = 1 << 20;
+  EXPECT_THROW(Session::step_batch({SessionChunk{&a, &ok, 1, true}, SessionChunk{&full, &ok, 1, true}}), Error);
+  EXPECT_THROW(Session::step_batch({SessionChunk{&a, &ok, 1, true}, SessionChunk{&a, &ok, 1, true}}), Error);
+  EXPECT_THROW(Session::step_batch({SessionChunk{&a, &bad, 1, true}}), Error);
+  EXPECT_THROW(Session::step_batch({SessionChunk{&a, &ok, 1, true}, SessionChunk{&foreign, &ok, 1, true}}), Error);
+  EXPECT_EQ(a.n_past(), 4);
+  EXPECT_EQ(full.n_past(), 10);
+  EXPECT_EQ(a.cache().n_past(), 4);
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, BatchTest, ::testing::Values(Arch::kLlama, Arch::kQwen2, Arch::kGemma3),
+                         [](const auto& info) { return std::string(arch_name(info.param)); });
+
+}  // namespace
+}  // namespace kvtrim
