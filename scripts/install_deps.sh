@@ -3,6 +3,7 @@
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config ccache
       libhwy-dev libopenblas-dev libcli11-dev nlohmann-json3-dev libbz2-dev
+      libcpp-httplib-dev  # kvtrim serve's HTTP server (as llama-server)
       libeigen3-dev  # eigen / Cholesky / SVD of the small per-head matrices (src/calib)
       libgtest-dev libgmock-dev googletest libbenchmark-dev python3
       wordnet-base scowl)  # word lists of the RULER-style tasks (src/eval/words.h)

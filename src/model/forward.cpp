@@ -40,6 +40,33 @@ void project(const WeightView& w, const float* x, int64_t n, float* y, ThreadPoo
   }
 }
 
+// The products of a batch of sequences (forward_batch) run per group of rows so that every
+// sequence gets the numbers it would get alone: the single-token sequences (decode steps) in
+// runs of fewer than kMatmulGemmMinTokens rows (the decode kernel, the weights read once per
+// run), every longer sequence (a prefill chunk) on its own, as forward() would run it.
+struct RowGroups {
+  std::vector<std::pair<int64_t, int64_t>> ranges;  // [r0, r1) in row order
+};
+
+RowGroups row_groups(const std::vector<ForwardSeq>& seqs, const std::vector<int64_t>& row0) {
+  RowGroups g;
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    const bool single = seqs[s].n == 1;
+    if (single && !g.ranges.empty() && g.ranges.back().second == row0[s] &&
+        g.ranges.back().second - g.ranges.back().first < kMatmulGemmMinTokens - 1 && seqs[s - 1].n == 1) {
+      g.ranges.back().second = row0[s + 1];
+    } else {
+      g.ranges.emplace_back(row0[s], row0[s + 1]);
+    }
+  }
+  return g;
+}
+
+// project() over each group: y[r, :] = x[r, :] · Wᵀ for every row r.
+void project_groups(const WeightView& w, const float* x, const RowGroups& g, float* y, ThreadPool* pool) {
+  for (const auto& [r0, r1] : g.ranges) project(w, x + r0 * w.n_cols, r1 - r0, y + r0 * w.n_rows, pool);
+}
+
 // y[i, :] += b for each of the n rows of width d (b == nullptr: nothing).
 void add_bias(const WeightView& b, float* y, int64_t n, int64_t d) {
   if (!b.data) return;
@@ -134,6 +161,7 @@ void Model::forward_batch(const std::vector<ForwardSeq>& seqs, ThreadPool* pool)
       if (hp.embd_scale != 1.f) scale(xr, hp.embd_scale, n_embd);
     }
   }
+  const RowGroups groups = row_groups(seqs, row0);
   bool any_layer_io = false;
   for (const ForwardSeq& sq : seqs) any_layer_io |= sq.observer && sq.observer->wants_layer_io();
 
@@ -147,9 +175,9 @@ void Model::forward_batch(const std::vector<ForwardSeq>& seqs, ThreadPool* pool)
     if (any_layer_io) ws.x_in.assign(x, x + n * n_embd);
     // --- attention: xb = rmsnorm(x); q, k, v = xb·Wqᵀ (+b), ...
     rms_norm_rows(x, w.attn_norm, xb, n, n_embd, hp.norm_eps);
-    project(w.wq, xb, n, ws.q.data(), pool);
-    project(w.wk, xb, n, ws.k.data(), pool);
-    project(w.wv, xb, n, ws.v.data(), pool);
+    project_groups(w.wq, xb, groups, ws.q.data(), pool);
+    project_groups(w.wk, xb, groups, ws.k.data(), pool);
+    project_groups(w.wv, xb, groups, ws.v.data(), pool);
     add_bias(w.bq, ws.q.data(), n, n_q);
     add_bias(w.bk, ws.k.data(), n, n_k);
     add_bias(w.bv, ws.v.data(), n, n_v);
@@ -192,20 +220,20 @@ void Model::forward_batch(const std::vector<ForwardSeq>& seqs, ThreadPool* pool)
       sq.cache->attend(il, sq.n, q, pos, ap, ws.att.data() + r * n_o, pool);
     }
     // x += [post_norm](att·Woᵀ)
-    project(w.wo, ws.att.data(), n, xb, pool);
+    project_groups(w.wo, ws.att.data(), groups, xb, pool);
     if (w.post_attn_norm.data) rms_norm_rows(xb, w.post_attn_norm, xb, n, n_embd, hp.norm_eps);
     add(x, xb, n * n_embd);
 
     // --- feed-forward: x += [post_norm](W_down · (act(W_gate·xb) ⊙ (W_up·xb))), xb = rmsnorm(x)
     rms_norm_rows(x, w.ffn_norm, xb, n, n_embd, hp.norm_eps);
-    project(w.ffn_gate, xb, n, ws.gate.data(), pool);
-    project(w.ffn_up, xb, n, ws.up.data(), pool);
+    project_groups(w.ffn_gate, xb, groups, ws.gate.data(), pool);
+    project_groups(w.ffn_up, xb, groups, ws.up.data(), pool);
     if (ai.ffn_act == FfnAct::kSilu) {
       swiglu(ws.gate.data(), ws.up.data(), ws.gate.data(), n * n_ff);
     } else {
       geglu_tanh(ws.gate.data(), ws.up.data(), ws.gate.data(), n * n_ff);
     }
-    project(w.ffn_down, ws.gate.data(), n, xb, pool);
+    project_groups(w.ffn_down, ws.gate.data(), groups, xb, pool);
     if (w.post_ffn_norm.data) rms_norm_rows(xb, w.post_ffn_norm, xb, n, n_embd, hp.norm_eps);
     add(x, xb, n * n_embd);
     for (size_t s = 0; s < seqs.size(); ++s) {
@@ -232,7 +260,14 @@ void Model::forward_batch(const std::vector<ForwardSeq>& seqs, ThreadPool* pool)
       m += cnt;
     }
     ws.logits.resize(static_cast<size_t>(m * n_vocab));
-    project(output_, xb, m, ws.logits.data(), pool);
+    // the gathered rows: one per single-row or last-row sequence, all of an all_logits one
+    std::vector<ForwardSeq> gathered(seqs.size());
+    std::vector<int64_t> grow0(seqs.size() + 1, 0);
+    for (size_t s = 0; s < seqs.size(); ++s) {
+      gathered[s].n = seqs[s].all_logits ? seqs[s].n : 1;
+      grow0[s + 1] = grow0[s] + gathered[s].n;
+    }
+    project_groups(output_, xb, row_groups(gathered, grow0), ws.logits.data(), pool);
     m = 0;
     for (size_t s = 0; s < seqs.size(); ++s) {
       const int64_t cnt = seqs[s].all_logits ? seqs[s].n : 1;

@@ -119,12 +119,13 @@ class Model {
   void forward(const int32_t* tokens, int64_t n, int32_t pos0, KvCache& cache, float* logits,
                bool all_logits, ThreadPool* pool, ForwardObserver* observer = nullptr) const;
   // Several sequences, each with its own cache, in one pass (continuous batching: the decode
-  // steps of a server's conversations, or decode steps next to a prefill chunk): every weight
-  // matrix is applied once to the rows of all sequences (one matmul instead of a matvec per
-  // sequence), attention runs per sequence over its own cache. Under 16 rows in all, the
-  // products use the decode kernel row by row and each sequence's logits equal forward()'s
-  // bit for bit; larger batches take the prefill GEMM, as a prefill chunk does. The caches
-  // must be distinct; every check of forward() applies per sequence, before any work is done.
+  // steps of a server's conversations, or decode steps next to a prefill chunk). The decode
+  // steps' rows go through each weight matrix together, in runs of up to 15 rows on the decode
+  // kernel (the weights are read once per run instead of once per sequence); a longer
+  // sequence (a prefill chunk) has its own product, as forward() would run it. So every
+  // sequence gets exactly, bit for bit, the logits forward() gives it alone. Attention runs
+  // per sequence over its own cache. The caches must be distinct; every check of forward()
+  // applies per sequence, before any work is done.
   void forward_batch(const std::vector<ForwardSeq>& seqs, ThreadPool* pool) const;
 
  private:

@@ -87,7 +87,7 @@ namespace {
 using detail::ActFormat;
 
 constexpr int64_t kRowGrain = 16;           // matvec rows per chunk (a few cache lines of y)
-constexpr int64_t kGemmMinTok = 16;         // from this many tokens on, matmul uses sgemm
+constexpr int64_t kGemmMinTok = kMatmulGemmMinTokens;  // from this many tokens on, matmul uses sgemm
 constexpr size_t kGemmTileBytes = 1 << 20;  // f32 tile of W per sgemm call (~half an L2)
 
 // Rows per dequantized tile: kGemmTileBytes of f32, a multiple of 16, in [16, 256].

@@ -23,6 +23,11 @@ struct WeightView {
 // y[n_rows] = W · x[n_cols]. pool may be nullptr (single thread).
 void matvec(const WeightView& w, const float* x, float* y, ThreadPool* pool);
 
+// From this many tokens on, matmul dequantizes W to f32 tiles and runs sgemm; below it, it runs
+// the decode kernel (8-bit activations for quantized W) row by row, giving every token exactly
+// matvec's result.
+constexpr int64_t kMatmulGemmMinTokens = 16;
+
 // y[n_tok, n_rows] = x[n_tok, n_cols] · Wᵀ (prefill). pool may be nullptr.
 void matmul(const WeightView& w, const float* x, int64_t n_tok, float* y, ThreadPool* pool);
 

@@ -68,16 +68,12 @@ TEST_P(BatchTest, BatchedDecodeEqualsSoloDecode) {
 }
 
 // A prefill chunk next to decode steps (the server's continuous batching): the prefill's own
-// logits and the decoding sequence's logits match their solo runs. 21 rows take the f32 GEMM
-// path where a solo decode takes the 8-bit-activation kernel, so this model has f32 weights:
-// both paths are then exact to f32 rounding and the comparison sees the batching alone.
+// logits and the decoding sequence's logits equal their solo runs bit for bit (the 20-token
+// chunk takes the GEMM path as it does alone; the decode row stays on the decode kernel).
 TEST_P(BatchTest, PrefillChunkBesideDecodeSteps) {
-  test::TinyModelSpec spec = test::tiny_spec(GetParam(), 8);
-  spec.t_embd = spec.t_attn = spec.t_v = spec.t_ffn = spec.t_down = spec.t_output = GgmlType::F32;
-  model_ = Model::load(test::write_tiny_model(spec, dir_));
   ThreadPool pool(2);
   SessionParams p = params(&pool);
-  p.kv_dtype = KvDtype::kF32;
+  p.n_batch = 32;
   Session a_solo(*model_, p), b_solo(*model_, p), a(*model_, p), b(*model_, p);
   a_solo.prefill(tokens(9, 1));
   a.prefill(tokens(9, 1));
@@ -88,10 +84,8 @@ TEST_P(BatchTest, PrefillChunkBesideDecodeSteps) {
   Session::step_batch({SessionChunk{&a, &t, 1, true}, SessionChunk{&b, prompt.data(), 20, false}});
   ASSERT_EQ(a.n_past(), 10);
   ASSERT_EQ(b.n_past(), 20);
-  for (size_t i = 0; i < a.logits().size(); ++i) {
-    ASSERT_NEAR(a.logits()[i], a_solo.logits()[i], 1e-4f) << i;
-    ASSERT_NEAR(b.logits()[i], b_solo.logits()[i], 1e-4f) << i;
-  }
+  EXPECT_EQ(a.logits(), a_solo.logits());
+  EXPECT_EQ(b.logits(), b_solo.logits());
 }
 
 // Press hooks run per session in a batch: a press that plans during prefill (streaming_llm
@@ -133,6 +127,26 @@ TEST_P(BatchTest, RefusedBatchChangesNothing) {
   EXPECT_EQ(a.n_past(), 4);
   EXPECT_EQ(full.n_past(), 10);
   EXPECT_EQ(a.cache().n_past(), 4);
+}
+
+// More decode steps than one kernel run takes (20 > 15 rows): still each equals its solo run.
+TEST_P(BatchTest, ManyDecodeStepsSplitIntoKernelRuns) {
+  ThreadPool pool(2);
+  const int n_seq = 20;
+  std::vector<std::unique_ptr<Session>> solo, batched;
+  std::vector<int32_t> next(n_seq);
+  std::vector<SessionChunk> chunks;
+  for (int s = 0; s < n_seq; ++s) {
+    solo.push_back(std::make_unique<Session>(*model_, params(&pool)));
+    batched.push_back(std::make_unique<Session>(*model_, params(&pool)));
+    solo[s]->prefill(tokens(3 + s, s));
+    batched[s]->prefill(tokens(3 + s, s));
+    next[s] = (s * 7 + 2) % 250;
+    solo[s]->decode(next[s]);
+    chunks.push_back(SessionChunk{batched[s].get(), &next[s], 1, true});
+  }
+  Session::step_batch(chunks);
+  for (int s = 0; s < n_seq; ++s) ASSERT_EQ(batched[s]->logits(), solo[s]->logits()) << s;
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, BatchTest, ::testing::Values(Arch::kLlama, Arch::kQwen2, Arch::kGemma3),

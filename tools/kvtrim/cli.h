@@ -60,5 +60,6 @@ void register_bench(CLI::App& app);
 void register_eval(CLI::App& app);
 void register_presses(CLI::App& app);
 void register_calibrate(CLI::App& app);
+void register_serve(CLI::App& app);
 
 }  // namespace kvtrim::cli

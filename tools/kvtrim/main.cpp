@@ -1,4 +1,4 @@
-// kvtrim: run, chat, ppl, inspect, bench. Library errors (kvtrim::Error) are printed as
+// kvtrim: run, chat, ppl, inspect, bench, eval, calibrate, serve. Library errors (kvtrim::Error) are printed as
 // "kvtrim: error: ..." with exit code 1; command-line mistakes exit with code 2.
 #include <cstdio>
 #include <cstring>
@@ -21,12 +21,14 @@ int main(int argc, char** argv) {
   kvtrim::cli::register_presses(app);
   kvtrim::cli::register_eval(app);
   kvtrim::cli::register_calibrate(app);
-  // llama.cpp's spellings -ctk / -ctv (CLI11 takes only one-letter short options).
+  kvtrim::cli::register_serve(app);
+  // llama.cpp's spellings -ctk / -ctv / -np (CLI11 takes only one-letter short options).
   std::vector<std::string> args;
   for (int i = argc - 1; i >= 1; --i) {
     const char* a = argv[i];
     args.push_back(std::strcmp(a, "-ctk") == 0   ? "--cache-type-k"
                    : std::strcmp(a, "-ctv") == 0 ? "--cache-type-v"
+                   : std::strcmp(a, "-np") == 0  ? "--parallel"
                                                  : a);
   }
   try {

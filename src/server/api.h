@@ -1,0 +1,97 @@
+// The OpenAI-compatible wire format of `kvtrim serve`: request parsing with a check for every
+// field a client can get wrong (ApiError: the HTTP status, the OpenAI error type, the offending
+// parameter), and the JSON of completions, stream chunks, errors and the model list. No model
+// or HTTP code here: the scheduler turns a parsed request into a job, http_server.cpp moves the
+// bytes.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "engine/sampler.h"
+#include "kv/kv_types.h"
+#include "model/tokenizer.h"
+
+namespace kvtrim::server {
+
+// A client error (4xx) or a refusal (503): rendered as {"error": {message, type, param, code}}.
+class ApiError : public std::runtime_error {
+ public:
+  ApiError(int status, std::string message, std::string param = {}, std::string code = {});
+  int status() const { return status_; }
+  const std::string& type() const { return type_; }
+  const std::string& param() const { return param_; }
+  const std::string& code() const { return code_; }
+
+ private:
+  int status_;
+  std::string type_, param_, code_;
+};
+
+enum class Endpoint { kChat, kCompletion };
+
+// What the server allows (from its command line), for validation.
+struct RequestLimits {
+  int64_t n_ctx = 0;            // a slot's context: prompt + max_tokens must fit
+  int default_max_tokens = 256;  // when the request gives none (capped by the room left)
+};
+
+// The per-request cache settings (the extension fields kv_press, kv_cache_type[_k/_v]).
+struct CacheChoice {
+  std::optional<std::string> press;  // a press spec ("" = none); unset = the server's default
+  std::optional<KvDtype> k, v;       // unset = the server's default
+};
+
+struct CompletionRequest {
+  Endpoint endpoint = Endpoint::kChat;
+  std::string model;
+  std::vector<ChatMessage> messages;  // chat
+  std::string prompt;                 // completions: a string ...
+  std::vector<int32_t> prompt_tokens;  // ... or token ids
+  bool has_prompt_tokens = false;
+  std::optional<int> max_tokens;      // unset: RequestLimits::default_max_tokens
+  SamplerParams sampling;             // OpenAI defaults: temperature 1, top_p 1, no top-k
+  bool has_seed = false;
+  std::vector<std::string> stop;
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  CacheChoice cache;
+};
+
+// Parses and validates a request body (400 with the field named for anything wrong). The press
+// spec is checked by building it (an unknown press or option is a 400 with the registry's text).
+CompletionRequest parse_completion_request(const std::string& body, Endpoint ep, const RequestLimits& lim);
+
+// {"error": {...}} for an ApiError (and a 500 body for anything else).
+std::string error_body(const ApiError& e);
+std::string error_body(int status, const std::string& message);
+
+// Usage and kvtrim's extension object reported with a finished completion.
+struct CompletionStats {
+  int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
+  int slot = -1;
+  int32_t n_past = 0;
+  size_t kv_bytes = 0, kv_bytes_dense = 0;
+  std::string press, kv_cache_type;
+  double prefill_tps = 0, decode_tps = 0;
+};
+nlohmann::json usage_json(const CompletionStats& s);
+nlohmann::json kvtrim_json(const CompletionStats& s);
+
+// A finished completion (non-streaming response).
+std::string completion_body(Endpoint ep, const std::string& id, int64_t created, const std::string& model,
+                            const std::string& text, const std::string& finish_reason, const CompletionStats& st);
+// One SSE event "data: {...}\n\n" of a stream: a text delta (finish_reason empty), or the last
+// chunk (finish_reason set, with usage and the kvtrim object); the first chat chunk carries the
+// assistant role.
+std::string stream_chunk(Endpoint ep, const std::string& id, int64_t created, const std::string& model,
+                         const std::string& delta, bool first, const std::string& finish_reason,
+                         const CompletionStats* st);
+std::string stream_error_event(const ApiError& e);
+std::string models_body(const std::string& model_id, int64_t created, int64_t n_ctx);
+
+}  // namespace kvtrim::server

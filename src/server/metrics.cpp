@@ -1,0 +1,99 @@
+#include "server/metrics.h"
+
+#include "core/error.h"
+
+namespace kvtrim::server {
+
+void HttpCounters::count(const std::string& endpoint, int status) {
+  std::lock_guard<std::mutex> lk(mu_);
+  ++n_[{endpoint, status}];
+}
+
+std::map<std::pair<std::string, int>, int64_t> HttpCounters::snapshot() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return n_;
+}
+
+namespace {
+void metric(std::string& out, const char* name, const char* type, const char* help) {
+  out += strprintf("# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+void sample(std::string& out, const char* name, double v, const std::string& labels = {}) {
+  out += name;
+  if (!labels.empty()) out += "{" + labels + "}";
+  out += strprintf(" %.17g\n", v);
+}
+}  // namespace
+
+std::string render_metrics(const SchedulerStats& st, const ServerOptions& opt,
+                           const std::map<std::pair<std::string, int>, int64_t>& http) {
+  std::string o;
+  metric(o, "kvtrim_http_requests_total", "counter", "HTTP requests by endpoint and status code");
+  for (const auto& [k, n] : http)
+    sample(o, "kvtrim_http_requests_total", static_cast<double>(n),
+           strprintf("endpoint=\"%s\",code=\"%d\"", k.first.c_str(), k.second));
+  metric(o, "kvtrim_jobs_total", "counter", "completion jobs by outcome");
+  sample(o, "kvtrim_jobs_total", static_cast<double>(st.jobs_done), "outcome=\"done\"");
+  sample(o, "kvtrim_jobs_total", static_cast<double>(st.jobs_cancelled), "outcome=\"cancelled\"");
+  sample(o, "kvtrim_jobs_total", static_cast<double>(st.jobs_failed), "outcome=\"failed\"");
+  sample(o, "kvtrim_jobs_total", static_cast<double>(st.rejected_budget), "outcome=\"rejected_kv_budget\"");
+  sample(o, "kvtrim_jobs_total", static_cast<double>(st.rejected_queue), "outcome=\"rejected_queue_full\"");
+  metric(o, "kvtrim_prompt_tokens_total", "counter", "prompt tokens of admitted jobs");
+  sample(o, "kvtrim_prompt_tokens_total", static_cast<double>(st.prompt_tokens));
+  metric(o, "kvtrim_prompt_tokens_cached_total", "counter", "prompt tokens reused from a slot's cache (not prefilled)");
+  sample(o, "kvtrim_prompt_tokens_cached_total", static_cast<double>(st.cached_prompt_tokens));
+  metric(o, "kvtrim_prefill_tokens_total", "counter", "tokens prefilled");
+  sample(o, "kvtrim_prefill_tokens_total", static_cast<double>(st.prefill_tokens));
+  metric(o, "kvtrim_decode_tokens_total", "counter", "tokens decoded (all slots)");
+  sample(o, "kvtrim_decode_tokens_total", static_cast<double>(st.decode_tokens));
+  metric(o, "kvtrim_decode_tokens_batched_total", "counter", "decoded tokens that shared a forward pass with others");
+  sample(o, "kvtrim_decode_tokens_batched_total", static_cast<double>(st.batched_decode_tokens));
+  metric(o, "kvtrim_prefill_seconds_total", "counter", "step time spent on prefill tokens (steps split by token share)");
+  sample(o, "kvtrim_prefill_seconds_total", st.prefill_seconds);
+  metric(o, "kvtrim_decode_seconds_total", "counter", "step time spent on decode tokens (steps split by token share)");
+  sample(o, "kvtrim_decode_seconds_total", st.decode_seconds);
+  metric(o, "kvtrim_steps_total", "counter", "batched forward steps");
+  sample(o, "kvtrim_steps_total", static_cast<double>(st.steps));
+  metric(o, "kvtrim_prefill_tokens_per_second", "gauge", "prefill throughput over the last 10 s");
+  sample(o, "kvtrim_prefill_tokens_per_second", st.recent_prefill_tps);
+  metric(o, "kvtrim_decode_tokens_per_second", "gauge", "decode throughput, all slots, over the last 10 s");
+  sample(o, "kvtrim_decode_tokens_per_second", st.recent_decode_tps);
+  metric(o, "kvtrim_queue_length", "gauge", "jobs waiting for a slot or for memory");
+  sample(o, "kvtrim_queue_length", static_cast<double>(st.queue_length));
+
+  size_t held = 0, dense = 0, reserved = 0;
+  int busy = 0;
+  metric(o, "kvtrim_kv_bytes", "gauge", "KV cache bytes held per slot (exact, KvCache::bytes)");
+  for (const SlotView& v : st.slots) {
+    sample(o, "kvtrim_kv_bytes", static_cast<double>(v.bytes), strprintf("slot=\"%d\"", v.id));
+    held += v.bytes;
+    dense += v.bytes_dense;
+    reserved += v.reserved;
+    busy += v.state == "prefill" || v.state == "decode";
+  }
+  metric(o, "kvtrim_kv_tokens", "gauge", "positions in each slot's conversation");
+  for (const SlotView& v : st.slots) sample(o, "kvtrim_kv_tokens", v.n_past, strprintf("slot=\"%d\"", v.id));
+  metric(o, "kvtrim_kv_bytes_total", "gauge", "KV cache bytes held by all slots");
+  sample(o, "kvtrim_kv_bytes_total", static_cast<double>(held));
+  metric(o, "kvtrim_kv_bytes_uncompressed", "gauge", "bytes the same positions would take uncompressed at each slot's cache types");
+  sample(o, "kvtrim_kv_bytes_uncompressed", static_cast<double>(dense));
+  metric(o, "kvtrim_kv_bytes_saved", "gauge", "uncompressed minus held bytes (what compression saves now)");
+  sample(o, "kvtrim_kv_bytes_saved", dense > held ? static_cast<double>(dense - held) : 0.0);
+  metric(o, "kvtrim_kv_bytes_reserved", "gauge", "bytes reserved by admitted jobs (held + room for their remaining tokens)");
+  sample(o, "kvtrim_kv_bytes_reserved", static_cast<double>(reserved));
+  metric(o, "kvtrim_kv_budget_bytes", "gauge", "the --kv-budget (0 = none)");
+  sample(o, "kvtrim_kv_budget_bytes", static_cast<double>(opt.kv_budget));
+  metric(o, "kvtrim_slots_busy", "gauge", "slots running a job");
+  sample(o, "kvtrim_slots_busy", busy);
+  metric(o, "kvtrim_slots", "gauge", "slots (--parallel)");
+  sample(o, "kvtrim_slots", opt.n_parallel);
+  metric(o, "kvtrim_pressure_compressions_total", "counter", "conversations compressed by the pressure press");
+  sample(o, "kvtrim_pressure_compressions_total", static_cast<double>(st.pressure_compressions));
+  metric(o, "kvtrim_pressure_bytes_freed_total", "counter", "bytes freed by pressure compressions");
+  sample(o, "kvtrim_pressure_bytes_freed_total", static_cast<double>(st.bytes_freed_by_pressure));
+  metric(o, "kvtrim_evictions_total", "counter", "idle conversations dropped to make room");
+  sample(o, "kvtrim_evictions_total", static_cast<double>(st.evictions));
+  return o;
+}
+
+}  // namespace kvtrim::server

@@ -1,0 +1,613 @@
+#include "server/scheduler.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "core/thread_pool.h"
+#include "core/timer.h"
+#include "engine/press_runner.h"
+#include "engine/session.h"
+#include "model/model.h"
+#include "press/press.h"
+#include "server/text_stream.h"
+
+namespace kvtrim::server {
+
+// ---- Job ----
+
+bool Job::next(JobEvent* e, int timeout_ms) {
+  std::unique_lock<std::mutex> lk(mu_);
+  if (!cv_.wait_for(lk, std::chrono::milliseconds(timeout_ms), [&] { return !events_.empty(); })) return false;
+  *e = std::move(events_.front());
+  events_.pop_front();
+  return true;
+}
+
+void Job::emit(JobEvent e) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    events_.push_back(std::move(e));
+  }
+  cv_.notify_all();
+}
+
+// ---- Slot ----
+
+struct Scheduler::Slot {
+  enum class State { kEmpty, kIdle, kPrefill, kDecode };
+  int id = 0;
+  State state = State::kEmpty;
+  std::unique_ptr<Session> session;
+  std::string press;  // the session's press spec ("" = none)
+  KvDtype k = KvDtype::kF16, v = KvDtype::kF16;
+  std::vector<int32_t> tokens;  // the token at every position the cache has seen (0 .. n_past-1)
+  int64_t last_used = 0;
+  bool pressured = false;  // compressed by the pressure press since its last job
+  // the running job
+  std::shared_ptr<Job> job;
+  size_t prompt_done = 0;  // prompt tokens in the cache
+  int64_t cached = 0;      // of which reused from the previous conversation
+  bool first_turn = true;  // the cache held nothing of this conversation before
+  std::unique_ptr<Sampler> sampler;
+  std::unique_ptr<TextStream> text;
+  int32_t next_token = -1;  // sampled, not yet in the cache
+  int n_gen = 0;
+  double t_start = 0, t_prefill_end = 0;
+};
+
+namespace {
+const char* state_name(int s) {
+  static const char* names[] = {"empty", "idle", "prefill", "decode"};
+  return names[s];
+}
+std::string types_name(KvDtype k, KvDtype v) {
+  return k == v ? kv_dtype_name(k) : std::string("k=") + kv_dtype_name(k) + ",v=" + kv_dtype_name(v);
+}
+size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+  size_t n = 0;
+  while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
+  return n;
+}
+}  // namespace
+
+Scheduler::Scheduler(const Model& model, ThreadPool& pool, ServerOptions opt)
+    : model_(model), pool_(pool), opt_(std::move(opt)) {
+  KVTRIM_CHECK(opt_.n_parallel >= 1 && opt_.n_parallel <= 256, "--parallel must be in [1, 256] (got %d)", opt_.n_parallel);
+  KVTRIM_CHECK(opt_.n_ctx >= 16 && opt_.n_ctx <= model.hparams().n_ctx_train,
+               "--ctx %lld must be in [16, %d] (the model's context limit)", static_cast<long long>(opt_.n_ctx),
+               model.hparams().n_ctx_train);
+  KVTRIM_CHECK(opt_.n_batch >= 1 && opt_.n_batch <= 8192, "--batch must be in [1, 8192] (got %d)", opt_.n_batch);
+  KVTRIM_CHECK(opt_.max_queue >= 0 && opt_.max_queue <= 1 << 20, "--queue must be in [0, 2^20]");
+  if (!opt_.press.empty()) opt_.press = make_press(opt_.press)->spec();
+  if (!opt_.pressure_press.empty()) pressure_press_ = make_press(opt_.pressure_press);
+  if (opt_.kv_budget > 0) {
+    const size_t one = bytes_per_token(opt_.kv_k, opt_.kv_v);
+    KVTRIM_CHECK(opt_.kv_budget >= one * 16,
+                 "--kv-budget of %zu bytes does not hold 16 tokens of this model's cache (%zu bytes per token)",
+                 opt_.kv_budget, one);
+  }
+  for (int i = 0; i < opt_.n_parallel; ++i) {
+    slots_.push_back(std::make_unique<Slot>());
+    slots_.back()->id = i;
+  }
+  publish();
+  worker_ = std::thread([this] { loop(); });
+}
+
+Scheduler::~Scheduler() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+  for (auto& j : queue_) j->emit(JobEvent{JobEvent::Kind::kError, {}, {}, {}, 503, "the server is shutting down"});
+}
+
+size_t Scheduler::bytes_per_token(KvDtype k, KvDtype v) const {
+  std::lock_guard<std::mutex> lk(bpt_mu_);
+  const auto key = std::make_pair(static_cast<int>(k), static_cast<int>(v));
+  auto it = bpt_.find(key);
+  if (it != bpt_.end()) return it->second;
+  // Measured, not computed: 64 tokens appended to an empty cache of these types.
+  KvCacheConfig cfg = model_.cache_config(64);
+  cfg.dtype_k = k;
+  cfg.dtype_v = v;
+  cfg.rotate_quantized = opt_.kv_rotate;
+  auto c = make_kv_cache(cfg);
+  const auto& hp = model_.hparams();
+  std::vector<float> kk(static_cast<size_t>(64) * hp.n_head_kv * hp.head_dim_k, 0.5f);
+  std::vector<float> vv(static_cast<size_t>(64) * hp.n_head_kv * hp.head_dim_v, 0.5f);
+  std::vector<int32_t> pos(64);
+  for (int i = 0; i < 64; ++i) pos[i] = i;
+  for (int il = 0; il < hp.n_layer; ++il) c->append(il, 64, kk.data(), vv.data(), pos.data());
+  const size_t b = (c->bytes().total() + 63) / 64;
+  bpt_[key] = b;
+  return b;
+}
+
+std::shared_ptr<Job> Scheduler::submit(const CompletionRequest& r) {
+  const Tokenizer& tok = model_.tokenizer();
+  auto j = std::make_shared<Job>();
+  if (r.endpoint == Endpoint::kChat) {
+    std::string text;
+    try {
+      text = apply_chat_template(model_.gguf(), r.messages, true);
+    } catch (const Error& e) {
+      throw ApiError(400, std::string("messages: ") + e.what(), "messages");
+    }
+    j->prompt = tok.encode(text, tok.add_bos(), true);
+  } else if (r.has_prompt_tokens) {
+    j->prompt = r.prompt_tokens;
+    for (int32_t t : j->prompt)
+      if (t >= model_.hparams().n_vocab)
+        throw ApiError(400, strprintf("prompt token id %d is out of the vocabulary [0, %d)", t, model_.hparams().n_vocab),
+                       "prompt");
+  } else {
+    j->prompt = tok.encode(r.prompt, tok.add_bos(), false);
+  }
+  if (j->prompt.empty()) throw ApiError(400, "the prompt is empty", r.endpoint == Endpoint::kChat ? "messages" : "prompt");
+  const int64_t n_prompt = static_cast<int64_t>(j->prompt.size());
+  if (n_prompt >= opt_.n_ctx)
+    throw ApiError(400,
+                   strprintf("the prompt has %lld tokens; the server's context is %lld tokens per conversation "
+                             "(prompt + max_tokens must fit)",
+                             static_cast<long long>(n_prompt), static_cast<long long>(opt_.n_ctx)),
+                   r.endpoint == Endpoint::kChat ? "messages" : "prompt", "context_length_exceeded");
+  if (r.max_tokens) {
+    if (n_prompt + *r.max_tokens > opt_.n_ctx)
+      throw ApiError(400,
+                     strprintf("the prompt's %lld tokens + max_tokens %d = %lld exceed the server's context of %lld "
+                               "tokens per conversation",
+                               static_cast<long long>(n_prompt), *r.max_tokens,
+                               static_cast<long long>(n_prompt + *r.max_tokens), static_cast<long long>(opt_.n_ctx)),
+                     "max_tokens", "context_length_exceeded");
+    j->max_tokens = *r.max_tokens;
+  } else {
+    j->max_tokens = static_cast<int>(std::min<int64_t>(opt_.default_max_tokens, opt_.n_ctx - n_prompt));
+  }
+  j->sampling = r.sampling;
+  if (!r.has_seed) j->sampling.seed = static_cast<uint64_t>(now_seconds() * 1e6);
+  j->stop = r.stop;
+  j->press = r.cache.press ? *r.cache.press : opt_.press;
+  j->k = r.cache.k.value_or(opt_.kv_k);
+  j->v = r.cache.v.value_or(opt_.kv_v);
+  j->t_submit = now_seconds();
+  if (opt_.kv_budget > 0) {
+    const size_t alone = static_cast<size_t>(n_prompt + j->max_tokens) * bytes_per_token(j->k, j->v);
+    if (alone > opt_.kv_budget) {
+      std::lock_guard<std::mutex> lk(mu_);
+      ++stats_.rejected_budget;
+      throw ApiError(503,
+                     strprintf("this request needs up to %zu bytes of KV cache (%lld prompt + %d max_tokens tokens at "
+                               "%zu bytes each, %s) and the server's --kv-budget is %zu bytes; lower max_tokens, "
+                               "shorten the prompt or use a smaller kv_cache_type",
+                               alone, static_cast<long long>(n_prompt), j->max_tokens, bytes_per_token(j->k, j->v),
+                               types_name(j->k, j->v).c_str(), opt_.kv_budget),
+                     {}, "kv_budget_exceeded");
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    KVTRIM_CHECK(!stop_, "the server is shutting down");
+    int free_slots = 0;
+    for (const auto& s : slots_) free_slots += s->job == nullptr;  // racy read: a hint only
+    if (static_cast<int>(queue_.size()) >= opt_.max_queue + std::max(free_slots, 0)) {
+      ++stats_.rejected_queue;
+      throw ApiError(503, strprintf("the server is busy: %zu requests are waiting (--queue %d)", queue_.size(), opt_.max_queue),
+                     {}, "queue_full");
+    }
+    queue_.push_back(j);
+    stats_.queue_length = queue_.size();
+  }
+  cv_.notify_all();
+  return j;
+}
+
+SchedulerStats Scheduler::stats() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return stats_;
+}
+
+// ---- the worker ----
+
+void Scheduler::loop() {
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      const auto busy = [&] {
+        for (const auto& s : slots_)
+          if (s->job) return true;
+        return false;
+      };
+      cv_.wait(lk, [&] { return stop_ || !queue_.empty() || busy(); });
+      if (stop_) break;
+    }
+    while (admit_front()) {
+    }
+    bool any = false;
+    for (const auto& s : slots_) any |= s->job != nullptr;
+    if (any) {
+      step();
+    } else {
+      // the queue's first job waits for memory that only a finishing job would free: none runs
+      // (cannot happen: with every slot idle, relieve_pressure drops idle caches), so back off
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait_for(lk, std::chrono::milliseconds(50));
+    }
+    publish();
+  }
+  // shutdown: running jobs end with an error, their slots keep nothing
+  for (auto& s : slots_)
+    if (s->job) fail(*s, 503, "the server is shutting down");
+}
+
+size_t Scheduler::reserved(const Slot& s) const {
+  if (!s.session) return 0;
+  size_t held = s.session->cache().bytes().total();
+  if (!s.job) return held;
+  const size_t bpt = bytes_per_token(s.k, s.v);
+  const size_t left = (s.job->prompt.size() - s.prompt_done) + static_cast<size_t>(s.job->max_tokens - s.n_gen);
+  return held + left * bpt;
+}
+
+size_t Scheduler::reserved_total(const Slot* except) const {
+  size_t t = 0;
+  for (const auto& s : slots_)
+    if (s.get() != except) t += reserved(*s);
+  return t;
+}
+
+bool Scheduler::relieve_pressure(size_t need, const Slot* chosen) {
+  const auto fits = [&] { return reserved_total(chosen) + need <= opt_.kv_budget; };
+  std::vector<Slot*> idle;
+  for (auto& s : slots_)
+    if (s.get() != chosen && !s->job && s->state == Slot::State::kIdle) idle.push_back(s.get());
+  std::sort(idle.begin(), idle.end(), [](const Slot* a, const Slot* b) { return a->last_used < b->last_used; });
+  const auto compress = [&](Slot& s) {
+    const size_t before = s.session->cache().bytes().total();
+    try {
+      s.session->compress_with(*pressure_press_);
+    } catch (const Error& e) {
+      KVTRIM_LOG_WARN("slot %d: pressure press %s failed: %s", s.id, pressure_press_->spec().c_str(), e.what());
+      return;
+    }
+    s.pressured = true;
+    const size_t after = s.session->cache().bytes().total();
+    std::lock_guard<std::mutex> lk(mu_);
+    ++stats_.pressure_compressions;
+    stats_.bytes_freed_by_pressure += before > after ? before - after : 0;
+  };
+  // 1. compress idle conversations (once each between their jobs)
+  if (pressure_press_) {
+    for (Slot* s : idle) {
+      if (fits()) return true;
+      if (!s->pressured) compress(*s);
+    }
+  }
+  // 2. drop idle conversations, least recently used first
+  for (Slot* s : idle) {
+    if (fits()) return true;
+    s->session->reset();
+    s->tokens.clear();
+    s->state = Slot::State::kEmpty;
+    s->pressured = false;
+    std::lock_guard<std::mutex> lk(mu_);
+    ++stats_.evictions;
+  }
+  // 3. compress running conversations (once per job)
+  if (pressure_press_) {
+    for (auto& s : slots_) {
+      if (fits()) return true;
+      if (s.get() != chosen && s->job && !s->pressured && s->state == Slot::State::kDecode) compress(*s);
+    }
+  }
+  return fits();
+}
+
+bool Scheduler::admit_front() {
+  std::shared_ptr<Job> j;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    while (!queue_.empty() && queue_.front()->cancelled()) {
+      queue_.front()->emit(JobEvent{JobEvent::Kind::kError, {}, {}, {}, 499, "cancelled by the client"});
+      queue_.pop_front();
+      ++stats_.jobs_cancelled;
+    }
+    stats_.queue_length = queue_.size();
+    if (queue_.empty()) return false;
+    j = queue_.front();
+  }
+  // the slot: the longest reusable prefix, else an empty slot, else the least recently used idle one
+  Slot* best = nullptr;
+  size_t best_prefix = 0;
+  for (auto& s : slots_) {
+    if (s->job || s->state != Slot::State::kIdle || s->press != j->press || s->k != j->k || s->v != j->v) continue;
+    const size_t p = common_prefix(s->tokens, j->prompt);
+    if (p > best_prefix) best = s.get(), best_prefix = p;
+  }
+  if (!best)
+    for (auto& s : slots_)
+      if (!s->job && s->state == Slot::State::kEmpty) {
+        best = s.get();
+        break;
+      }
+  if (!best)
+    for (auto& s : slots_)
+      if (!s->job && (!best || s->last_used < best->last_used)) best = s.get();
+  if (!best) return false;  // every slot busy
+
+  if (opt_.kv_budget > 0) {
+    const size_t bpt = bytes_per_token(j->k, j->v);
+    const size_t reuse = best_prefix > 0 && best->session ? best->session->cache().bytes().total() : 0;
+    const size_t fresh = (j->prompt.size() + static_cast<size_t>(j->max_tokens)) * bpt;
+    const size_t need = reuse > 0 ? reuse + (j->prompt.size() - best_prefix + static_cast<size_t>(j->max_tokens)) * bpt : fresh;
+    // the chosen slot's current cache is replaced by this job's (counted in `need` when reused)
+    if (!relieve_pressure(need, best)) {
+      if (reuse == 0 || !relieve_pressure(fresh, best)) return false;  // wait for running jobs
+      best_prefix = 0;  // too big to keep: start the conversation over
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (queue_.empty() || queue_.front() != j) return true;  // cannot happen (one consumer); retry
+    queue_.pop_front();
+    stats_.queue_length = queue_.size();
+  }
+  if (j->cancelled()) {
+    j->emit(JobEvent{JobEvent::Kind::kError, {}, {}, {}, 499, "cancelled by the client"});
+    std::lock_guard<std::mutex> lk(mu_);
+    ++stats_.jobs_cancelled;
+    return true;
+  }
+  best->job = j;
+  try {
+    prepare_slot(*best, *j);
+    if (best_prefix == 0 && best->prompt_done == 0) best->first_turn = true;
+  } catch (const std::exception& e) {
+    fail(*best, 500, e.what());
+  }
+  return true;
+}
+
+// Sets the slot up for job j: a session with the job's cache types and press, the cache
+// truncated to the prefix it shares with the prompt (at least one prompt token is run).
+void Scheduler::prepare_slot(Slot& s, Job& j) {
+  const bool same = s.session && s.press == j.press && s.k == j.k && s.v == j.v && s.state == Slot::State::kIdle;
+  size_t keep = same ? common_prefix(s.tokens, j.prompt) : 0;
+  keep = std::min(keep, j.prompt.size() - 1);
+  if (!s.session || s.k != j.k || s.v != j.v) {
+    SessionParams p;
+    p.n_ctx = opt_.n_ctx;
+    p.n_batch = opt_.n_batch;
+    p.kv_dtype_k = j.k;
+    p.kv_dtype_v = j.v;
+    p.kv_rotate = opt_.kv_rotate;
+    p.pool = &pool_;
+    s.session = std::make_unique<Session>(model_, p);
+    s.press.clear();
+    s.k = j.k;
+    s.v = j.v;
+    keep = 0;
+  }
+  if (keep == 0 || s.press != j.press) {
+    s.session->reset();
+    const PressNeeds extra = pressure_press_ ? pressure_press_->needs() : PressNeeds{};
+    if (!j.press.empty()) {
+      s.session->set_press(make_press(j.press), PressSchedule{}, extra);
+    } else if (pressure_press_) {
+      s.session->set_observer(extra);
+    } else {
+      s.session->set_press(nullptr);
+    }
+    s.press = j.press;
+    keep = 0;
+  } else {
+    s.session->truncate(static_cast<int32_t>(keep));
+  }
+  s.tokens.assign(j.prompt.begin(), j.prompt.begin() + static_cast<std::ptrdiff_t>(keep));
+  s.prompt_done = keep;
+  s.cached = static_cast<int64_t>(keep);
+  s.first_turn = keep == 0;
+  s.sampler = std::make_unique<Sampler>(j.sampling);
+  s.text = std::make_unique<TextStream>(j.stop);
+  s.n_gen = 0;
+  s.next_token = -1;
+  s.pressured = false;
+  s.t_start = now_seconds();
+  s.t_prefill_end = 0;
+  s.state = Slot::State::kPrefill;
+  s.last_used = ++use_clock_;
+  std::lock_guard<std::mutex> lk(mu_);
+  stats_.prompt_tokens += static_cast<int64_t>(j.prompt.size());
+  stats_.cached_prompt_tokens += static_cast<int64_t>(keep);
+}
+
+void Scheduler::step() {
+  // cancelled jobs end before the step
+  for (auto& s : slots_) {
+    if (s->job && s->job->cancelled()) {
+      s->job->emit(JobEvent{JobEvent::Kind::kError, {}, {}, {}, 499, "cancelled by the client"});
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        ++stats_.jobs_cancelled;
+      }
+      release_slot(*s);
+    }
+  }
+  std::vector<SessionChunk> chunks;
+  std::vector<Slot*> in_step;
+  for (auto& s : slots_) {
+    if (s->job && s->state == Slot::State::kDecode) {
+      chunks.push_back(SessionChunk{s->session.get(), &s->next_token, 1, true});
+      in_step.push_back(s.get());
+    }
+  }
+  const int64_t n_decode = static_cast<int64_t>(chunks.size());
+  Slot* pre = nullptr;
+  int64_t n_pre = 0;
+  for (int i = 0; i < opt_.n_parallel && !pre; ++i) {
+    Slot& s = *slots_[static_cast<size_t>((rr_ + i) % opt_.n_parallel)];
+    if (s.job && s.state == Slot::State::kPrefill) pre = &s;
+  }
+  if (pre) {
+    rr_ = (pre->id + 1) % opt_.n_parallel;
+    n_pre = std::min<int64_t>(opt_.n_batch, static_cast<int64_t>(pre->job->prompt.size() - pre->prompt_done));
+    chunks.push_back(SessionChunk{pre->session.get(), pre->job->prompt.data() + pre->prompt_done, n_pre, false});
+    in_step.push_back(pre);
+  }
+  if (chunks.empty()) return;
+  const double t0 = now_seconds();
+  try {
+    Session::step_batch(chunks);
+  } catch (const std::exception& e) {
+    for (Slot* s : in_step) fail(*s, 500, e.what());
+    return;
+  }
+  const double dt = now_seconds() - t0;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    const double tot = static_cast<double>(n_decode + n_pre);
+    stats_.steps += 1;
+    stats_.decode_tokens += n_decode;
+    stats_.prefill_tokens += n_pre;
+    if (n_decode > 1 || (n_decode == 1 && n_pre > 0)) stats_.batched_decode_tokens += n_decode;
+    stats_.decode_seconds += dt * static_cast<double>(n_decode) / tot;
+    stats_.prefill_seconds += dt * static_cast<double>(n_pre) / tot;
+    recent_.push_back(Recent{now_seconds(), n_pre, n_decode});
+  }
+  for (Slot* s : in_step) {
+    if (s->state == Slot::State::kDecode) {
+      s->tokens.push_back(s->next_token);
+      sample_next(*s);
+    } else {
+      s->tokens.insert(s->tokens.end(), s->job->prompt.begin() + static_cast<std::ptrdiff_t>(s->prompt_done),
+                       s->job->prompt.begin() + static_cast<std::ptrdiff_t>(s->prompt_done + static_cast<size_t>(n_pre)));
+      s->prompt_done += static_cast<size_t>(n_pre);
+      if (s->prompt_done < s->job->prompt.size()) continue;
+      // the prompt is in: compress with the job's press (a follow-up turn keeps the press's
+      // ratio of the whole conversation, not of what the earlier turns left), then sample
+      if (s->session->press()) {
+        try {
+          const auto* sp = dynamic_cast<const ScorerPress*>(s->session->press());
+          if (!s->first_turn && sp && sp->budget().n_keep <= 0 && sp->budget().ratio > 0) {
+            Budget b;
+            b.n_keep = sp->budget().keep_count(s->session->n_past());
+            s->session->compress(b);
+          } else {
+            s->session->compress();
+          }
+        } catch (const std::exception& e) {
+          fail(*s, 500, std::string("compression failed: ") + e.what());
+          continue;
+        }
+      }
+      s->t_prefill_end = now_seconds();
+      s->state = Slot::State::kDecode;
+      sample_next(*s);
+    }
+  }
+}
+
+void Scheduler::sample_next(Slot& s) {
+  Job& j = *s.job;
+  const Tokenizer& tok = model_.tokenizer();
+  const int32_t id = s.sampler->sample(s.session->logits().data(), model_.hparams().n_vocab);
+  if (tok.is_eog(id)) return finish(s, "stop");
+  ++s.n_gen;
+  const std::string out = s.text->push(tok.token_to_piece(id));
+  if (!out.empty()) j.emit(JobEvent{JobEvent::Kind::kText, out, {}, {}, 0, {}});
+  if (s.text->stopped()) return finish(s, "stop");
+  if (s.n_gen >= j.max_tokens || s.session->n_past() + 1 > opt_.n_ctx) return finish(s, "length");
+  s.next_token = id;
+}
+
+void Scheduler::finish(Slot& s, const std::string& finish_reason) {
+  Job& j = *s.job;
+  const std::string rest = s.text->flush();
+  if (!rest.empty()) j.emit(JobEvent{JobEvent::Kind::kText, rest, {}, {}, 0, {}});
+  JobEvent e;
+  e.kind = JobEvent::Kind::kDone;
+  e.finish_reason = finish_reason;
+  CompletionStats& st = e.stats;
+  st.prompt_tokens = static_cast<int64_t>(j.prompt.size());
+  st.completion_tokens = s.n_gen;
+  st.cached_tokens = s.cached;
+  st.slot = s.id;
+  st.n_past = s.session->n_past();
+  st.kv_bytes = s.session->cache().bytes().total();
+  st.kv_bytes_dense = static_cast<size_t>(st.n_past) * bytes_per_token(s.k, s.v);
+  st.press = s.press;
+  st.kv_cache_type = types_name(s.k, s.v);
+  const double t_end = now_seconds();
+  const double pre_s = s.t_prefill_end - s.t_start;
+  if (pre_s > 0) st.prefill_tps = static_cast<double>(j.prompt.size() - static_cast<size_t>(s.cached)) / pre_s;
+  if (s.n_gen > 1 && t_end > s.t_prefill_end) st.decode_tps = (s.n_gen - 1) / (t_end - s.t_prefill_end);
+  j.emit(std::move(e));
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    ++stats_.jobs_done;
+  }
+  release_slot(s);
+}
+
+void Scheduler::fail(Slot& s, int status, const std::string& message) {
+  if (s.job) s.job->emit(JobEvent{JobEvent::Kind::kError, {}, {}, {}, status, message});
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    ++stats_.jobs_failed;
+  }
+  KVTRIM_LOG_WARN("slot %d: job failed: %s", s.id, message.c_str());
+  // the cache may be half-way through a chunk: start the slot over
+  if (s.session) s.session->reset();
+  s.tokens.clear();
+  s.job.reset();
+  s.state = Slot::State::kEmpty;
+}
+
+void Scheduler::release_slot(Slot& s) {
+  s.job.reset();
+  s.sampler.reset();
+  s.text.reset();
+  s.state = s.session && s.session->n_past() > 0 ? Slot::State::kIdle : Slot::State::kEmpty;
+  s.last_used = ++use_clock_;
+}
+
+void Scheduler::publish() {
+  const double now = now_seconds();
+  std::vector<SlotView> views;
+  const auto& hp = model_.hparams();
+  for (const auto& s : slots_) {
+    SlotView v;
+    v.id = s->id;
+    v.state = state_name(static_cast<int>(s->state));
+    v.press = s->press;
+    v.kv_cache_type = types_name(s->k, s->v);
+    if (s->session) {
+      const KvCache& c = s->session->cache();
+      const KvBytes b = c.bytes();
+      v.n_past = c.n_past();
+      v.bytes = b.total();
+      v.bytes_dense = static_cast<size_t>(v.n_past) * bytes_per_token(s->k, s->v);
+      v.reserved = reserved(*s);
+      v.layer_bytes = b.per_layer;
+      v.head_bytes = b.per_head;
+      for (int il = 0; il < hp.n_layer; ++il)
+        for (int ih = 0; ih < hp.n_head_kv; ++ih) v.head_tokens.push_back(c.n_tokens(il, ih));
+    }
+    views.push_back(std::move(v));
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  stats_.slots = std::move(views);
+  while (!recent_.empty() && recent_.front().t < now - 10) recent_.pop_front();
+  int64_t p = 0, d = 0;
+  for (const Recent& r : recent_) p += r.prefill, d += r.decode;
+  const double span = recent_.empty() ? 1 : std::max(1.0, now - recent_.front().t);
+  stats_.recent_prefill_tps = static_cast<double>(p) / span;
+  stats_.recent_decode_tps = static_cast<double>(d) / span;
+  last_publish_ = now;
+}
+
+}  // namespace kvtrim::server

@@ -1,0 +1,171 @@
+// The server's engine room: a fixed number of slots (one Session each, all on one thread pool),
+// a FIFO queue, and one worker thread that runs continuous batching — every step is one
+// forward call with the next token of every decoding slot plus one prefill chunk of one
+// prefilling slot (Session::step_batch), so the weights are read once per step for all streams.
+//
+// Memory budget (--kv-budget): every slot reserves what its cache can reach (the bytes it holds
+// plus its remaining prompt and max_tokens at the uncompressed bytes per token of its cache
+// types); a job is admitted only when the reservations fit. Under pressure, before refusing or
+// keeping anyone waiting, the scheduler frees memory in this order: compress idle
+// conversations with the pressure press, drop idle conversations (least recently used first),
+// compress the active ones. A job that could not fit even alone is refused at once (503); one
+// that could waits in the queue (bounded: 503 when full).
+//
+// Conversations: a slot keeps its cache after a job; a new job goes to the slot whose tokens
+// share the longest prefix with its prompt (same press and cache types), which truncates to
+// the common prefix and prefills only the rest (llama-server's cache_prompt).
+#pragma once
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/sampler.h"
+#include "kv/kv_types.h"
+#include "server/api.h"
+
+namespace kvtrim {
+class Model;
+class ThreadPool;
+class Press;
+}  // namespace kvtrim
+
+namespace kvtrim::server {
+
+struct ServerOptions {
+  int n_parallel = 4;          // slots
+  int64_t n_ctx = 4096;        // tokens per slot (conversation)
+  int n_batch = 256;           // prefill chunk per step
+  size_t kv_budget = 0;        // bytes for all slots' caches together; 0 = no budget
+  std::string press;           // default kv_press ("" = none)
+  std::string pressure_press;  // compresses conversations under budget pressure ("" = none)
+  KvDtype kv_k = KvDtype::kF16, kv_v = KvDtype::kF16;
+  bool kv_rotate = true;
+  int max_queue = 64;          // waiting jobs beyond the slots
+  int default_max_tokens = 256;
+};
+
+// What a job tells the HTTP side, in order: text deltas, then exactly one done or error.
+struct JobEvent {
+  enum class Kind { kText, kDone, kError };
+  Kind kind = Kind::kText;
+  std::string text;
+  std::string finish_reason;  // kDone: "stop" or "length"
+  CompletionStats stats;      // kDone
+  int status = 0;             // kError
+  std::string message;        // kError
+};
+
+class Job {
+ public:
+  // Waits up to timeout_ms for the next event; false if none came.
+  bool next(JobEvent* e, int timeout_ms);
+  // The client went away: the scheduler stops the job at its next step (its slot keeps the
+  // conversation's tokens so far).
+  void cancel() { cancelled_ = true; }
+  bool cancelled() const { return cancelled_; }
+
+ private:
+  friend class Scheduler;
+  void emit(JobEvent e);
+  std::vector<int32_t> prompt;
+  int max_tokens = 0;
+  SamplerParams sampling;
+  std::vector<std::string> stop;
+  std::string press;
+  KvDtype k = KvDtype::kF16, v = KvDtype::kF16;
+  double t_submit = 0;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<JobEvent> events_;
+  std::atomic<bool> cancelled_{false};
+};
+
+// A consistent picture of a slot for /v1/kvtrim/slots and /metrics (published by the worker).
+struct SlotView {
+  int id = 0;
+  std::string state;  // empty, idle, prefill, decode
+  int32_t n_past = 0;
+  std::string press, kv_cache_type;
+  size_t bytes = 0, bytes_dense = 0, reserved = 0;
+  std::vector<size_t> layer_bytes;   // [n_layer]
+  std::vector<size_t> head_bytes;    // [n_layer * n_head_kv]
+  std::vector<int64_t> head_tokens;  // [n_layer * n_head_kv]
+};
+
+struct SchedulerStats {
+  std::vector<SlotView> slots;
+  size_t queue_length = 0;
+  // counters since start
+  int64_t jobs_done = 0, jobs_cancelled = 0, jobs_failed = 0, rejected_budget = 0, rejected_queue = 0;
+  int64_t prompt_tokens = 0, cached_prompt_tokens = 0, prefill_tokens = 0, decode_tokens = 0;
+  double prefill_seconds = 0, decode_seconds = 0;  // step time split by each step's token share
+  int64_t steps = 0, batched_decode_tokens = 0;     // decode tokens that shared a step with another
+  int64_t pressure_compressions = 0, evictions = 0;
+  size_t bytes_freed_by_pressure = 0;
+  double recent_prefill_tps = 0, recent_decode_tps = 0;  // over the last ~10 s
+};
+
+class Scheduler {
+ public:
+  Scheduler(const Model& model, ThreadPool& pool, ServerOptions opt);
+  ~Scheduler();  // stops the worker; waiting jobs get a 503
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Tokenizes and checks a request (ApiError 400: empty or too long prompt, bad token ids;
+  // 503: it cannot fit the budget even alone, or the queue is full) and queues it.
+  std::shared_ptr<Job> submit(const CompletionRequest& r);
+  SchedulerStats stats() const;
+  const ServerOptions& options() const { return opt_; }
+  const Model& model() const { return model_; }
+  // Uncompressed bytes one token takes in a cache of these types (all layers and heads).
+  size_t bytes_per_token(KvDtype k, KvDtype v) const;
+
+ private:
+  struct Slot;
+  void loop();
+  bool admit_front();  // admits the queue's first job if it fits (freeing memory under pressure)
+  void step();
+  void sample_next(Slot& s);
+  void finish(Slot& s, const std::string& finish_reason);
+  void fail(Slot& s, int status, const std::string& message);
+  void release_slot(Slot& s);
+  void prepare_slot(Slot& s, Job& j);
+  size_t reserved(const Slot& s) const;
+  size_t reserved_total(const Slot* except) const;
+  bool relieve_pressure(size_t need, const Slot* chosen);
+  void publish();
+
+  const Model& model_;
+  ThreadPool& pool_;
+  ServerOptions opt_;
+  std::unique_ptr<Press> pressure_press_;
+  std::vector<std::unique_ptr<Slot>> slots_;
+  int rr_ = 0;  // next prefill slot (round robin)
+  int64_t use_clock_ = 0;
+
+  mutable std::mutex mu_;  // queue_, stats_, stop_
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Job>> queue_;
+  SchedulerStats stats_;
+  bool stop_ = false;
+  mutable std::mutex bpt_mu_;
+  mutable std::map<std::pair<int, int>, size_t> bpt_;
+  struct Recent {
+    double t;
+    int64_t prefill, decode;
+  };
+  std::deque<Recent> recent_;
+  double last_publish_ = 0;
+  std::thread worker_;
+};
+
+}  // namespace kvtrim::server

@@ -1,0 +1,301 @@
+// kvtrim serve end to end on a tiny qwen2 model (ChatML template): a started HttpServer over a
+// Scheduler, talked to over loopback with httplib's client. Greedy completions equal
+// Session::generate on the same tokens (also when several run batched), streams carry the same
+// text, conversations reuse their cache, the budget refuses, queues, compresses and evicts as
+// documented, and every bad input is an OpenAI error object with a 4xx.
+#include <httplib.h>
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "core/thread_pool.h"
+#include "core/timer.h"
+#include "engine/session.h"
+#include "server/http_server.h"
+#include "server/scheduler.h"
+#include "test_util.h"
+#include "tiny_model.h"
+
+namespace kvtrim::server {
+namespace {
+
+using nlohmann::json;
+
+class ServerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::string(test::temp_dir("server"));
+    model_ = Model::load(test::write_tiny_model(test::tiny_spec(Arch::kQwen2, 5), *dir_)).release();
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    delete dir_;
+  }
+  void start(ServerOptions so, size_t max_body = 8 << 20) {
+    so.n_ctx = 256;
+    pool_ = std::make_unique<ThreadPool>(2);
+    sched_ = std::make_unique<Scheduler>(*model_, *pool_, so);
+    HttpOptions ho;
+    ho.port = 0;
+    ho.model_id = "tiny";
+    ho.max_body = max_body;
+    http_ = std::make_unique<HttpServer>(*sched_, ho);
+    http_->bind();
+    thread_ = std::thread([this] { http_->serve(); });
+    client_ = std::make_unique<httplib::Client>("127.0.0.1", http_->bound_port());
+    client_->set_read_timeout(60, 0);
+    for (int i = 0; i < 200; ++i) {  // until the server answers
+      if (auto r = client_->Get("/health"); r && r->status == 200) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    FAIL() << "the server did not come up";
+  }
+  void TearDown() override {
+    if (http_) http_->stop();
+    if (thread_.joinable()) thread_.join();
+    http_.reset();
+    sched_.reset();
+  }
+  httplib::Result post(const std::string& path, const std::string& body) {
+    return client_->Post(path.c_str(), body, "application/json");
+  }
+  // Greedy continuation of `prompt` by a fresh Session (the reference).
+  static std::string reference(const std::vector<int32_t>& prompt, int max_tokens, std::string* finish = nullptr) {
+    SessionParams p;
+    p.n_ctx = 256;
+    p.n_threads = 1;
+    Session s(*model_, p);
+    GenerateParams gp;
+    gp.max_new_tokens = max_tokens;
+    gp.sampling.temperature = 0;
+    const GenerateResult r = s.generate(prompt, gp);
+    if (finish) *finish = r.stop == StopReason::kEog ? "stop" : "length";
+    return r.text;
+  }
+  // The tiny random model emits byte tokens that are not valid UTF-8; the server's JSON replaces
+  // them (U+FFFD), so the reference text goes through the same replacement.
+  static std::string as_json_text(const std::string& s) {
+    return json::parse(json(s).dump(-1, ' ', false, json::error_handler_t::replace)).get<std::string>();
+  }
+  static std::vector<int32_t> prompt(int n, int salt) {
+    std::vector<int32_t> t;
+    for (int i = 0; i < n; ++i) t.push_back((i * 31 + salt * 17 + 3) % 250);
+    return t;
+  }
+  static std::string completion_body(const std::vector<int32_t>& p, int max_tokens, const std::string& extra = "") {
+    return json{{"prompt", p}, {"max_tokens", max_tokens}, {"temperature", 0}}.dump().insert(1, extra);
+  }
+  int64_t metric(const std::string& name) {
+    auto r = client_->Get("/metrics");
+    EXPECT_TRUE(r && r->status == 200);
+    const size_t at = r->body.find("\n" + name + " ");
+    if (at == std::string::npos) return -1;
+    return std::stoll(r->body.substr(at + name.size() + 2));
+  }
+  void expect_error(const httplib::Result& r, int status, const std::string& frag) {
+    ASSERT_TRUE(r) << "no response";
+    EXPECT_EQ(r->status, status) << r->body;
+    const json j = json::parse(r->body, nullptr, false);
+    ASSERT_TRUE(j.is_object() && j.contains("error")) << r->body;
+    EXPECT_NE(j["error"]["message"].get<std::string>().find(frag), std::string::npos) << r->body;
+  }
+
+  static Model* model_;
+  static std::string* dir_;
+  std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<Scheduler> sched_;
+  std::unique_ptr<HttpServer> http_;
+  std::unique_ptr<httplib::Client> client_;
+  std::thread thread_;
+};
+Model* ServerTest::model_ = nullptr;
+std::string* ServerTest::dir_ = nullptr;
+
+TEST_F(ServerTest, HealthModelsMetricsSlotsAndPage) {
+  start({});
+  auto r = client_->Get("/health");
+  EXPECT_EQ(json::parse(r->body)["status"], "ok");
+  r = client_->Get("/v1/models");
+  ASSERT_EQ(r->status, 200);
+  EXPECT_EQ(json::parse(r->body)["data"][0]["id"], "tiny");
+  r = client_->Get("/");
+  ASSERT_EQ(r->status, 200);
+  EXPECT_NE(r->body.find("id=\"heatmap\""), std::string::npos);
+  r = client_->Get("/v1/kvtrim/slots");
+  const json s = json::parse(r->body);
+  EXPECT_EQ(s["n_layer"], model_->hparams().n_layer);
+  EXPECT_EQ(s["slots"].size(), 4u);
+  EXPECT_EQ(metric("kvtrim_kv_bytes_total"), 0);
+  EXPECT_EQ(metric("kvtrim_slots"), 4);
+}
+
+// Three greedy completions at once (batched decode steps and prefill chunks): each equals
+// Session::generate on its own.
+TEST_F(ServerTest, ConcurrentCompletionsEqualSoloGeneration) {
+  start({});
+  const int n = 3;
+  std::vector<std::string> got(n), finish(n);
+  std::vector<json> usage(n);
+  std::vector<std::thread> th;
+  for (int i = 0; i < n; ++i) {
+    th.emplace_back([&, i] {
+      httplib::Client c("127.0.0.1", http_->bound_port());
+      c.set_read_timeout(60, 0);
+      auto r = c.Post("/v1/completions", completion_body(prompt(9 + 5 * i, i), 24), "application/json");
+      ASSERT_TRUE(r);
+      ASSERT_EQ(r->status, 200) << r->body;
+      const json j = json::parse(r->body);
+      got[i] = j["choices"][0]["text"];
+      finish[i] = j["choices"][0]["finish_reason"];
+      usage[i] = j["usage"];
+    });
+  }
+  for (auto& t : th) t.join();
+  for (int i = 0; i < n; ++i) {
+    std::string ref_finish;
+    EXPECT_EQ(got[i], as_json_text(reference(prompt(9 + 5 * i, i), 24, &ref_finish))) << i;
+    EXPECT_EQ(finish[i], ref_finish) << i;
+    EXPECT_EQ(usage[i]["prompt_tokens"], 9 + 5 * i);
+  }
+  EXPECT_GT(metric("kvtrim_kv_bytes_total"), 0);  // the conversations stay cached
+}
+
+TEST_F(ServerTest, StreamCarriesTheSameTextAndEndsWithDone) {
+  start({});
+  const auto p = prompt(12, 3);
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.body = completion_body(p, 20, R"("stream":true,"stream_options":{"include_usage":true},)");
+  req.set_header("Content-Type", "application/json");
+  std::string raw;
+  req.content_receiver = [&](const char* d, size_t n, uint64_t, uint64_t) {
+    raw.append(d, n);
+    return true;
+  };
+  auto r = client_->send(req);
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200);
+  EXPECT_EQ(r->get_header_value("Content-Type"), "text/event-stream");
+  std::string text, finish;
+  bool done = false, usage_chunk = false;
+  size_t pos = 0;
+  while ((pos = raw.find("data: ", pos)) != std::string::npos) {
+    const size_t end = raw.find("\n\n", pos);
+    const std::string data = raw.substr(pos + 6, end - pos - 6);
+    pos = end;
+    if (data == "[DONE]") {
+      done = true;
+      continue;
+    }
+    const json j = json::parse(data);
+    if (j["choices"].empty()) {
+      usage_chunk = j.contains("usage");
+      continue;
+    }
+    text += j["choices"][0]["text"].get<std::string>();
+    if (!j["choices"][0]["finish_reason"].is_null()) {
+      finish = j["choices"][0]["finish_reason"];
+      EXPECT_TRUE(j.contains("kvtrim"));
+    }
+  }
+  std::string ref_finish;
+  EXPECT_EQ(text, as_json_text(reference(p, 20, &ref_finish)));
+  EXPECT_EQ(finish, ref_finish);
+  EXPECT_TRUE(done);
+  EXPECT_TRUE(usage_chunk);
+}
+
+// A follow-up turn of a chat prefills only what is new: the slot's cache holds the first turn.
+TEST_F(ServerTest, FollowUpTurnReusesTheConversationsCache) {
+  ServerOptions so;
+  so.n_parallel = 2;
+  start(so);
+  json msgs = json::array({{{"role", "user"}, {"content", "tell me a story"}}});
+  auto r = post("/v1/chat/completions", json{{"messages", msgs}, {"max_tokens", 8}, {"temperature", 0}}.dump());
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json a = json::parse(r->body);
+  EXPECT_EQ(a["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  msgs.push_back({{"role", "assistant"}, {"content", a["choices"][0]["message"]["content"]}});
+  msgs.push_back({{"role", "user"}, {"content", "and then?"}});
+  r = post("/v1/chat/completions", json{{"messages", msgs}, {"max_tokens", 8}, {"temperature", 0}}.dump());
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json b = json::parse(r->body);
+  const int first_prompt = a["usage"]["prompt_tokens"];
+  EXPECT_GE(b["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), first_prompt);
+  EXPECT_EQ(b["kvtrim"]["slot"], a["kvtrim"]["slot"]);
+  EXPECT_GE(metric("kvtrim_prompt_tokens_cached_total"), first_prompt);
+}
+
+TEST_F(ServerTest, BadInputsAreOpenAiErrorsAndTheServerGoesOn) {
+  start({}, /*max_body=*/64 << 10);
+  expect_error(post("/v1/chat/completions", "{not json"), 400, "malformed JSON");
+  expect_error(post("/v1/chat/completions", R"({"messages":[{"role":"user","content":1}]})"), 400, "content");
+  expect_error(post("/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"kv_press":"bogus"})"), 400,
+               "bogus");
+  expect_error(post("/v1/completions", completion_body(prompt(300, 1), 4)), 400, "context");
+  expect_error(post("/v1/completions", completion_body(prompt(200, 1), 100)), 400, "exceed");
+  expect_error(post("/v1/completions", completion_body(prompt(5, 1), 2000000000)), 400, "max_tokens");
+  expect_error(post("/v1/completions", R"({"prompt":[99999]})"), 400, "vocabulary");
+  expect_error(client_->Get("/v1/nothing"), 404, "no route");
+  expect_error(post("/v1/completions", std::string(100 << 10, 'x')), 413, "exceeds");
+  // and it still serves
+  auto r = post("/v1/completions", completion_body(prompt(5, 2), 3));
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_GE(metric("kvtrim_jobs_total{outcome=\"done\"}"), -1);
+}
+
+// A client that reads one chunk and hangs up: the server notices (its job ends, cancelled or
+// finished) and serves the next request.
+TEST_F(ServerTest, ClientGoneMidStream) {
+  start({});
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.body = completion_body(prompt(8, 4), 200, R"("stream":true,)");
+  req.set_header("Content-Type", "application/json");
+  int chunks = 0;
+  req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return ++chunks < 1; };
+  client_->send(req);  // aborted by the receiver
+  bool idle = false;
+  for (int i = 0; i < 500 && !idle; ++i) {
+    idle = json::parse(client_->Get("/health")->body)["slots_processing"] == 0;
+    if (!idle) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(idle);
+  auto r = post("/v1/completions", completion_body(prompt(5, 2), 3));
+  EXPECT_EQ(r->status, 200);
+}
+
+// The budget: a request that cannot fit alone is a 503 at once; with room for about one
+// conversation, the next one first compresses the idle conversation with the pressure press.
+TEST_F(ServerTest, BudgetRefusesCompressesAndEvicts) {
+  ServerOptions so;
+  so.n_parallel = 2;
+  so.pressure_press = "streamingllm:0.5";
+  pool_ = std::make_unique<ThreadPool>(1);
+  ServerOptions probe;
+  probe.n_ctx = 256;
+  const size_t bpt = Scheduler(*model_, *pool_, probe).bytes_per_token(KvDtype::kF16, KvDtype::kF16);
+  so.kv_budget = bpt * 90;
+  start(so);
+  auto r = post("/v1/completions", completion_body(prompt(50, 1), 60));
+  expect_error(r, 503, "kv-budget");
+  EXPECT_EQ(json::parse(r->body)["error"]["code"], "kv_budget_exceeded");
+  r = post("/v1/completions", completion_body(prompt(50, 1), 4));
+  ASSERT_EQ(r->status, 200) << r->body;
+  r = post("/v1/completions", completion_body(prompt(40, 2), 4));  // 54 held + 44 > 90: compress slot 0
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(metric("kvtrim_pressure_compressions_total"), 1);
+  EXPECT_EQ(metric("kvtrim_evictions_total"), 0);
+  r = post("/v1/completions", completion_body(prompt(80, 3), 6));  // needs 86: both idle ones go
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_GE(metric("kvtrim_evictions_total"), 1);
+  const json s = json::parse(client_->Get("/v1/kvtrim/slots")->body);
+  EXPECT_LE(s["held_bytes"].get<size_t>(), so.kv_budget);
+}
+
+}  // namespace
+}  // namespace kvtrim::server

@@ -1,0 +1,142 @@
+// kvtrim serve: the OpenAI-compatible server (src/server/): slots with continuous batching, a
+// KV memory budget enforced with compression, conversations that keep their cache, /metrics,
+// and a web page showing the caches. Stops cleanly on SIGINT / SIGTERM.
+#include <pthread.h>
+#include <signal.h>
+
+#include <cctype>
+#include <cstdio>
+#include <thread>
+
+#include "cli.h"
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "server/http_server.h"
+#include "server/scheduler.h"
+
+namespace kvtrim::cli {
+
+namespace {
+
+struct ServeOptions {
+  CommonOptions common;
+  std::string host = "127.0.0.1";
+  int port = 8080;
+  int parallel = 4;
+  std::string kv_budget;
+  std::string press, pressure_press;
+  int queue = 64;
+  int n_predict = 256;
+  int http_threads = 0;
+  std::string alias;
+};
+
+}  // namespace
+
+// "512MiB", "2G", "1.5GiB", "1000000" (bytes); K/M/G are binary multiples, as llama.cpp's sizes.
+size_t parse_byte_size(const std::string& s) {
+  size_t i = 0;
+  while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) ++i;
+  KVTRIM_CHECK(i > 0, "'%s' is not a size (e.g. 512MiB, 2GiB, 1000000)", s.c_str());
+  double v = 0;
+  try {
+    v = std::stod(s.substr(0, i));
+  } catch (...) {
+    throw Error(strprintf("'%s' is not a size (e.g. 512MiB, 2GiB, 1000000)", s.c_str()));
+  }
+  std::string unit = s.substr(i);
+  for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  double mul = 1;
+  if (unit.empty() || unit == "b") mul = 1;
+  else if (unit == "k" || unit == "kb" || unit == "kib") mul = 1024.0;
+  else if (unit == "m" || unit == "mb" || unit == "mib") mul = 1024.0 * 1024;
+  else if (unit == "g" || unit == "gb" || unit == "gib") mul = 1024.0 * 1024 * 1024;
+  else throw Error(strprintf("'%s': unknown unit '%s' (B, KiB, MiB, GiB)", s.c_str(), unit.c_str()));
+  const double bytes = v * mul;
+  KVTRIM_CHECK(bytes >= 1 && bytes < 1e15, "'%s' is not a sensible size", s.c_str());
+  return static_cast<size_t>(bytes);
+}
+
+namespace {
+
+void serve(const ServeOptions& o) {
+  // Block the stop signals in every thread started from here; one thread waits for them.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+
+  server::ServerOptions so;
+  so.n_parallel = o.parallel;
+  so.n_batch = o.common.batch;
+  so.kv_budget = o.kv_budget.empty() ? 0 : parse_byte_size(o.kv_budget);
+  so.press = o.press;
+  so.pressure_press = o.pressure_press;
+  so.max_queue = o.queue;
+  so.default_max_tokens = o.n_predict;
+  const SessionParams sp = session_params(o.common);
+  so.kv_k = sp.kv_dtype_k.value_or(sp.kv_dtype);
+  so.kv_v = sp.kv_dtype_v.value_or(sp.kv_dtype);
+  so.kv_rotate = sp.kv_rotate;
+  if (!so.press.empty()) make_press(so.press);  // a bad press fails before the model loads
+  if (!so.pressure_press.empty()) make_press(so.pressure_press);
+  auto model = load_model(o.common);
+  so.n_ctx = o.common.ctx > 0 ? o.common.ctx : model->hparams().n_ctx_train;
+  ThreadPool pool(o.common.threads);
+  server::Scheduler sched(*model, pool, so);
+  server::HttpOptions ho;
+  ho.host = o.host;
+  ho.port = o.port;
+  ho.model_id = o.alias.empty() ? o.common.model : o.alias;
+  ho.n_http_threads = o.http_threads;
+  server::HttpServer http(sched, ho);
+  http.bind();
+  std::fprintf(stderr,
+               "kvtrim serve: http://%s:%d  (%d slots of %lld tokens, %d threads, kv %s, press %s, pressure press %s, "
+               "kv budget %s)\n",
+               o.host.c_str(), http.bound_port(), so.n_parallel, static_cast<long long>(so.n_ctx), pool.n_threads(),
+               kv_tag(o.common).c_str(), so.press.empty() ? "none" : so.press.c_str(),
+               so.pressure_press.empty() ? "none" : so.pressure_press.c_str(),
+               so.kv_budget ? human_bytes(so.kv_budget).c_str() : "none");
+  std::thread watcher([&] {
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    if (sig == SIGINT || sig == SIGTERM) {
+      std::fprintf(stderr, "kvtrim serve: signal %d, stopping\n", sig);
+      http.stop();
+    }
+  });
+  http.serve();
+  // serve() returned without a signal (cannot bind any more, or stopped): wake the watcher
+  pthread_kill(watcher.native_handle(), SIGTERM);
+  watcher.join();
+}
+
+}  // namespace
+
+void register_serve(CLI::App& app) {
+  auto o = std::make_shared<ServeOptions>();
+  CLI::App* c = app.add_subcommand("serve", "OpenAI-compatible HTTP server with compressed, budgeted KV caches");
+  add_common_options(c, o->common);
+  c->add_option("--host", o->host, "address to listen on")->capture_default_str();
+  c->add_option("--port", o->port, "port (0 = any free port)")->capture_default_str()->check(CLI::Range(0, 65535));
+  c->add_option("--parallel", o->parallel, "slots: conversations decoded together, batched (also -np)")
+      ->capture_default_str()->check(CLI::Range(1, 256));
+  c->add_option("--kv-budget", o->kv_budget,
+                "bytes all slots' KV caches may hold together, e.g. 512MiB (default: no budget); requests are "
+                "admitted only if their cache fits, compressing conversations under pressure");
+  c->add_option("--press", o->press, "default kv_press of a request: PRESS[:opt=value,...][+PRESS...] (none by default)");
+  c->add_option("--pressure-press", o->pressure_press,
+                "press that compresses idle, then running, conversations when the budget is short (e.g. snapkv:0.5)");
+  c->add_option("--queue", o->queue, "requests that may wait for a slot or for memory (more get a 503)")
+      ->capture_default_str()->check(CLI::Range(0, 1 << 20));
+  c->add_option("-n,--n-predict", o->n_predict, "max_tokens of a request that gives none")
+      ->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  c->add_option("--http-threads", o->http_threads, "HTTP worker threads (0 = 2 x slots + 8; a stream holds one)")
+      ->capture_default_str()->check(CLI::Range(0, 4096));
+  c->add_option("--alias", o->alias, "model name reported by /v1/models (default: -m)");
+  c->callback([o] { serve(*o); });
+}
+
+}  // namespace kvtrim::cli
