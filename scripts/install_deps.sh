@@ -4,6 +4,7 @@ set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config ccache
       libhwy-dev libopenblas-dev libcli11-dev nlohmann-json3-dev libbz2-dev
       libcpp-httplib-dev  # kvtrim serve's HTTP server (as llama-server)
+      chromium            # tests/server_model.sh: the web page in a headless browser
       libeigen3-dev  # eigen / Cholesky / SVD of the small per-head matrices (src/calib)
       libgtest-dev libgmock-dev googletest libbenchmark-dev python3
       wordnet-base scowl)  # word lists of the RULER-style tasks (src/eval/words.h)
@@ -18,4 +19,10 @@ if [ ${#missing[@]} -gt 0 ]; then
   [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+# The official openai Python client, for tests/server_model.sh only (never for the build):
+# pinned, into build/pytools (ignored by git). Without network the test skips that check.
+if [ ! -d build/pytools/openai ]; then
+  python3 -m pip install --quiet --disable-pip-version-check --target build/pytools "openai==3.57.0" \
+    || echo "warning: could not install the openai client (tests/server_model.sh will skip it)"
 fi

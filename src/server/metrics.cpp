@@ -1,6 +1,7 @@
 #include "server/metrics.h"
 
 #include "core/error.h"
+#include "core/memory.h"
 
 namespace kvtrim::server {
 
@@ -93,6 +94,8 @@ std::string render_metrics(const SchedulerStats& st, const ServerOptions& opt,
   sample(o, "kvtrim_pressure_bytes_freed_total", static_cast<double>(st.bytes_freed_by_pressure));
   metric(o, "kvtrim_evictions_total", "counter", "idle conversations dropped to make room");
   sample(o, "kvtrim_evictions_total", static_cast<double>(st.evictions));
+  metric(o, "kvtrim_process_resident_bytes", "gauge", "resident set size of the server process");
+  sample(o, "kvtrim_process_resident_bytes", static_cast<double>(process_rss_bytes()));
   return o;
 }
 

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# kvtrim serve on the real default model, black box over loopback: chat, stream, a press that
+# frees bytes, bad inputs (4xx with an OpenAI error object), a client that hangs up mid-stream,
+# the official openai Python client, and the web page in headless Chromium (DOM checked after
+# one chat turn; the screenshot goes to $KVTRIM_TEST_LOG_DIR).
+set -u
+bin="${KVTRIM_BIN:?KVTRIM_BIN not set}"
+here=$(cd "$(dirname "$0")" && pwd)
+logdir="${KVTRIM_TEST_LOG_DIR:-$(mktemp -d)}"
+mkdir -p "$logdir"
+tmp=$(mktemp -d)
+pass=0; failed=0
+ok() { pass=$((pass + 1)); }
+bad() { failed=$((failed + 1)); echo "FAIL [$1]: $2"; }
+
+"$bin" serve -m smollm2 --port 0 -c 512 --parallel 2 -t 2 > "$tmp/serve.log" 2>&1 &
+pid=$!
+trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$tmp"' EXIT
+url=""
+for _ in $(seq 1 100); do
+  url=$(grep -o 'http://127.0.0.1:[0-9]*' "$tmp/serve.log" | head -1)
+  [ -n "$url" ] && curl -sf "$url/health" > /dev/null && break
+  sleep 0.1
+done
+[ -n "$url" ] || { cat "$tmp/serve.log"; echo "server did not start"; exit 1; }
+
+post() {  # post PATH BODY -> "STATUS BODY"
+  curl -s -o "$tmp/body" -w '%{http_code}' -H 'Content-Type: application/json' -d "$2" "$url$1"
+  printf ' '; cat "$tmp/body"
+}
+expect() {  # expect NAME STATUS REGEX PATH BODY
+  local out; out=$(post "$4" "$5")
+  if [[ "$out" =~ ^$2\ .*$3 ]]; then ok; else bad "$1" "$(echo "$out" | head -c 400)"; fi
+}
+
+q='{"role":"user","content":"What is the capital of France? Answer in one sentence."}'
+expect chat 200 '"content":"[^"]*Paris' /v1/chat/completions "{\"messages\":[$q],\"max_tokens\":24,\"temperature\":0}"
+expect stream 200 'data: \[DONE\]' /v1/chat/completions "{\"messages\":[$q],\"max_tokens\":8,\"stream\":true}"
+long=$(for i in $(seq 1 30); do printf 'The quick brown fox jumps over the lazy dog. '; done)
+out=$(post /v1/completions "{\"prompt\":\"$long\",\"max_tokens\":4,\"kv_press\":\"snapkv:0.5\"}")
+held=$(echo "$out" | grep -o '"kv_bytes":[0-9]*' | cut -d: -f2)
+dense=$(echo "$out" | grep -o '"kv_bytes_dense":[0-9]*' | cut -d: -f2)
+if [ -n "$held" ] && [ -n "$dense" ] && [ "$held" -lt $((dense * 7 / 10)) ]; then ok; else bad press_frees_bytes "$out"; fi
+expect malformed 400 'malformed JSON' /v1/chat/completions '{"messages": ['
+expect wrong_type 400 '"param":"max_tokens"' /v1/chat/completions "{\"messages\":[$q],\"max_tokens\":\"many\"}"
+expect unknown_press 400 'nosuch' /v1/chat/completions "{\"messages\":[$q],\"kv_press\":\"nosuch:0.5\"}"
+expect past_context 400 'context_length_exceeded' /v1/completions "{\"prompt\":\"$long $long\",\"max_tokens\":4}"
+expect absurd_max_tokens 400 'max_tokens' /v1/chat/completions "{\"messages\":[$q],\"max_tokens\":100000000}"
+expect no_route 404 'no route' /v1/embeddings '{}'
+
+# a client that hangs up after 2 s of a long stream: the job is cancelled, the server serves on
+story='{"role":"user","content":"Tell me a long story about a dragon."}'
+curl -s -m 2 -H 'Content-Type: application/json' -d "{\"messages\":[$story],\"max_tokens\":400,\"stream\":true,\"temperature\":1}" \
+  "$url/v1/chat/completions" > /dev/null
+cancelled=0
+for _ in $(seq 1 300); do
+  cancelled=$(curl -s "$url/metrics" | grep '^kvtrim_jobs_total{outcome="cancelled"}' | awk '{print $2}')
+  [ "${cancelled:-0}" != "0" ] && break
+  sleep 0.1
+done
+if [ "${cancelled:-0}" != "0" ]; then ok; else bad client_gone "no cancelled job in /metrics"; fi
+expect after_client_gone 200 'Paris' /v1/chat/completions "{\"messages\":[$q],\"max_tokens\":24,\"temperature\":0}"
+
+# the official openai client (skipped where it is not installed)
+PYTHONPATH="$here/../build/pytools${PYTHONPATH:+:$PYTHONPATH}" python3 "$here/server_openai.py" "$url" > "$tmp/openai.log" 2>&1
+rc=$?
+if [ $rc -eq 0 ]; then ok; elif [ $rc -eq 77 ]; then echo "skip: $(cat "$tmp/openai.log")"; else bad openai "$(tail -5 "$tmp/openai.log")"; fi
+
+# the web page in headless Chromium: one chat turn, then the DOM has the reply and the heat map
+browser=$(command -v chromium || command -v chromium-browser || true)
+if [ -n "$browser" ]; then
+  page="$url/?autosend=What%20is%20the%20capital%20of%20France%3F%20Answer%20in%20one%20sentence.&max_tokens=16&temperature=0"
+  flags=(--headless --no-sandbox --disable-gpu --disable-dev-shm-usage --user-data-dir="$tmp/chrome" --virtual-time-budget=20000)
+  timeout 120 "$browser" "${flags[@]}" --dump-dom "$page" > "$tmp/dom.html" 2> "$tmp/chrome.log"
+  if grep -q 'data-done="1"' "$tmp/dom.html" && grep -q 'class="msg assistant' "$tmp/dom.html" &&
+     grep -q 'class="cell"' "$tmp/dom.html" && grep -q 'Paris' "$tmp/dom.html"; then ok; else
+    bad web_page "DOM after one turn lacks the reply or the heat map: $(grep -o 'id="status"[^<]*<' "$tmp/dom.html" | head -1)"; fi
+  timeout 120 "$browser" "${flags[@]}" --window-size=1280,900 --screenshot="$logdir/serve_page.png" "$page" \
+    > /dev/null 2>> "$tmp/chrome.log"
+  if [ -s "$logdir/serve_page.png" ]; then ok; echo "screenshot: $logdir/serve_page.png"; else bad screenshot "$(tail -3 "$tmp/chrome.log")"; fi
+else
+  echo "skip: chromium not installed (scripts/install_deps.sh installs it)"
+fi
+echo "$pass passed, $failed failed"
+[ "$failed" -eq 0 ]
