@@ -24,6 +24,11 @@ void sample(std::string& out, const char* name, double v, const std::string& lab
   if (!labels.empty()) out += "{" + labels + "}";
   out += strprintf(" %.17g\n", v);
 }
+// A metric with one unlabelled sample.
+void single(std::string& out, const char* name, const char* type, const char* help, double v) {
+  metric(out, name, type, help);
+  sample(out, name, v);
+}
 }  // namespace
 
 std::string render_metrics(const SchedulerStats& st, const ServerOptions& opt,
@@ -39,28 +44,28 @@ std::string render_metrics(const SchedulerStats& st, const ServerOptions& opt,
   sample(o, "kvtrim_jobs_total", static_cast<double>(st.jobs_failed), "outcome=\"failed\"");
   sample(o, "kvtrim_jobs_total", static_cast<double>(st.rejected_budget), "outcome=\"rejected_kv_budget\"");
   sample(o, "kvtrim_jobs_total", static_cast<double>(st.rejected_queue), "outcome=\"rejected_queue_full\"");
-  metric(o, "kvtrim_prompt_tokens_total", "counter", "prompt tokens of admitted jobs");
-  sample(o, "kvtrim_prompt_tokens_total", static_cast<double>(st.prompt_tokens));
-  metric(o, "kvtrim_prompt_tokens_cached_total", "counter", "prompt tokens reused from a slot's cache (not prefilled)");
-  sample(o, "kvtrim_prompt_tokens_cached_total", static_cast<double>(st.cached_prompt_tokens));
-  metric(o, "kvtrim_prefill_tokens_total", "counter", "tokens prefilled");
-  sample(o, "kvtrim_prefill_tokens_total", static_cast<double>(st.prefill_tokens));
-  metric(o, "kvtrim_decode_tokens_total", "counter", "tokens decoded (all slots)");
-  sample(o, "kvtrim_decode_tokens_total", static_cast<double>(st.decode_tokens));
-  metric(o, "kvtrim_decode_tokens_batched_total", "counter", "decoded tokens that shared a forward pass with others");
-  sample(o, "kvtrim_decode_tokens_batched_total", static_cast<double>(st.batched_decode_tokens));
-  metric(o, "kvtrim_prefill_seconds_total", "counter", "step time spent on prefill tokens (steps split by token share)");
-  sample(o, "kvtrim_prefill_seconds_total", st.prefill_seconds);
-  metric(o, "kvtrim_decode_seconds_total", "counter", "step time spent on decode tokens (steps split by token share)");
-  sample(o, "kvtrim_decode_seconds_total", st.decode_seconds);
-  metric(o, "kvtrim_steps_total", "counter", "batched forward steps");
-  sample(o, "kvtrim_steps_total", static_cast<double>(st.steps));
-  metric(o, "kvtrim_prefill_tokens_per_second", "gauge", "prefill throughput over the last 10 s");
-  sample(o, "kvtrim_prefill_tokens_per_second", st.recent_prefill_tps);
-  metric(o, "kvtrim_decode_tokens_per_second", "gauge", "decode throughput, all slots, over the last 10 s");
-  sample(o, "kvtrim_decode_tokens_per_second", st.recent_decode_tps);
-  metric(o, "kvtrim_queue_length", "gauge", "jobs waiting for a slot or for memory");
-  sample(o, "kvtrim_queue_length", static_cast<double>(st.queue_length));
+  single(o, "kvtrim_prompt_tokens_total", "counter", "prompt tokens of admitted jobs",
+         static_cast<double>(st.prompt_tokens));
+  single(o, "kvtrim_prompt_tokens_cached_total", "counter", "prompt tokens reused from a slot's cache (not prefilled)",
+         static_cast<double>(st.cached_prompt_tokens));
+  single(o, "kvtrim_prefill_tokens_total", "counter", "tokens prefilled",
+         static_cast<double>(st.prefill_tokens));
+  single(o, "kvtrim_decode_tokens_total", "counter", "tokens decoded (all slots)",
+         static_cast<double>(st.decode_tokens));
+  single(o, "kvtrim_decode_tokens_batched_total", "counter", "decoded tokens that shared a forward pass with others",
+         static_cast<double>(st.batched_decode_tokens));
+  single(o, "kvtrim_prefill_seconds_total", "counter", "step time spent on prefill tokens (steps split by token share)",
+         st.prefill_seconds);
+  single(o, "kvtrim_decode_seconds_total", "counter", "step time spent on decode tokens (steps split by token share)",
+         st.decode_seconds);
+  single(o, "kvtrim_steps_total", "counter", "batched forward steps",
+         static_cast<double>(st.steps));
+  single(o, "kvtrim_prefill_tokens_per_second", "gauge", "prefill throughput over the last 10 s",
+         st.recent_prefill_tps);
+  single(o, "kvtrim_decode_tokens_per_second", "gauge", "decode throughput, all slots, over the last 10 s",
+         st.recent_decode_tps);
+  single(o, "kvtrim_queue_length", "gauge", "jobs waiting for a slot or for memory",
+         static_cast<double>(st.queue_length));
 
   size_t held = 0, dense = 0, reserved = 0;
   int busy = 0;
@@ -74,28 +79,28 @@ std::string render_metrics(const SchedulerStats& st, const ServerOptions& opt,
   }
   metric(o, "kvtrim_kv_tokens", "gauge", "positions in each slot's conversation");
   for (const SlotView& v : st.slots) sample(o, "kvtrim_kv_tokens", v.n_past, strprintf("slot=\"%d\"", v.id));
-  metric(o, "kvtrim_kv_bytes_total", "gauge", "KV cache bytes held by all slots");
-  sample(o, "kvtrim_kv_bytes_total", static_cast<double>(held));
-  metric(o, "kvtrim_kv_bytes_uncompressed", "gauge", "bytes the same positions would take uncompressed at each slot's cache types");
-  sample(o, "kvtrim_kv_bytes_uncompressed", static_cast<double>(dense));
-  metric(o, "kvtrim_kv_bytes_saved", "gauge", "uncompressed minus held bytes (what compression saves now)");
-  sample(o, "kvtrim_kv_bytes_saved", dense > held ? static_cast<double>(dense - held) : 0.0);
-  metric(o, "kvtrim_kv_bytes_reserved", "gauge", "bytes reserved by admitted jobs (held + room for their remaining tokens)");
-  sample(o, "kvtrim_kv_bytes_reserved", static_cast<double>(reserved));
-  metric(o, "kvtrim_kv_budget_bytes", "gauge", "the --kv-budget (0 = none)");
-  sample(o, "kvtrim_kv_budget_bytes", static_cast<double>(opt.kv_budget));
-  metric(o, "kvtrim_slots_busy", "gauge", "slots running a job");
-  sample(o, "kvtrim_slots_busy", busy);
-  metric(o, "kvtrim_slots", "gauge", "slots (--parallel)");
-  sample(o, "kvtrim_slots", opt.n_parallel);
-  metric(o, "kvtrim_pressure_compressions_total", "counter", "conversations compressed by the pressure press");
-  sample(o, "kvtrim_pressure_compressions_total", static_cast<double>(st.pressure_compressions));
-  metric(o, "kvtrim_pressure_bytes_freed_total", "counter", "bytes freed by pressure compressions");
-  sample(o, "kvtrim_pressure_bytes_freed_total", static_cast<double>(st.bytes_freed_by_pressure));
-  metric(o, "kvtrim_evictions_total", "counter", "idle conversations dropped to make room");
-  sample(o, "kvtrim_evictions_total", static_cast<double>(st.evictions));
-  metric(o, "kvtrim_process_resident_bytes", "gauge", "resident set size of the server process");
-  sample(o, "kvtrim_process_resident_bytes", static_cast<double>(process_rss_bytes()));
+  single(o, "kvtrim_kv_bytes_total", "gauge", "KV cache bytes held by all slots",
+         static_cast<double>(held));
+  single(o, "kvtrim_kv_bytes_uncompressed", "gauge", "bytes the same positions would take uncompressed at each slot's cache types",
+         static_cast<double>(dense));
+  single(o, "kvtrim_kv_bytes_saved", "gauge", "uncompressed minus held bytes (what compression saves now)",
+         dense > held ? static_cast<double>(dense - held) : 0.0);
+  single(o, "kvtrim_kv_bytes_reserved", "gauge", "bytes reserved by admitted jobs (held + room for their remaining tokens)",
+         static_cast<double>(reserved));
+  single(o, "kvtrim_kv_budget_bytes", "gauge", "the --kv-budget (0 = none)",
+         static_cast<double>(opt.kv_budget));
+  single(o, "kvtrim_slots_busy", "gauge", "slots running a job",
+         busy);
+  single(o, "kvtrim_slots", "gauge", "slots (--parallel)",
+         opt.n_parallel);
+  single(o, "kvtrim_pressure_compressions_total", "counter", "conversations compressed by the pressure press",
+         static_cast<double>(st.pressure_compressions));
+  single(o, "kvtrim_pressure_bytes_freed_total", "counter", "bytes freed by pressure compressions",
+         static_cast<double>(st.bytes_freed_by_pressure));
+  single(o, "kvtrim_evictions_total", "counter", "idle conversations dropped to make room",
+         static_cast<double>(st.evictions));
+  single(o, "kvtrim_process_resident_bytes", "gauge", "resident set size of the server process",
+         static_cast<double>(process_rss_bytes()));
   return o;
 }
 

@@ -192,8 +192,7 @@ std::shared_ptr<Job> Scheduler::submit(const CompletionRequest& r) {
   {
     std::lock_guard<std::mutex> lk(mu_);
     KVTRIM_CHECK(!stop_, "the server is shutting down");
-    int free_slots = 0;
-    for (const auto& s : slots_) free_slots += s->job == nullptr;  // racy read: a hint only
+    const int free_slots = opt_.n_parallel - n_busy_.load();
     if (static_cast<int>(queue_.size()) >= opt_.max_queue + std::max(free_slots, 0)) {
       ++stats_.rejected_queue;
       throw ApiError(503, strprintf("the server is busy: %zu requests are waiting (--queue %d)", queue_.size(), opt_.max_queue),
@@ -363,6 +362,7 @@ bool Scheduler::admit_front() {
     return true;
   }
   best->job = j;
+  ++n_busy_;
   try {
     prepare_slot(*best, *j);
     if (best_prefix == 0 && best->prompt_done == 0) best->first_turn = true;
@@ -563,11 +563,13 @@ void Scheduler::fail(Slot& s, int status, const std::string& message) {
   // the cache may be half-way through a chunk: start the slot over
   if (s.session) s.session->reset();
   s.tokens.clear();
+  if (s.job) --n_busy_;
   s.job.reset();
   s.state = Slot::State::kEmpty;
 }
 
 void Scheduler::release_slot(Slot& s) {
+  if (s.job) --n_busy_;
   s.job.reset();
   s.sampler.reset();
   s.text.reset();

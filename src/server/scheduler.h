@@ -150,6 +150,7 @@ class Scheduler {
   std::unique_ptr<Press> pressure_press_;
   std::vector<std::unique_ptr<Slot>> slots_;
   int rr_ = 0;  // next prefill slot (round robin)
+  std::atomic<int> n_busy_{0};  // slots running a job (read by submit on HTTP threads)
   int64_t use_clock_ = 0;
 
   mutable std::mutex mu_;  // queue_, stats_, stop_
