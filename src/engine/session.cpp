@@ -85,16 +85,20 @@ void Session::before_step(bool decode) {
   observer_->set_hooks(false);
 }
 
+// The observer's settings outside a decode step (before_step changes them for one).
+void Session::restore_observer() {
+  if (!observer_) return;
+  observer_->set_accumulate(true);
+  observer_->set_hooks(hooks_);
+}
+
 void Session::after_step(bool decode) {
   if (!decode) {
     update_from_ = n_past();  // the press has seen the prompt (after-append plans, or compress())
     decode_steps_ = 0;
     return;
   }
-  if (observer_) {
-    observer_->set_accumulate(true);
-    observer_->set_hooks(hooks_);
-  }
+  restore_observer();
   if (press_ && hooks_) {
     const int every = press_->decode_interval();
     if (every > 0 && ++decode_steps_ % every == 0) decode_update();
@@ -122,11 +126,7 @@ void Session::step_batch(const std::vector<SessionChunk>& chunks) {
   try {
     s0.model_.forward_batch(seqs, s0.pool_);
   } catch (...) {
-    for (const SessionChunk& c : chunks) {  // back to the observers' defaults, nothing else
-      if (!c.session->observer_) continue;
-      c.session->observer_->set_accumulate(true);
-      c.session->observer_->set_hooks(c.session->hooks_);
-    }
+    for (const SessionChunk& c : chunks) c.session->restore_observer();  // nothing else
     throw;
   }
   for (const SessionChunk& c : chunks) c.session->after_step(c.decode);

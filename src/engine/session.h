@@ -149,6 +149,7 @@ class Session {
   void check_tokens(const int32_t* tokens, int64_t n) const;
   void before_step(bool decode);
   void after_step(bool decode);
+  void restore_observer();
   const Model& model_;
   SessionParams p_;
   int64_t n_ctx_;

@@ -50,14 +50,15 @@ struct RowGroups {
 
 RowGroups row_groups(const std::vector<ForwardSeq>& seqs, const std::vector<int64_t>& row0) {
   RowGroups g;
+  bool open_run = false;  // the last range is a run of single-token sequences with room left
   for (size_t s = 0; s < seqs.size(); ++s) {
     const bool single = seqs[s].n == 1;
-    if (single && !g.ranges.empty() && g.ranges.back().second == row0[s] &&
-        g.ranges.back().second - g.ranges.back().first < kMatmulGemmMinTokens - 1 && seqs[s - 1].n == 1) {
+    if (single && open_run) {
       g.ranges.back().second = row0[s + 1];
     } else {
       g.ranges.emplace_back(row0[s], row0[s + 1]);
     }
+    open_run = single && g.ranges.back().second - g.ranges.back().first < kMatmulGemmMinTokens - 1;
   }
   return g;
 }

@@ -92,14 +92,11 @@ ApiError::ApiError(int status, std::string message, std::string param, std::stri
       param_(std::move(param)), code_(std::move(code)) {}
 
 CompletionRequest parse_completion_request(const std::string& body, Endpoint ep, const RequestLimits& lim) {
-  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) {
-    // parse again for the parser's own message (position of the error)
-    try {
-      j = json::parse(body);
-    } catch (const json::parse_error& e) {
-      throw ApiError(400, std::string("malformed JSON body: ") + e.what());
-    }
+  json j;
+  try {
+    j = json::parse(body);
+  } catch (const json::parse_error& e) {
+    throw ApiError(400, std::string("malformed JSON body: ") + e.what());
   }
   if (!j.is_object()) throw ApiError(400, "the request body must be a JSON object");
   CompletionRequest r;

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -84,7 +85,8 @@ struct HttpServer::Impl {
     counters.count(endpoint, 200);
     res.set_header("Cache-Control", "no-cache");
     res.set_header("X-Accel-Buffering", "no");
-    auto pending = std::make_shared<JobEvent>(std::move(first));
+    // the first event, taken above to choose the status, goes out first
+    auto pending = std::make_shared<std::optional<JobEvent>>(std::move(first));
     auto sent_first = std::make_shared<bool>(false);
     const bool include_usage = r.include_usage;
     res.set_chunked_content_provider(
@@ -93,9 +95,9 @@ struct HttpServer::Impl {
           double last_write = now_seconds();
           for (;;) {
             JobEvent e;
-            if (pending->kind != JobEvent::Kind::kText || !pending->text.empty() || pending->finish_reason.size()) {
-              e = std::move(*pending);
-              *pending = JobEvent{JobEvent::Kind::kText, {}, {}, {}, 0, {}};
+            if (pending->has_value()) {
+              e = std::move(**pending);
+              pending->reset();
             } else if (!job->next(&e, 200)) {
               // nothing new: a comment line now and then finds a client that went away
               if (now_seconds() - last_write > 2) {

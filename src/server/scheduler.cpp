@@ -231,12 +231,14 @@ void Scheduler::loop() {
     if (any) {
       step();
     } else {
-      // the queue's first job waits for memory that only a finishing job would free: none runs
-      // (cannot happen: with every slot idle, relieve_pressure drops idle caches), so back off
+      // Nothing runs and the queue's first job was not admitted. relieve_pressure frees every
+      // idle cache and submit refuses what cannot fit alone, so this is not expected; a short
+      // wait keeps it from spinning if it happens.
       std::unique_lock<std::mutex> lk(mu_);
       cv_.wait_for(lk, std::chrono::milliseconds(50));
     }
-    publish();
+    // the slots' picture: at most every 100 ms while steps run, at once after a job came or went
+    if (views_dirty_ || now_seconds() - last_publish_ >= 0.1) publish();
   }
   // shutdown: running jobs end with an error, their slots keep nothing
   for (auto& s : slots_)
@@ -274,6 +276,7 @@ bool Scheduler::relieve_pressure(size_t need, const Slot* chosen) {
       return;
     }
     s.pressured = true;
+    views_dirty_ = true;
     const size_t after = s.session->cache().bytes().total();
     std::lock_guard<std::mutex> lk(mu_);
     ++stats_.pressure_compressions;
@@ -293,6 +296,7 @@ bool Scheduler::relieve_pressure(size_t need, const Slot* chosen) {
     s->tokens.clear();
     s->state = Slot::State::kEmpty;
     s->pressured = false;
+    views_dirty_ = true;
     std::lock_guard<std::mutex> lk(mu_);
     ++stats_.evictions;
   }
@@ -363,9 +367,9 @@ bool Scheduler::admit_front() {
   }
   best->job = j;
   ++n_busy_;
+  views_dirty_ = true;
   try {
     prepare_slot(*best, *j);
-    if (best_prefix == 0 && best->prompt_done == 0) best->first_turn = true;
   } catch (const std::exception& e) {
     fail(*best, 500, e.what());
   }
@@ -525,7 +529,8 @@ void Scheduler::sample_next(Slot& s) {
 }
 
 void Scheduler::finish(Slot& s, const std::string& finish_reason) {
-  Job& j = *s.job;
+  const std::shared_ptr<Job> job = s.job;  // release_slot drops the slot's reference
+  Job& j = *job;
   const std::string rest = s.text->flush();
   if (!rest.empty()) j.emit(JobEvent{JobEvent::Kind::kText, rest, {}, {}, 0, {}});
   JobEvent e;
@@ -545,12 +550,13 @@ void Scheduler::finish(Slot& s, const std::string& finish_reason) {
   const double pre_s = s.t_prefill_end - s.t_start;
   if (pre_s > 0) st.prefill_tps = static_cast<double>(j.prompt.size() - static_cast<size_t>(s.cached)) / pre_s;
   if (s.n_gen > 1 && t_end > s.t_prefill_end) st.decode_tps = (s.n_gen - 1) / (t_end - s.t_prefill_end);
-  j.emit(std::move(e));
   {
     std::lock_guard<std::mutex> lk(mu_);
     ++stats_.jobs_done;
   }
   release_slot(s);
+  publish();  // a client reading /v1/kvtrim/slots after its reply sees its slot as it is now
+  j.emit(std::move(e));
 }
 
 void Scheduler::fail(Slot& s, int status, const std::string& message) {
@@ -566,9 +572,11 @@ void Scheduler::fail(Slot& s, int status, const std::string& message) {
   if (s.job) --n_busy_;
   s.job.reset();
   s.state = Slot::State::kEmpty;
+  views_dirty_ = true;
 }
 
 void Scheduler::release_slot(Slot& s) {
+  views_dirty_ = true;
   if (s.job) --n_busy_;
   s.job.reset();
   s.sampler.reset();
@@ -610,6 +618,7 @@ void Scheduler::publish() {
   stats_.recent_prefill_tps = static_cast<double>(p) / span;
   stats_.recent_decode_tps = static_cast<double>(d) / span;
   last_publish_ = now;
+  views_dirty_ = false;
 }
 
 }  // namespace kvtrim::server

@@ -165,7 +165,8 @@ class Scheduler {
     int64_t prefill, decode;
   };
   std::deque<Recent> recent_;
-  double last_publish_ = 0;
+  double last_publish_ = 0;  // worker only: when publish() last ran
+  bool views_dirty_ = false;  // worker only: a slot changed state since
   std::thread worker_;
 };
 
