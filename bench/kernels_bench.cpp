@@ -192,7 +192,8 @@ BENCHMARK(BM_Matmul)
 // One SmolLM2-135M token: 30 layers x (q, k, v, o, gate, up, down) in Q4_1 plus the Q8_0
 // output projection, with distinct weights per layer (so nothing stays in cache that would
 // not in the model). Attention, norms and the KV cache are not included.
-// args: threads, n_tok (1 = decode via matvec; > 1 = prefill via matmul, output once)
+// args: threads, n_tok (1 = decode via matvec; 2..15 = a batched decode step of n_tok streams
+// (the decode kernel, logits for every stream); >= 16 = prefill via matmul, output once)
 void BM_SmolLM2Token(benchmark::State& state) {
   constexpr int64_t kEmbd = 576, kFf = 1536, kKv = 192, kVocab = 49152, kLayers = 30;
   const int64_t n_tok = state.range(1);
@@ -211,12 +212,13 @@ void BM_SmolLM2Token(benchmark::State& state) {
   }
   const auto x = rand_vec(n_tok * kFf);
   std::vector<float> y(static_cast<size_t>(n_tok * kFf));
-  std::vector<float> logits(static_cast<size_t>(kVocab));
+  const int64_t n_out = n_tok < kMatmulGemmMinTokens ? n_tok : 1;  // rows needing logits
+  std::vector<float> logits(static_cast<size_t>(n_out * kVocab));
   size_t bytes = output->data.size();
   for (const auto& l : layers) bytes += l->data.size();
   for (auto _ : state) {
     for (const auto& l : layers) matmul(l->view, x.data(), n_tok, y.data(), pool);
-    matvec(output->view, x.data(), logits.data(), pool);
+    matmul(output->view, x.data(), n_out, logits.data(), pool);
     benchmark::DoNotOptimize(logits.data());
   }
   state.counters["tok/s"] =
@@ -228,6 +230,11 @@ BENCHMARK(BM_SmolLM2Token)
     ->ArgNames({"thr", "ntok"})
     ->Args({1, 1})
     ->Args({2, 1})
+    ->Args({2, 2})
+    ->Args({2, 4})
+    ->Args({2, 8})
+    ->Args({2, 15})
+    ->Args({2, 16})
     ->Args({2, 512})
     ->UseRealTime()
     ->ComputeStatistics("min", min_of)
