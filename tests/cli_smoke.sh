@@ -50,6 +50,15 @@ echo "some calibration text" > "$tmp/calib.txt"
 expect 1 "model file '.*missing.gguf' does not exist" calibrate -m "$tmp/missing.gguf" -f "$tmp/calib.txt"
 expect 1 "calibration file '.*wrong_magic.gguf' is not a readable GGUF" calibrate --report --calib "$tmp/wrong_magic.gguf" -m "$tmp/missing.gguf" -f "$tmp/calib.txt"
 expect 1 "unknown basis method 'nosuch'" calibrate --methods ksvd,nosuch -m "$tmp/missing.gguf" -f "$tmp/calib.txt"
+# kvtrim serve: options checked before the model loads
+expect 1 "'12XB': unknown unit 'xb'" serve -m "$tmp/missing.gguf" --kv-budget 12XB
+expect 1 "'lots' is not a size" serve -m "$tmp/missing.gguf" --kv-budget lots
+expect 1 "nosuch" serve -m "$tmp/missing.gguf" --press nosuch:0.5
+expect 1 "nosuch" serve -m "$tmp/missing.gguf" --pressure-press nosuch:0.5
+expect 1 "model file '.*missing.gguf' does not exist" serve -m "$tmp/missing.gguf" --kv-budget 1GiB
+expect 2 "" serve -m "$tmp/missing.gguf" --parallel 0
+expect 2 "" serve -m "$tmp/missing.gguf" -np 100000
+expect 2 "" serve -m "$tmp/missing.gguf" --port 70000
 
 echo "$pass passed, $failed failed"
 [ "$failed" -eq 0 ]

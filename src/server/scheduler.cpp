@@ -48,6 +48,7 @@ struct Scheduler::Slot {
   // the running job
   std::shared_ptr<Job> job;
   size_t prompt_done = 0;  // prompt tokens in the cache
+  size_t prompt_len = 0;   // the prompt of the slot's last job (a continuation starts with it)
   int64_t cached = 0;      // of which reused from the previous conversation
   bool first_turn = true;  // the cache held nothing of this conversation before
   std::unique_ptr<Sampler> sampler;
@@ -323,13 +324,17 @@ bool Scheduler::admit_front() {
     if (queue_.empty()) return false;
     j = queue_.front();
   }
-  // the slot: the longest reusable prefix, else an empty slot, else the least recently used idle one
+  // The slot: the conversation this prompt continues (the slot's last prompt is a prefix of
+  // it: nothing held is lost), else an empty slot, else the least recently used idle one
+  // (whose common prefix with the prompt, if any, is still reused). A prompt that merely
+  // shares a beginning with another conversation (a system prompt, a document) does not take
+  // that conversation's slot while another is free.
   Slot* best = nullptr;
   size_t best_prefix = 0;
   for (auto& s : slots_) {
     if (s->job || s->state != Slot::State::kIdle || s->press != j->press || s->k != j->k || s->v != j->v) continue;
     const size_t p = common_prefix(s->tokens, j->prompt);
-    if (p > best_prefix) best = s.get(), best_prefix = p;
+    if (s->prompt_len > 0 && p >= s->prompt_len && p > best_prefix) best = s.get(), best_prefix = p;
   }
   if (!best)
     for (auto& s : slots_)
@@ -413,6 +418,7 @@ void Scheduler::prepare_slot(Slot& s, Job& j) {
   }
   s.tokens.assign(j.prompt.begin(), j.prompt.begin() + static_cast<std::ptrdiff_t>(keep));
   s.prompt_done = keep;
+  s.prompt_len = j.prompt.size();
   s.cached = static_cast<int64_t>(keep);
   s.first_turn = keep == 0;
   s.sampler = std::make_unique<Sampler>(j.sampling);

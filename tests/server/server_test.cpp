@@ -229,6 +229,29 @@ TEST_F(ServerTest, FollowUpTurnReusesTheConversationsCache) {
   EXPECT_GE(metric("kvtrim_prompt_tokens_cached_total"), first_prompt);
 }
 
+// Two conversations that share a long beginning (a document) but not each other's prompt keep
+// separate slots: the second does not truncate the first while a slot is free.
+TEST_F(ServerTest, ASharedBeginningDoesNotTakeAnotherConversationsSlot) {
+  ServerOptions so;
+  so.n_parallel = 2;
+  start(so);
+  std::vector<int32_t> a = prompt(40, 7), b = prompt(40, 7);
+  for (int i = 0; i < 10; ++i) {
+    a.push_back(10 + i);
+    b.push_back(100 + i);
+  }
+  auto r = post("/v1/completions", completion_body(a, 3));
+  ASSERT_EQ(r->status, 200) << r->body;
+  const int slot_a = json::parse(r->body)["kvtrim"]["slot"];
+  r = post("/v1/completions", completion_body(b, 3));
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_NE(json::parse(r->body)["kvtrim"]["slot"].get<int>(), slot_a);
+  EXPECT_EQ(json::parse(r->body)["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  const json s = json::parse(client_->Get("/v1/kvtrim/slots")->body);
+  EXPECT_GE(s["slots"][0]["n_past"].get<int>(), 50);
+  EXPECT_GE(s["slots"][1]["n_past"].get<int>(), 50);
+}
+
 TEST_F(ServerTest, BadInputsAreOpenAiErrorsAndTheServerGoesOn) {
   start({}, /*max_body=*/64 << 10);
   expect_error(post("/v1/chat/completions", "{not json"), 400, "malformed JSON");
