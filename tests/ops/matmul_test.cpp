@@ -280,6 +280,29 @@ TEST(Matmul, MatmulMatchesRefForTokenCounts) {
   }
 }
 
+// Under kMatmulGemmMinTokens tokens, matmul gives every token exactly matvec's result (the
+// grouped legacy kernel decodes each weight block once for up to 4 tokens, in the same
+// operations per token): a batched decode step equals the solo ones bit for bit.
+TEST(Matmul, SmallBatchesEqualMatvecBitForBit) {
+  ThreadPool pool2(2);
+  for (GgmlType t : kTypes) {
+    SCOPED_TRACE(type_name(t));
+    const Shape s = is_kquant(t) ? Shape{37, 512} : Shape{37, 160};
+    const TestWeight w = make_weight(t, s.n_rows, s.n_cols, false, 6);
+    for (int64_t n_tok : {int64_t{2}, int64_t{3}, int64_t{4}, int64_t{5}, int64_t{8}, kMatmulGemmMinTokens - 1}) {
+      const auto x = make_x(n_tok * s.n_cols, 10 + static_cast<uint32_t>(n_tok));
+      std::vector<float> y(static_cast<size_t>(n_tok * s.n_rows)), one(static_cast<size_t>(s.n_rows));
+      matmul(w.view, x.data(), n_tok, y.data(), &pool2);
+      for (int64_t tk = 0; tk < n_tok; ++tk) {
+        matvec(w.view, x.data() + tk * s.n_cols, one.data(), &pool2);
+        for (int64_t r = 0; r < s.n_rows; ++r)
+          ASSERT_EQ(y[static_cast<size_t>(tk * s.n_rows + r)], one[static_cast<size_t>(r)])
+              << "n_tok " << n_tok << " tok " << tk << " row " << r;
+      }
+    }
+  }
+}
+
 // Each token of matmul equals ref::matvec of that token (ref::matmul's layout).
 TEST(Matmul, RefMatmulRowsAreRefMatvecs) {
   const TestWeight w = make_weight(GgmlType::Q4_1, 9, 64, false, 3);
