@@ -6,6 +6,9 @@
 //                the D-token prefill (compression not timed), in the same run as the uncompressed
 //                cache; each row shows the KV bytes the decode read from and its speed as a ratio
 //                to the uncompressed row.
+//  --streams S (list): tg<M>@d<D>x<S>: S sessions, each with D tokens, decode M tokens each as
+//                batched steps (Session::step_batch, the server's continuous batching); tokens/s =
+//                S * M / time, shown as a ratio to the single-stream row of the same depth.
 // Token ids are drawn from a seeded generator (content does not change the cost).
 #include <algorithm>
 #include <cstdio>
@@ -29,6 +32,7 @@ struct BenchOptions {
   int reps = 5;
   bool json = false;
   std::vector<std::string> presses;  // decode tests also run compressed by each
+  std::vector<int> streams;          // batched decode tests with this many sessions
 };
 
 struct Stat { double median, min, max; };
@@ -113,6 +117,44 @@ void bench(const BenchOptions& o) {
                    ci ? strprintf("  (%.3fx uncompressed)", row.ratio).c_str() : "");
     }
   }
+  // batched decode: S sessions on the bench session's pool, one step_batch per generated token
+  for (int64_t d : o.depths) {
+    const std::string single = strprintf("tg%d@d%lld", o.n_gen, static_cast<long long>(d));
+    double base = 0;
+    for (const Row& r : rows)
+      if (r.test == single && r.press == "none") base = r.tps.median;
+    for (int n_s : o.streams) {
+      SessionParams shared = sp;
+      shared.pool = &s.pool();
+      std::vector<std::unique_ptr<Session>> ss;
+      for (int i = 0; i < n_s; ++i) ss.push_back(std::make_unique<Session>(*model, shared));
+      std::vector<double> tps;
+      size_t kv = 0;
+      for (int r = 0; r <= o.reps; ++r) {
+        std::vector<std::vector<int32_t>> gen;
+        for (auto& x : ss) {
+          x->reset();
+          if (d > 0) x->prefill(random_tokens(d));
+          gen.push_back(random_tokens(o.n_gen));
+        }
+        const double t0 = now_seconds();
+        for (int t = 0; t < o.n_gen; ++t) {
+          std::vector<SessionChunk> chunks;
+          for (int i = 0; i < n_s; ++i) chunks.push_back(SessionChunk{ss[i].get(), &gen[i][t], 1, true});
+          Session::step_batch(chunks);
+        }
+        const double dt = now_seconds() - t0;
+        if (r > 0) tps.push_back(static_cast<double>(n_s) * o.n_gen / dt);
+        kv = 0;
+        for (auto& x : ss) kv += x->cache().bytes().total();
+      }
+      Row row{strprintf("%sx%d", single.c_str(), n_s), "none", stats(tps), kv, 0};
+      if (base > 0) row.ratio = row.tps.median / base;
+      rows.push_back(row);
+      std::fprintf(stderr, "  %-14s %d streams, batched %8.1f tokens/s in all%s\n", row.test.c_str(), n_s,
+                   row.tps.median, base > 0 ? strprintf("  (%.3fx one stream)", row.ratio).c_str() : "");
+    }
+  }
   const auto& hp = model->hparams();
   if (o.json) {
     std::printf("[");
@@ -145,6 +187,11 @@ void register_bench(CLI::App& app) {
   c->add_option("-n,--n-gen", o->n_gen, "tokens decoded per decode test")->capture_default_str()->check(CLI::PositiveNumber);
   c->add_option("-r,--reps", o->reps, "timed repetitions (median reported)")->capture_default_str()->check(CLI::PositiveNumber);
   c->add_flag("--json", o->json, "print JSON instead of a table");
+  c->add_option("--streams", o->streams,
+                "decode tests also run with this many sessions decoding together in batched steps "
+                "(continuous batching, as kvtrim serve); rows give total tokens/s vs one stream")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 256));
   c->add_option("--press", o->presses,
                 "decode tests also run with the cache compressed by this press after the depth's prefill "
                 "(repeatable; same syntax as run --press); rows give KV bytes and speed vs uncompressed")
