@@ -21,7 +21,7 @@ check inspect 0 "llama.block_count +30.*q4_1" inspect smollm2
 head -c 20000 "${KVTRIM_SHARED_DATA:-$(dirname "$0")/../../shared/data}/wikitext-2/test.txt" > "$tmp/wiki.txt"
 check ppl 0 "ppl = [0-9]+\.[0-9]+ \+/- " ppl -m smollm2 -f "$tmp/wiki.txt" -c 256 -t 2
 check ppl_ctx_past_model 1 "exceeds the model's context limit" ppl -m smollm2 -f "$tmp/wiki.txt" -c 9000
-check bench 0 "tg4@d64" bench -m smollm2 -p 32 -d 64 -n 4 -r 1 -t 2
+check bench 0 "tg4@d64x2" bench -m smollm2 -p 32 -d 64 -n 4 -r 1 -t 2 --streams 2
 # SWAN on the real model: a small calibration, a run whose cache holds sparse rows (indices),
 # a k_active changed without recalibrating, and a calibration made for another model refused
 check calibrate_small 0 "wrote .*5 methods" calibrate -m smollm2 --seqs 2 --seq-len 128 -t 2 -o "$tmp/s.kvcalib"
