@@ -44,6 +44,22 @@ std::string model_label(const std::string& arg) {
 // file, resumable, with the summaries of src/eval/sweep.h (docs/eval.md "Sweeps").
 // What both sweep commands check first (a bad press, ratio or model list fails before any model
 // loads): the press entries, the ratios, the models (each once).
+// One model of a sweep: its label, the model, the session that runs it, its cells.
+struct SweepModel {
+  std::string label;
+  CommonOptions common;  // the command's options with -m set to this model
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Session> session;
+  std::vector<eval::SweepCell> cells;
+};
+// Loads model `m` of a sweep (the session is the caller's: its parameters differ per bench).
+void load_sweep_model(const CommonOptions& common, const std::string& m, SweepModel* j) {
+  j->label = model_label(m);
+  j->common = common;
+  j->common.model = m;
+  j->model = load_model(j->common);
+}
+
 struct SweepSetup {
   std::vector<std::string> entries, models;
   std::vector<double> ratios;
@@ -115,13 +131,9 @@ void run_sweep(const EvalSweepOptions& o, const std::string& bench) {
   std::fprintf(stderr, "sweep: %zu presses x %zu ratios + the uncompressed baseline = %zu cells per sample, %zu model(s)\n",
                entries.size(), ratios.size(), grid.size(), models.size());
 
-  struct Job {
-    std::string label;
-    std::unique_ptr<Model> model;
-    std::unique_ptr<Session> session;
+  struct Job : SweepModel {
     std::unique_ptr<eval::PromptBuilder> pb;
     std::vector<eval::EvalSample> samples;
-    std::vector<eval::SweepCell> cells;
   };
   std::vector<Job> jobs;
   std::vector<eval::McItem> items;
@@ -131,11 +143,8 @@ void run_sweep(const EvalSweepOptions& o, const std::string& bench) {
   std::set<std::string> configs;
   for (const std::string& m : models) {
     Job j;
-    j.label = model_label(m);
-    CommonOptions co = o.common;
-    co.model = m;
-    j.model = load_model(co);
-    j.session = std::make_unique<Session>(*j.model, session_params(co));
+    load_sweep_model(o.common, m, &j);
+    j.session = std::make_unique<Session>(*j.model, session_params(j.common));
     j.cells = grid;
     std::vector<std::string> base = {"model=" + file_identity(j.model->gguf().path()), "kv=" + kv_tag(o.common),
                                      "batch=" + std::to_string(o.common.batch)};
@@ -232,25 +241,19 @@ void run_sweep_ppl(const EvalSweepOptions& o) {
   std::fprintf(stderr, "sweep ppl: %zu presses x %zu ratios = %zu cells per window (each with its full-cache pass), %zu model(s)\n",
                entries.size(), ratios.size(), grid.size(), models.size());
 
-  struct Job {
-    std::string label;
-    std::unique_ptr<Model> model;
-    std::unique_ptr<Session> session;
+  struct Job : SweepModel {
     std::vector<int32_t> tokens;
     eval::PplConfig c;
     int64_t n_win = 0;
-    std::vector<eval::SweepCell> cells;
   };
+
   std::vector<Job> jobs;
   std::set<std::string> configs;
   std::map<std::string, int64_t> n_win_of;  // config -> the model's windows in this run
   std::map<std::string, size_t> cell_pos;   // config -> position in the grid over the models
   for (const std::string& m : models) {
     Job j;
-    j.label = model_label(m);
-    CommonOptions co = o.common;
-    co.model = m;
-    j.model = load_model(co);
+    load_sweep_model(o.common, m, &j);
     const Tokenizer& tok = j.model->tokenizer();
     j.tokens = tok.encode(text, tok.add_bos(), false);
     const size_t n_text = j.tokens.size();
@@ -263,7 +266,7 @@ void run_sweep_ppl(const EvalSweepOptions& o) {
     j.c.bos = tok.add_bos() ? tok.bos() : -1;
     KVTRIM_CHECK(po.ctx <= j.model->hparams().n_ctx_train, "--ctx %lld exceeds %s's context limit of %d tokens",
                  static_cast<long long>(po.ctx), j.label.c_str(), j.model->hparams().n_ctx_train);
-    SessionParams sp = session_params(co);
+    SessionParams sp = session_params(j.common);
     sp.n_ctx = po.ctx;
     j.session = std::make_unique<Session>(*j.model, sp);
     j.n_win = eval::ppl_window_count(static_cast<int64_t>(j.tokens.size()), j.c.ctx);
