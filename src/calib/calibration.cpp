@@ -396,7 +396,11 @@ Calibration Calibration::load(const std::string& path, const Model* model) {
     fail("calibration file '%s' is not a readable GGUF file (truncated or damaged?): %s",
          path.c_str(), e.what());
   }
-  const GgufFile& f = *fp;
+  return from_gguf(*fp, model);
+}
+
+Calibration Calibration::from_gguf(const GgufFile& f, const Model* model, bool verify_checksum) {
+  const std::string& path = f.path();
   const std::string arch = f.get_string("general.architecture", "");
   KVTRIM_CHECK(arch == kArch,
                "'%s' is not a kvtrim calibration file (general.architecture = '%s', expected '%s')",
@@ -422,7 +426,7 @@ Calibration Calibration::load(const std::string& path, const Model* model) {
     if (model) Calibration(mf, 0, 0).check_model(*model, path);
     Hasher h;
     for (const GgufTensor& t : f.tensors()) h.bytes(t.data, t.n_bytes);
-    KVTRIM_CHECK(hex64(h.finish()) == f.get_string(P + "checksum"),
+    KVTRIM_CHECK(!verify_checksum || hex64(h.finish()) == f.get_string(P + "checksum"),
                  "calibration file '%s' is damaged: its tensor data does not match the stored "
                  "checksum (re-run `kvtrim calibrate`)",
                  path.c_str());

@@ -20,6 +20,8 @@
 
 namespace kvtrim {
 
+class GgufFile;
+
 class Model;
 
 enum class BasisMethod { kKSvd, kEigenAttention, kKqSvd, kStaticPca, kSwan };
@@ -94,6 +96,10 @@ class Calibration {
   // truncated or damaged file, another format version, or (model != nullptr) a file made
   // for another model (the message shows both fingerprints).
   static Calibration load(const std::string& path, const Model* model = nullptr);
+  // The same checks over an opened GGUF file (GgufFile::from_memory: the fuzz target);
+  // messages name f.path(). verify_checksum = false is for the fuzz target only (so that
+  // mutated tensors reach the checks behind the checksum).
+  static Calibration from_gguf(const GgufFile& f, const Model* model = nullptr, bool verify_checksum = true);
   // Writes atomically (temporary file, then rename).
   void save(const std::string& path) const;
 

@@ -12,6 +12,8 @@
 
 #include <algorithm>
 
+#include "core/error.h"
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define KVTRIM_PAUSE() _mm_pause()
@@ -53,6 +55,8 @@ int run_claimed_slots(std::atomic<uint64_t>& word, uint64_t g, int nth,
 ThreadPool::ThreadPool(int n_threads) {
   if (n_threads <= 0)
     n_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  KVTRIM_CHECK(n_threads <= kMaxThreads, "%d threads requested; at most %d are allowed (the machine has %u cores)",
+               n_threads, kMaxThreads, std::thread::hardware_concurrency());
   n_threads_ = n_threads;
   for (int i = 1; i < n_threads_; ++i) threads_.emplace_back([this, i] { worker(i); });
 }

@@ -15,6 +15,8 @@ namespace kvtrim {
 class ThreadPool {
  public:
   // n_threads total threads including the caller; 0 = hardware concurrency.
+  // n_threads <= 0: one per hardware thread; more than kMaxThreads is an Error.
+  static constexpr int kMaxThreads = 1024;
   explicit ThreadPool(int n_threads = 0);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;

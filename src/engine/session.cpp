@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "core/memory.h"
 #include "core/timer.h"
 #include "engine/press_runner.h"
 
@@ -42,17 +43,51 @@ Session::Session(const Model& model, SessionParams p)
   cfg.rotate_quantized = p_.kv_rotate;
   cache_ = make_kv_cache(cfg);
   logits_.resize(static_cast<size_t>(model.hparams().n_vocab));
+  if (p_.n_ctx > 0) check_memory(n_ctx_);
 }
 
 Session::~Session() = default;
 
 void Session::check_room(int64_t n_new) const {
+  // Memory: every multi-token step (prefill chunks, questions), and decode every 256 positions
+  // (reading /proc costs ~tens of microseconds, a decode step milliseconds).
+  if (n_new > 1 || (n_past() & 255) == 0) check_memory(n_new > 1 ? n_new : 256);
   const int64_t need = static_cast<int64_t>(n_past()) + n_new;
   KVTRIM_CHECK(need <= n_ctx_,
                "context full: %lld tokens in context + %lld new = %lld exceeds the context limit of %lld "
                "tokens (model limit %d; set --ctx up to it)",
                static_cast<long long>(n_past()), static_cast<long long>(n_new),
                static_cast<long long>(need), static_cast<long long>(n_ctx_), model_.hparams().n_ctx_train);
+}
+
+// The uncompressed bytes of n_new more tokens against the limit (SessionParams::kv_mem_limit).
+// At construction (n_past 0, n_new = n_ctx) this is the whole context.
+void Session::check_memory(int64_t n_new) const {
+  if (p_.kv_mem_limit < 0 || n_new <= 0) return;
+  const KvCacheConfig& cfg = cache_->config();
+  const size_t per_token = cfg.dense_bytes_per_token();
+  const size_t need = static_cast<size_t>(n_new) * per_token;
+  size_t room;
+  std::string what;
+  if (p_.kv_mem_limit > 0) {
+    const size_t held = cache_->bytes().total();
+    const size_t lim = static_cast<size_t>(p_.kv_mem_limit);
+    room = lim > held ? lim - held : 0;
+    what = strprintf("the KV memory limit of %s (%s held)", format_bytes(lim).c_str(), format_bytes(held).c_str());
+  } else {
+    const char* source = nullptr;
+    room = available_memory_bytes(&source);
+    if (room == 0) return;  // unknown: nothing to check against
+    what = strprintf("the %s available (%s)", format_bytes(room).c_str(), source);
+  }
+  if (need <= room) return;
+  const bool whole = n_past() == 0 && n_new == n_ctx_;
+  fail("%s %lld tokens would need %s of uncompressed KV cache (%s keys / %s values: %s per token over %d "
+       "layers x %d kv heads), more than %s; use a smaller %s, a quantized cache (-ctk / -ctv q8_0 or q4_0), or "
+       "--mem-limit to set the limit (--mem-limit off: no check)",
+       whole ? "a context of" : "adding", static_cast<long long>(n_new), format_bytes(need).c_str(),
+       kv_dtype_name(cfg.type_k()), kv_dtype_name(cfg.type_v()), format_bytes(per_token).c_str(), cfg.n_layer,
+       cfg.n_head_kv, what.c_str(), whole ? "--ctx" : "prompt or --ctx");
 }
 
 void Session::check_tokens(const int32_t* tokens, int64_t n) const {

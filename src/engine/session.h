@@ -33,6 +33,13 @@ struct SessionParams {
   // slots, whose steps run batched (Session::step_batch). nullptr: the session's own pool of
   // n_threads.
   ThreadPool* pool = nullptr;
+  // Memory the KV cache may take, checked before it grows (DESIGN.md §3: refused before
+  // allocation, with the numbers): a context set explicitly (n_ctx > 0) whose uncompressed cache
+  // would not fit is refused at construction; every prefill is refused if its uncompressed
+  // tokens would not fit. > 0: a limit in bytes on the cache; 0: the memory the OS reports
+  // available (core/memory.h); < 0: no check (a press that compresses during prefill may keep
+  // a cache small that would not fit uncompressed).
+  int64_t kv_mem_limit = 0;
 };
 
 class Session;
@@ -146,6 +153,7 @@ class Session {
 
  private:
   void check_room(int64_t n_new) const;
+  void check_memory(int64_t n_new) const;
   void check_tokens(const int32_t* tokens, int64_t n) const;
   void before_step(bool decode);
   void after_step(bool decode);

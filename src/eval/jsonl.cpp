@@ -42,7 +42,7 @@ std::vector<EvalSample> parse_samples_jsonl(const std::string& text, const std::
     json j;
     try {
       j = json::parse(line);
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {  // parse_error, or out_of_range for a number past double
       fail("%s: not valid JSON (%s)", where.c_str(), e.what());
     }
     if (!j.is_object()) fail("%s: expected a JSON object", where.c_str());

@@ -178,7 +178,7 @@ std::vector<McItem> parse_piqa(const std::string& jsonl, const std::string& json
     json j;
     try {
       j = json::parse(jl[i]);
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {  // parse_error, or out_of_range for a number past double
       fail("%s: not valid JSON (%s)", where.c_str(), e.what());
     }
     if (!j.is_object()) fail("%s: expected a JSON object", where.c_str());

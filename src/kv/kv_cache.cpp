@@ -35,6 +35,28 @@ KvDtype kv_dtype_from_name(const std::string& name) {
               "' (expected one of: f32, f16, bf16, q8 (= q8_0), fp8 (= fp8_e4m3), q4 (= q4_0))");
 }
 
+namespace {
+// One stored row of d elements (side_store.h): plain types, q8 / fp8 with an f32 row scale,
+// q4 two elements a byte with an f16 scale per block of 32.
+size_t dense_row_bytes(KvDtype t, int d) {
+  const size_t n = static_cast<size_t>(d);
+  switch (t) {
+    case KvDtype::kF32: return 4 * n;
+    case KvDtype::kF16:
+    case KvDtype::kBF16: return 2 * n;
+    case KvDtype::kQ8:
+    case KvDtype::kFP8: return n + 4;
+    case KvDtype::kQ4: return (n + 1) / 2 + 2 * ((n + 31) / 32);
+  }
+  return 4 * n;
+}
+}  // namespace
+
+size_t KvCacheConfig::dense_bytes_per_token() const {
+  const size_t head = dense_row_bytes(type_k(), head_dim_k) + dense_row_bytes(type_v(), head_dim_v);
+  return static_cast<size_t>(n_layer) * (static_cast<size_t>(n_head_kv) * head + sizeof(int32_t));
+}
+
 size_t KvCache::dense_bytes_f16() const {
   // f16 K and V for every position 0 .. n_past()-1, in every layer and KV head.
   const size_t per_token = static_cast<size_t>(cfg_.n_head_kv) *

@@ -49,6 +49,10 @@ struct KvCacheConfig {
   bool rotate_quantized = false;
   KvDtype type_k() const { return dtype_k.value_or(dtype); }
   KvDtype type_v() const { return dtype_v.value_or(dtype); }
+  // Bytes one uncompressed token takes in every layer and KV head at the configured precisions
+  // (keys, values, their scales, its position): what a cache grows by per token before any
+  // press removes anything. n_ctx times this bounds a run's cache (Session's memory check).
+  size_t dense_bytes_per_token() const;
 };
 
 // Bytes held, by part (docs/kv-cache.md has the layout of each):

@@ -33,6 +33,7 @@
 
 #include <cerrno>
 #include <cinttypes>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 
@@ -265,7 +266,11 @@ int64_t GgufTensor::n_elements() const {
 // ---- GgufFile -------------------------------------------------------------------------
 
 GgufFile::~GgufFile() {
-  if (map_) ::munmap(map_, size_);
+  if (owned_) {
+    std::free(owned_);
+  } else if (map_) {
+    ::munmap(map_, size_);
+  }
   if (fd_ >= 0) ::close(fd_);
 }
 
@@ -287,7 +292,26 @@ std::unique_ptr<GgufFile> GgufFile::open(const std::string& path) {
   f->map_ = m;
   ::close(f->fd_);  // the mapping stays valid without the descriptor
   f->fd_ = -1;
+  f->parse();
+  return f;
+}
 
+std::unique_ptr<GgufFile> GgufFile::from_memory(const std::string& name, const void* data, size_t size) {
+  std::unique_ptr<GgufFile> f(new GgufFile());
+  f->path_ = name;
+  if (size == 0) fail("%s: truncated file: empty (a GGUF header needs 24 bytes)", name.c_str());
+  f->owned_ = std::aligned_alloc(64, (size + 63) / 64 * 64);
+  if (!f->owned_) fail("%s: cannot allocate %zu bytes", name.c_str(), size);
+  std::memcpy(f->owned_, data, size);
+  f->map_ = f->owned_;
+  f->size_ = size;
+  f->parse();
+  return f;
+}
+
+void GgufFile::parse() {
+  GgufFile* f = this;
+  const char* p = path_.c_str();
   const auto* base = static_cast<const uint8_t*>(f->map_);
   Cursor c(f->path_, base, f->size_);
 
@@ -390,7 +414,6 @@ std::unique_ptr<GgufFile> GgufFile::open(const std::string& path) {
       t.data = base + data_start + t.offset;
     }
   }
-  return f;
 }
 
 const GgufValue* GgufFile::find(std::string_view key) const {

@@ -58,6 +58,9 @@ class GgufFile {
   // version, truncated header/metadata/tensor table, absurd counts or string lengths,
   // unknown tensor types, tensors out of the file's bounds or misaligned.
   static std::unique_ptr<GgufFile> open(const std::string& path);
+  // The same checks over bytes in memory (copied into an owned, 64-byte aligned buffer);
+  // `name` stands for the path in messages. For the fuzz targets and tests.
+  static std::unique_ptr<GgufFile> from_memory(const std::string& name, const void* data, size_t size);
   ~GgufFile();
 
   const std::string& path() const { return path_; }
@@ -84,11 +87,13 @@ class GgufFile {
 
  private:
   GgufFile() = default;
+  void parse();  // reads the header, metadata and tensor table of map_[0, size_)
   std::string path_;
   uint32_t version_ = 0;
   uint64_t alignment_ = 32;
   int fd_ = -1;
-  void* map_ = nullptr;
+  void* map_ = nullptr;       // the file's mapping (open) ...
+  void* owned_ = nullptr;     // ... or the copy from from_memory (std::free)
   size_t size_ = 0;
   std::map<std::string, GgufValue> kv_;
   std::vector<GgufTensor> tensors_;

@@ -205,9 +205,12 @@ void ModelLoader::load_tensors() {
   }
 }
 
-std::unique_ptr<Model> Model::load(const std::string& path) {
+std::unique_ptr<Model> Model::load(const std::string& path) { return load(GgufFile::open(path)); }
+
+std::unique_ptr<Model> Model::load(std::unique_ptr<GgufFile> file) {
   std::unique_ptr<Model> m(new Model());
-  m->file_ = GgufFile::open(path);
+  m->file_ = std::move(file);
+  const std::string& path = m->file_->path();
   const std::string& arch = m->file_->get_string("general.architecture");
   const ArchInfo* ai = find_arch(arch);
   KVTRIM_CHECK(ai, "%s: unsupported architecture '%s' (supported: %s)", path.c_str(), arch.c_str(),

@@ -100,6 +100,8 @@ class Model {
   // Loads a GGUF file; throws Error for unsupported architectures, missing or mis-shaped
   // tensors, or inconsistent hyper-parameters.
   static std::unique_ptr<Model> load(const std::string& path);
+  // The same over an opened file (GgufFile::from_memory: the fuzz targets).
+  static std::unique_ptr<Model> load(std::unique_ptr<GgufFile> file);
 
   const HParams& hparams() const { return hp_; }
   const GgufFile& gguf() const { return *file_; }

@@ -71,9 +71,10 @@ namespace hn = hwy::HWY_NAMESPACE;
 #endif
 #if HWY_TARGET == HWY_AVX3_DL
 // Highway 1.0.3's AVX3_DL target string names "avxvnni" but its run-time check is for
-// AVX512_VNNI; enable the latter explicitly for the functions that use it.
+// AVX512_VNNI; enable the latter explicitly for the functions that use it (with AVX512VL,
+// which clang requires for the 256-bit forms).
 #define KV_VNNI 1
-#define KV_ATTR __attribute__((target("avx512vnni")))
+#define KV_ATTR __attribute__((target("avx512vl,avx512vnni")))
 #else
 #define KV_VNNI 0
 #define KV_ATTR
@@ -669,7 +670,11 @@ void QuantizeQ8K(const float* x, BlockQ8_K* y, int64_t nb) {
     const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
     y[b].d = amax / 127.0f;
     for (int g = 0; g < kQK_K / 16; ++g) {
-      y[b].bsums[g] = static_cast<int16_t>(round_block(df, xb + 16 * g, id, y[b].qs + 16 * g, 16));
+      // |sum| <= 16 * 127 fits int16 for finite activations. A NaN (from a NaN or inf weight of
+      // a damaged file) makes the sum NaN, or hides a lane's maximum from abs_max so the sum
+      // overflows; converting either would be undefined. The block's result is garbage anyway.
+      const float sum = round_block(df, xb + 16 * g, id, y[b].qs + 16 * g, 16);
+      y[b].bsums[g] = sum == sum ? static_cast<int16_t>(std::clamp(sum, -32768.f, 32767.f)) : int16_t{0};
     }
   }
 }

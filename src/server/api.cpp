@@ -95,7 +95,7 @@ CompletionRequest parse_completion_request(const std::string& body, Endpoint ep,
   json j;
   try {
     j = json::parse(body);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, or out_of_range for a number past double
     throw ApiError(400, std::string("malformed JSON body: ") + e.what());
   }
   if (!j.is_object()) throw ApiError(400, "the request body must be a JSON object");

@@ -394,6 +394,7 @@ void Scheduler::prepare_slot(Slot& s, Job& j) {
     p.kv_dtype_k = j.k;
     p.kv_dtype_v = j.v;
     p.kv_rotate = opt_.kv_rotate;
+    p.kv_mem_limit = opt_.kv_budget > 0 ? -1 : opt_.kv_mem_limit;  // a budget is checked by admission
     p.pool = &pool_;
     s.session = std::make_unique<Session>(model_, p);
     s.press.clear();

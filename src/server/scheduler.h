@@ -43,6 +43,7 @@ struct ServerOptions {
   int64_t n_ctx = 4096;        // tokens per slot (conversation)
   int n_batch = 256;           // prefill chunk per step
   size_t kv_budget = 0;        // bytes for all slots' caches together; 0 = no budget
+  int64_t kv_mem_limit = 0;    // without a budget: each slot's SessionParams::kv_mem_limit
   std::string press;           // default kv_press ("" = none)
   std::string pressure_press;  // compresses conversations under budget pressure ("" = none)
   KvDtype kv_k = KvDtype::kF16, kv_v = KvDtype::kF16;

@@ -68,6 +68,42 @@ TEST_F(SessionTest, ContextLargerThanTheModelsIsRejected) {
   EXPECT_EQ(s.n_ctx(), model_->hparams().n_ctx_train);
 }
 
+// SessionParams::kv_mem_limit: an explicit context whose uncompressed cache exceeds the limit is
+// refused at construction; a prefill is refused before it runs, leaving the session as it was.
+TEST_F(SessionTest, MemoryLimitIsCheckedBeforeTheCacheGrows) {
+  SessionParams p = params(200);
+  KvCacheConfig cc = model_->cache_config(200);
+  cc.dtype = KvDtype::kF32;
+  const size_t per_token = cc.dense_bytes_per_token();
+  p.kv_mem_limit = static_cast<int64_t>(per_token * 199);
+  try {
+    Session s(*model_, p);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("a context of 200 tokens would need"), std::string::npos) << e.what();
+  }
+  p.kv_mem_limit = static_cast<int64_t>(per_token * 200);
+  EXPECT_NO_THROW(Session(*model_, p));
+
+  p.n_ctx = 0;  // the model's context: checked per prefill
+  p.kv_mem_limit = static_cast<int64_t>(per_token * 30);
+  Session s(*model_, p);
+  s.prefill(tokens(20));
+  try {
+    s.prefill(tokens(11));
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("adding 11 tokens would need"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(s.n_past(), 20);
+  s.prefill(tokens(10));  // exactly the limit
+  EXPECT_EQ(s.n_past(), 30);
+  p.kv_mem_limit = -1;  // off
+  Session off(*model_, p);
+  off.prefill(tokens(100));
+  EXPECT_EQ(off.n_past(), 100);
+}
+
 TEST_F(SessionTest, BadTokenIdsAreErrors) {
   Session s(*model_, params(64));
   EXPECT_THROW(s.prefill({1, -1}), Error);

@@ -189,6 +189,36 @@ TEST(DenseCache, BytesAreExactAndTruncateDropsTokens) {
   }
 }
 
+// KvCacheConfig::dense_bytes_per_token (Session's memory check) equals what a cache holds per
+// uncompressed token, for every precision on each side and head dims with partial q4 blocks.
+TEST(DenseCache, DenseBytesPerTokenEqualsWhatTheCacheHolds) {
+  const KvDtype all[] = {KvDtype::kF32, KvDtype::kF16, KvDtype::kBF16, KvDtype::kQ8, KvDtype::kFP8, KvDtype::kQ4};
+  for (KvDtype tk : all) {
+    for (KvDtype tv : all) {
+      for (int d : {64, 48}) {
+        KvCacheConfig cfg;
+        cfg.n_layer = 2;
+        cfg.n_head_kv = 3;
+        cfg.head_dim_k = d;
+        cfg.head_dim_v = d / 2;
+        cfg.n_ctx = 100;
+        cfg.dtype_k = tk;
+        cfg.dtype_v = tv;
+        auto cache = make_kv_cache(cfg);
+        const int n = 40;
+        std::vector<float> k(static_cast<size_t>(n) * 3 * d, 0.25f), v(static_cast<size_t>(n) * 3 * d / 2, -1.f);
+        std::vector<int32_t> pos(n);
+        for (int i = 0; i < n; ++i) pos[i] = i;
+        for (int il = 0; il < 2; ++il) cache->append(il, n, k.data(), v.data(), pos.data());
+        cache->advance(n);
+        const KvBytes b = cache->bytes();
+        EXPECT_EQ(b.total() - b.bases, static_cast<size_t>(n) * cfg.dense_bytes_per_token())
+            << kv_dtype_name(tk) << " / " << kv_dtype_name(tv) << " d " << d;
+      }
+    }
+  }
+}
+
 TEST(DenseCache, RejectsBadAppends) {
   KvCacheConfig cfg;
   cfg.n_layer = 1;

@@ -513,7 +513,7 @@ TEST_F(BasisPress, ClearErrors) {
            {"ojakv:pool=0", "must be >= 1"},
            {"ojakv:eta=0", "'eta' must be > 0"},
            {"ksvd:eta=0.1", "has no option 'eta'"}}) {
-    const std::string m = error_of([&] { make_press(spec); });
+    const std::string m = error_of([&s = spec] { make_press(s); });
     EXPECT_TRUE(has(m, text).empty()) << spec << ": " << m;
   }
   // Two feature-axis presses on the same heads.

@@ -69,6 +69,8 @@ TEST(Api, EveryBadFieldIsA400NamingIt) {
   const Endpoint C = Endpoint::kChat, P = Endpoint::kCompletion;
   expect_bad("{\"messages\": [", C, 400, "", "malformed JSON");
   expect_bad("", C, 400, "", "malformed JSON");
+  expect_bad("5e0555", C, 400, "", "malformed JSON");  // a number past double (found by fuzz/http_request)
+  expect_bad("{\"messages\": [], \"max_tokens\": 1e999}", C, 400, "", "malformed JSON");
   expect_bad("[1,2]", C, 400, "", "JSON object");
   expect_bad("{}", C, 400, "messages", "required");
   expect_bad(R"({"messages":[]})", C, 400, "messages", "non-empty");

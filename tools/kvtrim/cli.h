@@ -21,6 +21,7 @@ struct CommonOptions {
   std::string kv_type = "f16";
   std::string cache_type_k, cache_type_v;  // -ctk / -ctv ("": kv_type)
   bool no_kv_rotate = false;                // --no-kv-rotate: quantized rows unrotated
+  std::string mem_limit;                    // --mem-limit: "" = available memory, "off", or a size
 };
 
 void add_common_options(CLI::App* app, CommonOptions& o);
@@ -44,6 +45,8 @@ std::unique_ptr<Model> load_model(const CommonOptions& o);
 SessionParams session_params(const CommonOptions& o);
 // "12.3 MiB"
 std::string human_bytes(size_t n);
+// "512MiB", "2G", "1.5GiB", "1000000" (bytes) -> bytes; throws Error for anything else.
+size_t parse_byte_size(const std::string& s);
 // One line: KV bytes held vs the uncompressed f16 size of the same positions.
 std::string kv_bytes_line(const KvCache& c);
 // Reads a whole file; throws Error naming the path if it cannot be read.

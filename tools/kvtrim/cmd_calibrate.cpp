@@ -286,6 +286,7 @@ void register_calibrate(CLI::App& app) {
   c->remove_option(c->get_option("--cache-type-k"));
   c->remove_option(c->get_option("--cache-type-v"));
   c->remove_option(c->get_option("--no-kv-rotate"));
+  c->remove_option(c->get_option("--mem-limit"));
   c->add_option("-f,--file", o->file,
                 "calibration text: a file or a directory of .txt files (default: WikiText-2 valid "
                 "from ../shared/data)");

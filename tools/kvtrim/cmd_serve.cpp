@@ -10,6 +10,7 @@
 
 #include "cli.h"
 #include "core/error.h"
+#include "core/memory.h"
 #include "core/thread_pool.h"
 #include "server/http_server.h"
 #include "server/scheduler.h"
@@ -33,29 +34,6 @@ struct ServeOptions {
 
 }  // namespace
 
-// "512MiB", "2G", "1.5GiB", "1000000" (bytes); K/M/G are binary multiples, as llama.cpp's sizes.
-size_t parse_byte_size(const std::string& s) {
-  size_t i = 0;
-  while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) ++i;
-  KVTRIM_CHECK(i > 0, "'%s' is not a size (e.g. 512MiB, 2GiB, 1000000)", s.c_str());
-  double v = 0;
-  try {
-    v = std::stod(s.substr(0, i));
-  } catch (...) {
-    throw Error(strprintf("'%s' is not a size (e.g. 512MiB, 2GiB, 1000000)", s.c_str()));
-  }
-  std::string unit = s.substr(i);
-  for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  double mul = 1;
-  if (unit.empty() || unit == "b") mul = 1;
-  else if (unit == "k" || unit == "kb" || unit == "kib") mul = 1024.0;
-  else if (unit == "m" || unit == "mb" || unit == "mib") mul = 1024.0 * 1024;
-  else if (unit == "g" || unit == "gb" || unit == "gib") mul = 1024.0 * 1024 * 1024;
-  else throw Error(strprintf("'%s': unknown unit '%s' (B, KiB, MiB, GiB)", s.c_str(), unit.c_str()));
-  const double bytes = v * mul;
-  KVTRIM_CHECK(bytes >= 1 && bytes < 1e15, "'%s' is not a sensible size", s.c_str());
-  return static_cast<size_t>(bytes);
-}
 
 namespace {
 
@@ -71,6 +49,14 @@ void serve(const ServeOptions& o) {
   so.n_parallel = o.parallel;
   so.n_batch = o.common.batch;
   so.kv_budget = o.kv_budget.empty() ? 0 : parse_byte_size(o.kv_budget);
+  if (so.kv_budget > 0) {  // the budget is what the caches may take: it must exist
+    const char* source = nullptr;
+    const size_t avail = available_memory_bytes(&source);
+    KVTRIM_CHECK(avail == 0 || so.kv_budget <= avail,
+                 "--kv-budget %s is more than the %s of memory available (%s); a budget the machine cannot "
+                 "hold would end in the out-of-memory killer, not in 503s",
+                 human_bytes(so.kv_budget).c_str(), human_bytes(avail).c_str(), source);
+  }
   so.press = o.press;
   so.pressure_press = o.pressure_press;
   so.max_queue = o.queue;
@@ -79,6 +65,7 @@ void serve(const ServeOptions& o) {
   so.kv_k = sp.kv_dtype_k.value_or(sp.kv_dtype);
   so.kv_v = sp.kv_dtype_v.value_or(sp.kv_dtype);
   so.kv_rotate = sp.kv_rotate;
+  so.kv_mem_limit = sp.kv_mem_limit;
   if (!so.press.empty()) make_press(so.press);  // a bad press fails before the model loads
   if (!so.pressure_press.empty()) make_press(so.pressure_press);
   auto model = load_model(o.common);

@@ -1,3 +1,4 @@
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -5,6 +6,8 @@
 
 #include "cli.h"
 #include "core/error.h"
+#include "core/memory.h"
+#include "core/thread_pool.h"
 #include "core/timer.h"
 
 namespace kvtrim::cli {
@@ -12,10 +15,12 @@ namespace kvtrim::cli {
 void add_common_options(CLI::App* app, CommonOptions& o) {
   app->add_option("-m,--model", o.model, "model: installed name (smollm2, qwen2.5-coder-1.5b, gemma3-270m) or a .gguf path")
       ->capture_default_str();
-  app->add_option("-t,--threads", o.threads, "threads (0 = all cores)")->capture_default_str()->check(CLI::NonNegativeNumber);
+  app->add_option("-t,--threads", o.threads, "threads (0 = all cores)")
+      ->capture_default_str()->check(CLI::Range(0, ThreadPool::kMaxThreads));
   app->add_option("-c,--ctx", o.ctx, "context limit in tokens (0 = the model's training context)")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
-  app->add_option("-b,--batch", o.batch, "prefill chunk size in tokens")->capture_default_str()->check(CLI::PositiveNumber);
+  app->add_option("-b,--batch", o.batch, "prefill chunk size in tokens")
+      ->capture_default_str()->check(CLI::Range(1, 1 << 16));
   const std::vector<std::string> types = {"f16", "f32", "bf16", "q8", "q8_0", "fp8", "fp8_e4m3", "q4", "q4_0"};
   app->add_option("--kv-type", o.kv_type,
                   "precision of stored keys and values: f16, f32, bf16, q8 (= q8_0), fp8 (e4m3), q4 (= q4_0)")
@@ -24,6 +29,9 @@ void add_common_options(CLI::App* app, CommonOptions& o) {
       ->check(CLI::IsMember(types));
   app->add_option("--cache-type-v", o.cache_type_v, "precision of stored values, also -ctv (default: --kv-type)")
       ->check(CLI::IsMember(types));
+  app->add_option("--mem-limit", o.mem_limit,
+                  "most memory the KV cache may take, e.g. 2GiB: a longer --ctx or prompt is refused before "
+                  "allocation (default: the memory the OS reports available; off: no check)");
   app->add_flag("--no-kv-rotate", o.no_kv_rotate,
                 "store q8 / q4 keys and values as they are, without the Hadamard rotation "
                 "that spreads outlier channels before quantization");
@@ -99,15 +107,38 @@ SessionParams session_params(const CommonOptions& o) {
   if (!o.cache_type_k.empty()) p.kv_dtype_k = kv_dtype_from_name(o.cache_type_k);
   if (!o.cache_type_v.empty()) p.kv_dtype_v = kv_dtype_from_name(o.cache_type_v);
   p.kv_rotate = !o.no_kv_rotate;
+  if (o.mem_limit == "off") {
+    p.kv_mem_limit = -1;
+  } else if (!o.mem_limit.empty()) {
+    p.kv_mem_limit = static_cast<int64_t>(parse_byte_size(o.mem_limit));
+  }
   return p;
 }
 
-std::string human_bytes(size_t n) {
-  const double v = static_cast<double>(n);
-  if (v >= 1024.0 * 1024 * 1024) return strprintf("%.2f GiB", v / (1024.0 * 1024 * 1024));
-  if (v >= 1024.0 * 1024) return strprintf("%.2f MiB", v / (1024.0 * 1024));
-  if (v >= 1024.0) return strprintf("%.1f KiB", v / 1024.0);
-  return strprintf("%zu B", n);
+std::string human_bytes(size_t n) { return format_bytes(n); }
+
+// "512MiB", "2G", "1.5GiB", "1000000" (bytes); K/M/G are binary multiples, as llama.cpp's sizes.
+size_t parse_byte_size(const std::string& s) {
+  size_t i = 0;
+  while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) ++i;
+  KVTRIM_CHECK(i > 0, "'%s' is not a size (e.g. 512MiB, 2GiB, 1000000)", s.c_str());
+  double v = 0;
+  try {
+    v = std::stod(s.substr(0, i));
+  } catch (...) {
+    throw Error(strprintf("'%s' is not a size (e.g. 512MiB, 2GiB, 1000000)", s.c_str()));
+  }
+  std::string unit = s.substr(i);
+  for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  double mul = 1;
+  if (unit.empty() || unit == "b") mul = 1;
+  else if (unit == "k" || unit == "kb" || unit == "kib") mul = 1024.0;
+  else if (unit == "m" || unit == "mb" || unit == "mib") mul = 1024.0 * 1024;
+  else if (unit == "g" || unit == "gb" || unit == "gib") mul = 1024.0 * 1024 * 1024;
+  else throw Error(strprintf("'%s': unknown unit '%s' (B, KiB, MiB, GiB)", s.c_str(), unit.c_str()));
+  const double bytes = v * mul;
+  KVTRIM_CHECK(bytes >= 1 && bytes < 1e15, "'%s' is not a sensible size", s.c_str());
+  return static_cast<size_t>(bytes);
 }
 
 std::string kv_bytes_line(const KvCache& c) {

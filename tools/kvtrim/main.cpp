@@ -1,5 +1,8 @@
 // kvtrim: run, chat, ppl, inspect, bench, eval, calibrate, serve. Library errors (kvtrim::Error) are printed as
 // "kvtrim: error: ..." with exit code 1; command-line mistakes exit with code 2.
+#include <signal.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -9,7 +12,28 @@
 #include "cli.h"
 #include "core/error.h"
 
+namespace {
+
+// Models and calibration files are memory-mapped (model/gguf.h). Truncating or rewriting one in
+// place while kvtrim runs turns the next read of a dropped page into SIGBUS; say so instead of
+// dying with "Bus error". (Replacing a file by renaming a new copy over it is safe: the mapping
+// keeps the old file.) Only async-signal-safe calls here.
+void on_sigbus(int) {
+  static const char kMsg[] =
+      "kvtrim: error: bus error reading a memory-mapped file: a model or calibration file was truncated or "
+      "rewritten while kvtrim was using it (replace such files by renaming a new copy over them)\n";
+  ssize_t w = ::write(STDERR_FILENO, kMsg, sizeof kMsg - 1);
+  (void)w;
+  ::_exit(1);
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
+  struct sigaction sa {};
+  sa.sa_handler = on_sigbus;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGBUS, &sa, nullptr);
   CLI::App app{"kvtrim: long-context LLM inference with a compressible KV cache"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "kvtrim 0.1.0");
