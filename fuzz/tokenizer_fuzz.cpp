@@ -17,6 +17,7 @@
 #include "fuzz_util.h"
 #include "model/gguf.h"
 #include "model/tokenizer.h"
+#include "model/tokenizer_unicode.h"
 
 using namespace kvtrim;
 
@@ -40,19 +41,8 @@ bool byte_has_token(const Tokenizer& tok, bool spm, int b) {
     std::snprintf(hex, sizeof hex, "<0x%02X>", b);
     return tok.token_id(hex) >= 0 || tok.token_id(std::string(1, static_cast<char>(b))) >= 0;
   }
-  auto printable = [](int c) { return (c >= 33 && c <= 126) || (c >= 161 && c <= 172) || (c >= 174 && c <= 255); };
-  int cp = b;
-  if (!printable(b)) {
-    cp = 256;
-    for (int c = 0; c < b; ++c) cp += printable(c) ? 0 : 1;
-  }
   std::string s;
-  if (cp < 0x80) {
-    s += static_cast<char>(cp);
-  } else {
-    s += static_cast<char>(0xC0 | (cp >> 6));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  }
+  tok::utf8_append(tok::byte_to_cpt(static_cast<uint8_t>(b)), &s);
   return tok.token_id(s) >= 0;
 }
 

@@ -41,11 +41,12 @@ run_one() {
   local t="$1" secs="$2" build="$3" ledger="$4"
   local corpus=build/fuzz/corpus/$t art=build/fuzz/artifacts/$t/ log=build/fuzz/logs/$t.log
   mkdir -p "$corpus" "$art"
-  local rc=0
+  local rc=0 t0=$SECONDS
   # -timeout: one input taking 10 s is a hang; -rss_limit_mb / -malloc_limit_mb: memory blowups.
   "$build/fuzz/fuzz_$t" "$corpus" "fuzz/corpus/$t" -max_total_time="$secs" -timeout=10 \
     -rss_limit_mb=2048 -malloc_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$art" \
     >"$log" 2>&1 || rc=$?
+  local ran=$((SECONDS - t0))  # what it ran, not what was asked (a failure stops it early)
   local execs eps cov ft corp
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
   eps=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
@@ -55,9 +56,9 @@ run_one() {
   local result=ok
   [ "$rc" -ne 0 ] && result="FAILED (exit $rc, see $log)"
   printf '{"date": "%s", "target": "%s", "seconds": %s, "execs": %s, "exec_per_s": %s, "cov": %s, "ft": %s, "corpus": %s, "result": "%s"}\n' \
-    "$(date -u +%FT%TZ)" "$t" "$secs" "${execs:-0}" "${eps:-0}" "${cov:-0}" "${ft:-0}" "$corp" "$result" >>"$ledger"
+    "$(date -u +%FT%TZ)" "$t" "$ran" "${execs:-0}" "${eps:-0}" "${cov:-0}" "${ft:-0}" "$corp" "$result" >>"$ledger"
   printf '%-14s %4ss  %10s execs  %7s exec/s  cov %6s  ft %6s  corpus %5s  %s\n' \
-    "$t" "$secs" "${execs:-0}" "${eps:-0}" "${cov:-0}" "${ft:-0}" "$corp" "$result"
+    "$t" "$ran" "${execs:-0}" "${eps:-0}" "${cov:-0}" "${ft:-0}" "$corp" "$result"
   return "$rc"
 }
 export -f run_one

@@ -5,20 +5,7 @@ set -u
 bin="${KVTRIM_BIN:?KVTRIM_BIN not set}"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-pass=0; failed=0
-
-expect() {  # expect RC REGEX ARGS...
-  local rc="$1" re="$2"; shift 2
-  # every case fails before any real work: a time limit turns a case that runs by mistake
-  # (a grid that became valid) into a quick failure, not an hour-long CI run
-  local out; out=$(timeout 60 "$bin" "$@" 2>&1 >/dev/null); local got=$?
-  if [ "$got" -eq "$rc" ] && [[ "$out" =~ $re ]]; then
-    pass=$((pass + 1))
-  else
-    failed=$((failed + 1))
-    echo "FAIL: kvtrim $* -> exit $got (want $rc), stderr: $out" | head -c 600; echo
-  fi
-}
+source "$(dirname "$0")/expect.sh"
 
 printf 'NOPE\x03\x00\x00\x00' > "$tmp/wrong_magic.gguf"
 printf 'GGUF\x03\x00\x00\x00\x01' > "$tmp/truncated.gguf"

@@ -8,17 +8,7 @@ bin="${KVTRIM_BIN:?KVTRIM_BIN not set}"
 writer="${KVTRIM_TINY_WRITER:?KVTRIM_TINY_WRITER not set}"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-pass=0; failed=0
-expect() {  # expect RC REGEX ARGS...
-  local rc="$1" re="$2"; shift 2
-  local out; out=$(timeout 60 "$bin" "$@" 2>&1 >/dev/null); local got=$?
-  if [ "$got" -eq "$rc" ] && [[ "$out" =~ $re ]]; then
-    pass=$((pass + 1))
-  else
-    failed=$((failed + 1))
-    echo "FAIL: kvtrim $* -> exit $got (want $rc), stderr: $out" | head -c 800; echo
-  fi
-}
+source "$(dirname "$0")/expect.sh"
 
 model=$("$writer" llama 65536 "$tmp") || { echo "cannot write the tiny model"; exit 1; }
 long=$(for i in $(seq 1 300); do printf 'word%d ' "$i"; done)

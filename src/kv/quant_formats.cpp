@@ -47,7 +47,9 @@ float q8_encode(const float* x, int64_t d, int8_t* codes, int64_t stride) {
   const float inv = scale > 0 ? 1.f / scale : 0.f;
   for (int64_t i = 0; i < d; ++i) {
     const float c = std::nearbyint(x[i] * inv);
-    codes[i * stride] = static_cast<int8_t>(std::clamp(c, -127.f, 127.f));
+    // NaN (a NaN or inf in the row, from a damaged model) is stored as 0: converting it would
+    // be undefined, and the row's scale is NaN or inf anyway.
+    codes[i * stride] = c == c ? static_cast<int8_t>(std::clamp(c, -127.f, 127.f)) : int8_t{0};
   }
   return scale;
 }
@@ -74,7 +76,9 @@ uint16_t q4_encode_block(const float* x, int64_t n, uint8_t* codes) {
   for (int64_t j = 0; j < n; ++j) {
     const float y = x[j] * id;  // in [-8, 8] up to rounding, so y + 8.5 > 0 and trunc = floor
     const float z = y + 8.5f;
-    codes[j] = static_cast<uint8_t>(std::clamp(static_cast<int>(z), 0, 15));
+    // Clamped as a float first (the same codes as llama.cpp's MIN(15, (int8_t)z) for every
+    // finite z in range): a NaN or huge z from a non-finite row must not reach the conversion.
+    codes[j] = static_cast<uint8_t>(static_cast<int>(std::clamp(z == z ? z : 8.f, 0.f, 15.f)));
   }
   return fp32_to_fp16(d);
 }
