@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "core/memory.h"
 #include "core/timer.h"
+#include "engine/limit_error.h"
 #include "engine/press_runner.h"
 
 namespace kvtrim {
@@ -53,11 +54,12 @@ void Session::check_room(int64_t n_new) const {
   // (reading /proc costs ~tens of microseconds, a decode step milliseconds).
   if (n_new > 1 || (n_past() & 255) == 0) check_memory(n_new > 1 ? n_new : 256);
   const int64_t need = static_cast<int64_t>(n_past()) + n_new;
-  KVTRIM_CHECK(need <= n_ctx_,
-               "context full: %lld tokens in context + %lld new = %lld exceeds the context limit of %lld "
-               "tokens (model limit %d; set --ctx up to it)",
-               static_cast<long long>(n_past()), static_cast<long long>(n_new),
-               static_cast<long long>(need), static_cast<long long>(n_ctx_), model_.hparams().n_ctx_train);
+  if (need > n_ctx_)
+    throw LimitError(strprintf("context full: %lld tokens in context + %lld new = %lld exceeds the context limit of "
+                               "%lld tokens (model limit %d; set --ctx up to it)",
+                               static_cast<long long>(n_past()), static_cast<long long>(n_new),
+                               static_cast<long long>(need), static_cast<long long>(n_ctx_),
+                               model_.hparams().n_ctx_train));
 }
 
 // The uncompressed bytes of n_new more tokens against the limit (SessionParams::kv_mem_limit).
@@ -82,12 +84,12 @@ void Session::check_memory(int64_t n_new) const {
   }
   if (need <= room) return;
   const bool whole = n_past() == 0 && n_new == n_ctx_;
-  fail("%s %lld tokens would need %s of uncompressed KV cache (%s keys / %s values: %s per token over %d "
+  throw LimitError(strprintf("%s %lld tokens would need %s of uncompressed KV cache (%s keys / %s values: %s per token over %d "
        "layers x %d kv heads), more than %s; use a smaller %s, a quantized cache (-ctk / -ctv q8_0 or q4_0), or "
        "--mem-limit to set the limit (--mem-limit off: no check)",
        whole ? "a context of" : "adding", static_cast<long long>(n_new), format_bytes(need).c_str(),
        kv_dtype_name(cfg.type_k()), kv_dtype_name(cfg.type_v()), format_bytes(per_token).c_str(), cfg.n_layer,
-       cfg.n_head_kv, what.c_str(), whole ? "--ctx" : "prompt or --ctx");
+       cfg.n_head_kv, what.c_str(), whole ? "--ctx" : "prompt or --ctx"));
 }
 
 void Session::check_tokens(const int32_t* tokens, int64_t n) const {

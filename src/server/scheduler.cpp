@@ -7,6 +7,7 @@
 #include "core/log.h"
 #include "core/thread_pool.h"
 #include "core/timer.h"
+#include "engine/limit_error.h"
 #include "engine/press_runner.h"
 #include "engine/session.h"
 #include "model/model.h"
@@ -375,6 +376,8 @@ bool Scheduler::admit_front() {
   views_dirty_ = true;
   try {
     prepare_slot(*best, *j);
+  } catch (const LimitError& e) {  // the slot's context cannot fit the memory limit
+    fail(*best, 503, e.what());
   } catch (const std::exception& e) {
     fail(*best, 500, e.what());
   }
@@ -456,7 +459,7 @@ void Scheduler::step() {
       in_step.push_back(s.get());
     }
   }
-  const int64_t n_decode = static_cast<int64_t>(chunks.size());
+  int64_t n_decode = static_cast<int64_t>(chunks.size());
   Slot* pre = nullptr;
   int64_t n_pre = 0;
   for (int i = 0; i < opt_.n_parallel && !pre; ++i) {
@@ -473,6 +476,31 @@ void Scheduler::step() {
   const double t0 = now_seconds();
   try {
     Session::step_batch(chunks);
+  } catch (const LimitError& e) {
+    // Refused before any work (a slot's context or memory limit): find the slot(s) at fault by
+    // stepping each alone, so that the others are not failed with them.
+    if (chunks.size() == 1) {
+      fail(*in_step[0], 503, e.what());
+      return;
+    }
+    std::vector<SessionChunk> ok_chunks;
+    std::vector<Slot*> ok_slots;
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      try {
+        Session::step_batch({chunks[i]});
+        ok_chunks.push_back(chunks[i]);
+        ok_slots.push_back(in_step[i]);
+      } catch (const LimitError& e1) {
+        fail(*in_step[i], 503, e1.what());
+      } catch (const std::exception& e1) {
+        fail(*in_step[i], 500, e1.what());
+      }
+    }
+    chunks.swap(ok_chunks);
+    in_step.swap(ok_slots);
+    if (pre && std::find(in_step.begin(), in_step.end(), pre) == in_step.end()) n_pre = 0;
+    n_decode = std::count_if(chunks.begin(), chunks.end(), [](const SessionChunk& c) { return c.decode; });
+    if (chunks.empty()) return;
   } catch (const std::exception& e) {
     for (Slot* s : in_step) fail(*s, 500, e.what());
     return;

@@ -292,6 +292,17 @@ TEST_F(ServerTest, ClientGoneMidStream) {
   EXPECT_EQ(r->status, 200);
 }
 
+// Without a budget, a slot whose context cannot fit the KV memory limit (--mem-limit) is a 503
+// naming the numbers, and the server goes on.
+TEST_F(ServerTest, MemoryLimitIsA503) {
+  ServerOptions so;
+  so.kv_mem_limit = 4096;  // bytes: far less than a 256-token context
+  start(so);
+  auto r = post("/v1/completions", completion_body(prompt(20, 1), 4));
+  expect_error(r, 503, "a context of 256 tokens would need");
+  EXPECT_EQ(client_->Get("/health")->status, 200);
+}
+
 // The budget: a request that cannot fit alone is a 503 at once; with room for about one
 // conversation, the next one first compresses the idle conversation with the pressure press.
 TEST_F(ServerTest, BudgetRefusesCompressesAndEvicts) {
