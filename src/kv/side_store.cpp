@@ -15,6 +15,13 @@ namespace {
 
 int n_blocks(int s) { return static_cast<int>(q4_blocks(s)); }
 
+// The q4 code of z = x·id + 8.5: floor(z) clamped to [0, 15], clamped as a float so that a NaN
+// or huge z (a non-finite row, from a damaged model) never reaches an undefined conversion; NaN
+// gives 8 (zero).
+int q4_code(float z) {
+  return z == z ? static_cast<int>(std::clamp(std::floor(z), 0.f, 15.f)) : 8;
+}
+
 // q4 codes of x [n]: q4_0's layout (code c stands for scale·(c − 8), codes 0..15) with the
 // scale searched: q4_0's own choice m / −8 (m = the element of largest |x|, signed) and four
 // smaller ones (m / −8 · {15/16, 7/8, 13/16, 3/4}, which clip the largest element for a finer
@@ -35,7 +42,7 @@ float q4_encode_any(const float* x, int64_t n, uint8_t* codes, bool round_f16) {
     const float ds = round_f16 ? fp16_to_fp32(fp32_to_fp16(d)) : d;
     float err = 0;
     for (int64_t j = 0; j < n; ++j) {
-      const int c = std::clamp(static_cast<int>(std::floor(x[j] * id + 8.5f)), 0, 15);
+      const int c = q4_code(x[j] * id + 8.5f);
       const float e = x[j] - ds * static_cast<float>(c - 8);
       err += e * e;
     }
@@ -46,7 +53,7 @@ float q4_encode_any(const float* x, int64_t n, uint8_t* codes, bool round_f16) {
   }
   const float id = best_d != 0.f ? 1.f / best_d : 0.f;
   for (int64_t j = 0; j < n; ++j)
-    codes[j] = static_cast<uint8_t>(std::clamp(static_cast<int>(std::floor(x[j] * id + 8.5f)), 0, 15));
+    codes[j] = static_cast<uint8_t>(q4_code(x[j] * id + 8.5f));
   return best_d;
 }
 
