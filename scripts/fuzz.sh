@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the libFuzzer targets (fuzz/, built by the debug preset: clang + ASan + UBSan).
 #
-#   scripts/fuzz.sh [-t SECONDS] [-j JOBS] [--build DIR] [--ledger FILE] [TARGET ...]
+#   scripts/fuzz.sh [-t SECONDS] [-j JOBS] [--seed N] [--build DIR] [--ledger FILE] [TARGET ...]
 #
 # Each target runs for SECONDS (default 20) over its working corpus build/fuzz/corpus/<t>
 # (kept between runs, so longer runs build on earlier ones) seeded from fuzz/corpus/<t>.
@@ -9,13 +9,16 @@
 # and names them: fix the bug, then copy the input into fuzz/regressions/<t>/ (replayed by
 # ctest in every build). One line per run (time, executions, exec/s, coverage, result) is
 # appended to FILE (default build/fuzz/runs.jsonl; docs/results/fuzz/runs.jsonl is the
-# record of the long runs). JOBS targets run at once (default: the number of cores).
+# record of the long runs). JOBS targets run at once (default: the number of cores). --seed N:
+# libFuzzer's random seed (default 0: a new one each run; CI passes 1 so that its runs mutate
+# the same way each time).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=20
 jobs=$(nproc)
 build=build/debug
 ledger=build/fuzz/runs.jsonl
+seed=0
 targets=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -23,7 +26,8 @@ while [ $# -gt 0 ]; do
     -j) jobs="$2"; shift 2 ;;
     --build) build="$2"; shift 2 ;;
     --ledger) ledger="$2"; shift 2 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    --seed) seed="$2"; shift 2 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     -*) echo "fuzz.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
     *) targets+=("$1"); shift ;;
   esac
@@ -35,16 +39,17 @@ for t in "${targets[@]}"; do
   [ -x "$build/fuzz/fuzz_$t" ] || { echo "fuzz.sh: $build/fuzz/fuzz_$t is not built (scripts/build.sh debug)" >&2; exit 2; }
 done
 [[ "$secs" =~ ^[1-9][0-9]*$ ]] || { echo "fuzz.sh: -t wants a positive number of seconds" >&2; exit 2; }
+[[ "$seed" =~ ^[0-9]+$ ]] || { echo "fuzz.sh: --seed wants a non-negative integer" >&2; exit 2; }
 mkdir -p build/fuzz/logs "$(dirname "$ledger")"
 
 run_one() {
-  local t="$1" secs="$2" build="$3" ledger="$4"
+  local t="$1" secs="$2" build="$3" ledger="$4" seed="$5"
   local corpus=build/fuzz/corpus/$t art=build/fuzz/artifacts/$t/ log=build/fuzz/logs/$t.log
   mkdir -p "$corpus" "$art"
   local rc=0 t0=$SECONDS
   # -timeout: one input taking 10 s is a hang; -rss_limit_mb / -malloc_limit_mb: memory blowups.
   "$build/fuzz/fuzz_$t" "$corpus" "fuzz/corpus/$t" -max_total_time="$secs" -timeout=10 \
-    -rss_limit_mb=2048 -malloc_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$art" \
+    -rss_limit_mb=2048 -malloc_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$art" -seed="$seed" \
     >"$log" 2>&1 || rc=$?
   local ran=$((SECONDS - t0))  # what it ran, not what was asked (a failure stops it early)
   local execs eps cov ft corp
@@ -66,7 +71,7 @@ stamp=$(mktemp)
 trap 'rm -f "$stamp"' EXIT
 echo "fuzzing ${#targets[@]} targets for ${secs}s each, $jobs at a time (logs: build/fuzz/logs/)"
 status=0
-printf '%s\n' "${targets[@]}" | xargs -P "$jobs" -I{} bash -c 'run_one "$@"' _ {} "$secs" "$build" "$ledger" || status=$?
+printf '%s\n' "${targets[@]}" | xargs -P "$jobs" -I{} bash -c 'run_one "$@"' _ {} "$secs" "$build" "$ledger" "$seed" || status=$?
 if [ "$status" -ne 0 ]; then
   echo "fuzz.sh: a target failed; inputs that reproduce it:" >&2
   find build/fuzz/artifacts -type f -newer "$stamp" >&2 || true

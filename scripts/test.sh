@@ -12,5 +12,5 @@ ctest --preset ci -j 2
 if [ "${KVTRIM_NO_ASAN:-0}" != "1" ]; then
   scripts/build.sh debug
   ctest --preset debug -L quick -j 2
-  scripts/fuzz.sh -t "${KVTRIM_FUZZ_SECONDS:-20}"
+  scripts/fuzz.sh -t "${KVTRIM_FUZZ_SECONDS:-20}" --seed 1
 fi

@@ -61,6 +61,11 @@ void ModelLoader::load_hparams() {
   hp.n_ctx_train = get_dim("context_length");
   hp.n_embd = get_dim("embedding_length");
   hp.n_layer = get_dim("block_count");
+  // Every layer has its own tensors: a count past the file's tensors is corrupt, and is refused
+  // before anything is sized by it (found by fuzz/model: 2^30 layers sized an 80 GB vector).
+  KVTRIM_CHECK(static_cast<size_t>(hp.n_layer) <= f_.tensors().size(),
+               "%s: %s = %d, but the file has only %zu tensors (corrupt metadata?)", path,
+               key("block_count").c_str(), hp.n_layer, f_.tensors().size());
   hp.n_ff = get_dim("feed_forward_length");
   hp.n_head = get_dim("attention.head_count");
   hp.n_head_kv = get_dim("attention.head_count_kv", hp.n_head);
