@@ -50,8 +50,8 @@ Session::Session(const Model& model, SessionParams p)
 Session::~Session() = default;
 
 void Session::check_room(int64_t n_new) const {
-  // Memory: every multi-token step (prefill chunks, questions), and decode every 256 positions
-  // (reading /proc costs ~tens of microseconds, a decode step milliseconds).
+  // Memory: every multi-token step (prefill chunks, questions), and decode only every 256
+  // positions, so that a decode step does not read /proc each time.
   if (n_new > 1 || (n_past() & 255) == 0) check_memory(n_new > 1 ? n_new : 256);
   const int64_t need = static_cast<int64_t>(n_past()) + n_new;
   if (need > n_ctx_)
