@@ -11,6 +11,8 @@
 // inside tensor data, which the GGUF structure cannot notice, is reported as damage.
 #include "calib/calibration.h"
 
+#include "calib/stief_fits.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -258,6 +260,17 @@ void Calibration::set_layer_io(std::vector<LayerIoSample> io) {
   layer_io_ = std::move(io);
 }
 
+const StiefFits& Calibration::stief() const {
+  KVTRIM_CHECK(stief_, "the calibration holds no StiefAttention bases (run `kvtrim calibrate "
+               "--stief`; see docs/stiefattention.md)");
+  return *stief_;
+}
+
+void Calibration::set_stief(std::shared_ptr<const StiefFits> s) {
+  if (s) s->validate(n_layer_);
+  stief_ = std::move(s);
+}
+
 std::vector<BasisMethod> Calibration::methods() const {
   std::vector<BasisMethod> out;
   for (const auto& [m, f] : fits_) out.push_back(m);
@@ -294,11 +307,7 @@ void Calibration::save(const std::string& path) const {
   for (const auto& [k, v] : meta) w.set_string(kMetaPrefix + k, v);
 
   // Tensors are gathered first, so the checksum (a key, written before the data) covers them.
-  struct T {
-    std::string name;
-    std::vector<int64_t> ne;
-    std::vector<float> data;
-  };
+  using T = CalibTensor;
   std::vector<T> ts;
   auto per_head = [&](const std::string& name, int d, bool square, auto get) {
     T t{name, square ? std::vector<int64_t>{d, d, H} : std::vector<int64_t>{d, H}, {}};
@@ -369,6 +378,7 @@ void Calibration::save(const std::string& path) const {
       ts.push_back({tname(il, "io.x_out"), {s.n_embd, s.n_rows}, s.x_out});
     }
   }
+  if (stief_) stief_write(*stief_, w, &ts);
   Hasher h;
   for (const T& t : ts) h.bytes(t.data.data(), t.data.size() * sizeof(float));
   w.set_string(std::string(kPrefix) + "checksum", hex64(h.finish()));
@@ -408,10 +418,11 @@ Calibration Calibration::from_gguf(const GgufFile& f, const Model* model, bool v
   const std::string P = kPrefix;
   try {
     const int64_t version = f.get_int(P + "version", -1);
-    KVTRIM_CHECK(version == kFormatVersion,
-                 "calibration file '%s' has format version %lld; this kvtrim reads version %d "
-                 "(re-run `kvtrim calibrate`)",
-                 path.c_str(), static_cast<long long>(version), kFormatVersion);
+    KVTRIM_CHECK(version >= kOldestFormatVersion && version <= kFormatVersion,
+                 "calibration file '%s' has format version %lld; this kvtrim reads versions %d "
+                 "to %d (re-run `kvtrim calibrate`)",
+                 path.c_str(), static_cast<long long>(version), kOldestFormatVersion,
+                 kFormatVersion);
     ModelFingerprint mf;
     mf.arch = f.get_string(P + "model.arch");
     mf.name = f.get_string(P + "model.name");
@@ -521,6 +532,9 @@ Calibration Calibration::from_gguf(const GgufFile& f, const Model* model, bool v
       }
       c.set_layer_io(std::move(io));
     }
+    if (version >= 2 && stief_present(f))
+      c.set_stief(std::make_shared<StiefFits>(
+          stief_read(f, path, L, H, mf.head_dim_k, mf.head_dim_v)));
     const std::string mp = kMetaPrefix;
     for (const auto& [k, v] : f.metadata())
       if (k.starts_with(mp) && v.type == GgufValueType::STRING)

@@ -15,6 +15,7 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,7 @@ namespace kvtrim {
 class GgufFile;
 
 class Model;
+struct StiefFits;
 
 enum class BasisMethod { kKSvd, kEigenAttention, kKqSvd, kStaticPca, kSwan };
 // "ksvd", "eigenattention", "kqsvd", "staticpca", "swan"
@@ -87,7 +89,9 @@ ModelFingerprint model_fingerprint(const Model& model);
 
 class Calibration {
  public:
-  static constexpr int kFormatVersion = 1;
+  // Version 2 added StiefAttention's section (src/calib/stief_fits.h); version 1 files load.
+  static constexpr int kFormatVersion = 2;
+  static constexpr int kOldestFormatVersion = 1;
 
   Calibration() = default;
   Calibration(ModelFingerprint fp, int n_layer, int n_head_kv);
@@ -126,6 +130,12 @@ class Calibration {
 
   std::vector<BasisMethod> methods() const;  // the methods with fits, in enum order
 
+  // StiefAttention's bases, error surfaces and EigenAttention walk (`kvtrim calibrate --stief`).
+  bool has_stief() const { return stief_ != nullptr; }
+  // Throws Error naming the `kvtrim calibrate --stief` command when the file holds none.
+  const StiefFits& stief() const;
+  void set_stief(std::shared_ptr<const StiefFits> s);
+
   // Free-form provenance: calibration text, sequences x length, kvtrim version, date.
   std::map<std::string, std::string> meta;
 
@@ -135,6 +145,7 @@ class Calibration {
   std::map<BasisMethod, std::vector<HeadFit>> fits_;
   std::vector<HeadStats> stats_;
   std::vector<LayerIoSample> layer_io_;
+  std::shared_ptr<const StiefFits> stief_;
 };
 
 }  // namespace kvtrim
