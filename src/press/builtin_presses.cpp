@@ -17,6 +17,7 @@ std::vector<PressInfo> builtin_press_infos() {
   v.push_back(kvcompose_press_info());
   v.push_back(ksvd_press_info());
   v.push_back(eigenattention_press_info());
+  v.push_back(stiefattention_press_info());
   v.push_back(kqsvd_press_info());
   v.push_back(staticpca_press_info());
   v.push_back(ojakv_press_info());

@@ -19,6 +19,7 @@ PressInfo adakv_press_info();         // token/adakv.cpp (wrapper)
 PressInfo kvcompose_press_info();     // token/kvcompose.cpp
 PressInfo ksvd_press_info();           // basis/static_bases.cpp
 PressInfo eigenattention_press_info(); // basis/static_bases.cpp
+PressInfo stiefattention_press_info(); // basis/stiefattention.cpp
 PressInfo kqsvd_press_info();          // basis/static_bases.cpp
 PressInfo staticpca_press_info();      // basis/static_bases.cpp
 PressInfo ojakv_press_info();          // basis/ojakv.cpp

@@ -59,12 +59,18 @@ void run_one(const std::string& spec, double ratio, bool evicts, Model& model,
 }
 
 TEST_F(BasisSweep, EveryLowRankPressEveryRatioEveryVariant) {
-  test::CalibrationScope scope(test::tiny_calibration(*model_, capture(test::calib_tokens())));
+  test::CalibrationScope scope(test::with_stief_fits(
+      *model_, *test::tiny_calibration(*model_, capture(test::calib_tokens()))));
   int n_runs = 0;
   for (const auto& info : press_registry()) {
     if (!info.feature_axis) continue;
-    for (double ratio : {0.0, 0.25, 0.5, 0.9}) {
-      const std::string base = info.name + strprintf(":ratio=%g", ratio);
+    const bool stief = info.name == "stiefattention";
+    // stiefattention: fixed ranks must be trained candidates (4, 8, 12 of 16), and eps = 1 lets
+    // every layer take the smallest pair (4, 4): ratio 0.75
+    for (double ratio : stief ? std::vector<double>{0.25, 0.5, 0.75, -1}
+                              : std::vector<double>{0.0, 0.25, 0.5, 0.9}) {
+      const std::string base = ratio < 0 ? info.name + ":eps=1" : info.name + strprintf(":ratio=%g", ratio);
+      if (ratio < 0) ratio = 0.75;
       const std::string t = info.name == "ojakv" ? ",T=2" : "";  // OjaKV updates during generation
       run_one(base + t, ratio, false, *model_, params(), tokens(kN));
       run_one(base + t + ",prefill=full", ratio, false, *model_, params(), tokens(kN));
@@ -73,7 +79,7 @@ TEST_F(BasisSweep, EveryLowRankPressEveryRatioEveryVariant) {
       n_runs += 4;
     }
   }
-  EXPECT_EQ(n_runs, 5 * 4 * 4);
+  EXPECT_EQ(n_runs, 6 * 4 * 4);
 }
 
 }  // namespace

@@ -4,10 +4,12 @@
 #pragma once
 #include <cmath>
 #include <memory>
+#include <random>
 #include <vector>
 
 #include "calib/calibration.h"
 #include "calib/lowrank.h"
+#include "calib/stief_fits.h"
 #include "ops/dequant.h"
 #include "press/basis/lowrank_press.h"
 #include "press_fixture.h"
@@ -95,6 +97,46 @@ struct CalibrationScope {
   }
   ~CalibrationScope() { set_calibration_override(nullptr); }
 };
+
+// Hand-made StiefAttention fits for the tiny model (candidates 4, 8, 12 of d = 16): random
+// orthonormal bases (seeded), error surfaces that grow with depth and with the removed rank, an
+// EigenAttention walk likewise; attached to a copy of `base`.
+inline std::shared_ptr<Calibration> with_stief_fits(const Model& model, const Calibration& base) {
+  const HParams& hp = model.hparams();
+  auto f = std::make_shared<StiefFits>();
+  f->dk = hp.head_dim_k;
+  f->dv = hp.head_dim_v;
+  f->n_head_kv = hp.n_head_kv;
+  f->ranks_k = {4, 8, 12};
+  f->ranks_v = {4, 8, 12};
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd;
+  auto basis = [&](int d) {
+    std::vector<float> U(static_cast<size_t>(d) * d);
+    for (float& x : U) x = nd(rng);
+    orthonormalize(U.data(), d, d);
+    return U;
+  };
+  for (int il = 0; il < hp.n_layer; ++il) {
+    StiefLayerFit L;
+    for (int i = 0; i < 3; ++i) {
+      L.key.push_back(basis(f->dk));
+      L.value.emplace_back();
+      for (int h = 0; h < hp.n_head_kv; ++h) L.value.back().push_back(basis(f->dv));
+    }
+    const double hard = 1.0 + il;  // errors grow with depth
+    for (int i = 0; i < 4; ++i)
+      for (int j = 0; j < 4; ++j)
+        L.surface.push_back(i == 3 && j == 3 ? 0.0 : hard * 0.01 * ((3 - i) * 1.3 + (3 - j)));
+    L.eig_tau = {0.5, 0.8, 0.95, 1.0};
+    L.eig_err = {hard * 0.3, hard * 0.1, hard * 0.03, 0.0};
+    L.diag.assign(kDiagCount, 0.0);
+    f->layers.push_back(L);
+  }
+  auto c = std::make_shared<Calibration>(base);
+  c->set_stief(f);
+  return c;
+}
 
 inline std::vector<int32_t> calib_tokens() {
   std::vector<int32_t> t;

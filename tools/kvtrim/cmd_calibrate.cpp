@@ -16,6 +16,7 @@
 #include "calib/capture.h"
 #include "calib/fit.h"
 #include "cli.h"
+#include "cmd_calibrate_stief.h"
 #include "core/error.h"
 #include "core/progress.h"
 #include "core/thread_pool.h"
@@ -41,6 +42,7 @@ struct CalibrateOptions {
   std::string calib;
   double ratio = 0;
   double energy = 0;
+  StiefCliOptions stief;
 };
 
 std::vector<BasisMethod> parse_methods(const std::string& s) {
@@ -127,6 +129,7 @@ Captured capture_text(const Model& model, const std::string& path, const Calibra
 void calibrate(const CalibrateOptions& o) {
   const std::vector<BasisMethod> methods = parse_methods(o.methods);
   KVTRIM_CHECK(o.layer_io_rows >= 0, "--layer-io-rows must be >= 0");
+  check_stief_options(o.stief, methods);
   const std::string tpath = text_path(o);
   load_text(tpath);  // a missing text fails before the model loads
   const std::string model_path = resolve_model_path(o.common.model);
@@ -149,7 +152,13 @@ void calibrate(const CalibrateOptions& o) {
   c.meta["kvtrim_version"] = "0.1.0";
   c.meta["date"] = utc_now();
   const std::string out = o.out.empty() ? default_out(model_path) : o.out;
+  if (o.stief.enabled) {
+    const Tokenizer& tok = model->tokenizer();
+    run_stief(*model, c, tok.encode(load_text(tpath), tok.add_bos(), false),
+              tok.add_bos() ? tok.bos() : -1, o.stief, pool, out);
+  }
   c.save(out);
+  remove_stief_checkpoint(out);
   std::error_code ec;
   const auto size = fs::file_size(out, ec);
   std::printf(
@@ -305,6 +314,7 @@ void register_calibrate(CLI::App& app) {
       ->capture_default_str();
   c->add_option("-o,--out", o->out, "output file (default: next to the model, <model>.kvcalib)");
   c->add_option("--seed", o->seed, "seed of the layer-io reservoir sample")->capture_default_str();
+  add_stief_options(c, o->stief);
   c->add_flag("--report", o->report,
               "print RER / subspace-overlap diagnostics instead of writing a file");
   c->add_option("--calib", o->calib,
@@ -317,6 +327,7 @@ void register_calibrate(CLI::App& app) {
       ->check(CLI::Range(0.0, 1.0));
   c->callback([o] {
     if (o->report) {
+      KVTRIM_CHECK(!o->stief.enabled, "--stief writes a calibration file: it does not go with --report");
       report(*o);
     } else {
       KVTRIM_CHECK(o->calib.empty() && o->ratio == 0 && o->energy == 0,

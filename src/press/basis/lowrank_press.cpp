@@ -112,12 +112,15 @@ std::vector<PressOption> lowrank_options(const LowRankDefaults& d, bool oja) {
   return o;
 }
 
-LowRankConfig parse_lowrank_config(const PressArgs& a, BasisMethod method, bool oja) {
+LowRankConfig parse_lowrank_config(const PressArgs& a, BasisMethod method, bool oja,
+                                   bool ratio_unset_ok) {
   LowRankConfig c;
   c.name = a.press();
   c.method = method;
   c.oja = oja;
-  c.ratio = a.get_double_in("ratio", 0, 1, false);
+  c.ratio = a.get_double_in("ratio", ratio_unset_ok ? -1 : 0, 1, false);
+  KVTRIM_CHECK(c.ratio == -1 || c.ratio >= 0, "press '%s': option 'ratio' must be -1 or in [0, 1)",
+               c.name.c_str());
   c.ratio_k = a.get_double_in("ratio_k", -1, 1, false);
   c.ratio_v = a.get_double_in("ratio_v", -1, 1, false);
   KVTRIM_CHECK(c.ratio_k == -1 || c.ratio_k >= 0, "press '%s': option 'ratio_k' must be -1 or in [0, 1)", c.name.c_str());
@@ -254,6 +257,8 @@ void LowRankPress::plan_layer(const PressContext& ctx, int il, Phase phase,
       return r;
     }
     bool has_basis = false;
+    bool custom = false;  // ranks and bases chosen by the subclass (choose_bases)
+    bool skip = false;    // left uncompressed by the subclass
     int rk = 0, rv = 0;
     std::vector<float> ek, ev, dek, dev;  // encoders / decoders [d, r]
     std::vector<double> eig_k, eig_v;     // init=prompt eigenvalues (energy ranks)
@@ -301,10 +306,28 @@ void LowRankPress::plan_layer(const PressContext& ctx, int il, Phase phase,
   if (any_first) {
     std::shared_ptr<const Calibration> cal = needs_calibration() ? calibration(ctx) : nullptr;
     const BasisMethod m = cfg_.oja ? BasisMethod::kEigenAttention : cfg_.method;
+    if (cal) {
+      for (int ih = 0; ih < nkv; ++ih) {
+        Work& h = w[static_cast<size_t>(ih)];
+        if (h.has_basis || h.hd.n == 0) continue;
+        ChosenBases cb;
+        if (!choose_bases(ctx, *cal, il, ih, &cb)) continue;
+        h.custom = true;
+        h.skip = cb.rk == 0 || cb.rv == 0;
+        KVTRIM_CHECK(h.skip || (cb.rk <= dk && cb.rv <= dv &&
+                                cb.ek.size() == static_cast<size_t>(dk) * cb.rk &&
+                                cb.ev.size() == static_cast<size_t>(dv) * cb.rv),
+                     "press '%s': layer %d kv head %d: mis-shaped bases", cfg_.name.c_str(), il, ih);
+        h.rk = cb.rk;
+        h.rv = cb.rv;
+        h.ek = std::move(cb.ek);
+        h.ev = std::move(cb.ev);
+      }
+    }
     // Ranks: ratio, or energy (per head; OjaKV: the largest over the layer's heads, paper A.3).
     for (int ih = 0; ih < nkv; ++ih) {
       Work& h = w[static_cast<size_t>(ih)];
-      if (h.has_basis || h.hd.n == 0) continue;
+      if (h.has_basis || h.hd.n == 0 || h.custom) continue;
       if (cfg_.oja && cfg_.init_prompt) {
         prompt_pca(h.hd.k, h.hd.n, dk, dk, &h.ek, &h.eig_k);
         prompt_pca(h.hd.v, h.hd.n, dv, dv, &h.ev, &h.eig_v);
@@ -332,7 +355,7 @@ void LowRankPress::plan_layer(const PressContext& ctx, int il, Phase phase,
     }
     for (int ih = 0; ih < nkv; ++ih) {
       Work& h = w[static_cast<size_t>(ih)];
-      if (h.has_basis || h.hd.n == 0) continue;
+      if (h.has_basis || h.hd.n == 0 || h.custom) continue;
       if (cfg_.oja && cfg_.init_prompt) {
         // The prompt's own principal directions, first r of them.
         auto first_cols = [](const std::vector<float>& U, int d, int r) {
@@ -361,7 +384,7 @@ void LowRankPress::plan_layer(const PressContext& ctx, int il, Phase phase,
   for (int ih = 0; ih < nkv; ++ih) {
     Work& h = w[static_cast<size_t>(ih)];
     const int64_t n = h.hd.n;
-    if (n == 0) continue;
+    if (n == 0 || h.skip) continue;
     // A static basis without anchors encodes every append at once: nothing left to plan.
     if (h.has_basis && !cfg_.oja && !h.lay.appends_dense) continue;
     std::vector<int32_t> dense;

@@ -58,7 +58,9 @@ struct LowRankDefaults {
   const char* hybrid = "0";
 };
 std::vector<PressOption> lowrank_options(const LowRankDefaults& d, bool oja);
-LowRankConfig parse_lowrank_config(const PressArgs& a, BasisMethod method, bool oja);
+// ratio_unset_ok: `ratio` may be -1 ("not given": a subclass chooses the ranks another way).
+LowRankConfig parse_lowrank_config(const PressArgs& a, BasisMethod method, bool oja,
+                                   bool ratio_unset_ok = false);
 
 class LowRankPress : public Press {
  public:
@@ -78,6 +80,19 @@ class LowRankPress : public Press {
   // Rank kept of a side of dimension d for the ratio option.
   static int rank_for_removed_ratio(double ratio, int d);
 
+ protected:
+  // Ranks and bases of a head seen for the first time, when a subclass chooses them itself
+  // (StiefAttention's rank allocation, EigenAttention's error budget): returns false to use the
+  // ratio / energy rule; true with *rk = *rv = 0 to leave the head uncompressed.
+  struct ChosenBases {
+    int rk = 0, rv = 0;
+    std::vector<float> ek, ev;  // [d, r] orthonormal encoders
+  };
+  virtual bool choose_bases(const PressContext& ctx, const Calibration& cal, int il, int ih,
+                            ChosenBases* out) const {
+    return false;
+  }
+
  private:
   enum class Phase { kCompress, kAppend, kDecode };
   void plan_layer(const PressContext& ctx, int il, Phase phase, CompressionPlan* out) const;
@@ -86,6 +101,10 @@ class LowRankPress : public Press {
   LowRankConfig cfg_;
   CalibrationSource cal_;
 };
+
+// EigenAttention under an error budget eps (stiefattention.cpp): per layer, the smallest energy
+// threshold of the calibration's EigenAttention walk whose layer-output error is <= eps.
+std::unique_ptr<Press> make_eigen_budget_press(LowRankConfig cfg, double eps);
 
 // Query-weighted residual error of OjaKV §5.1 for tokens k [n, d] (post-RoPE) at positions pos
 // [n] under a basis encoder E [d, r] / decoder D [d, r] (D empty: D = E): residual

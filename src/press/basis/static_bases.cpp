@@ -44,11 +44,23 @@ PressInfo ksvd_press_info() {
 }
 
 PressInfo eigenattention_press_info() {
-  return static_info(
+  PressInfo i = static_info(
       "eigenattention", BasisMethod::kEigenAttention,
       "low-rank K/V: keys in the SVD basis of [K; Q], values in the SVD basis of V (calibration)",
       "Saxena et al. 2024, Eigen Attention: Attention in Low-Rank Space for KV Cache Compression "
       "(arXiv:2408.05646)");
+  i.options.push_back(
+      {"eps", "0",
+       "> 0: the StiefAttention paper's EigenAttention procedure: per layer, the smallest energy "
+       "threshold whose measured decoder-layer output error is <= eps (needs kvtrim calibrate "
+       "--stief; overrides ratio and energy)"});
+  i.make = [](const PressArgs& a) -> std::unique_ptr<Press> {
+    LowRankConfig c = parse_lowrank_config(a, BasisMethod::kEigenAttention, false);
+    const double eps = a.get_double_in("eps", 0, 1e9, true);
+    if (eps > 0) return make_eigen_budget_press(std::move(c), eps);
+    return std::make_unique<LowRankPress>(std::move(c));
+  };
+  return i;
 }
 
 PressInfo kqsvd_press_info() {
