@@ -37,6 +37,10 @@ echo "some calibration text" > "$tmp/calib.txt"
 expect 1 "model file '.*missing.gguf' does not exist" calibrate -m "$tmp/missing.gguf" -f "$tmp/calib.txt"
 expect 1 "calibration file '.*wrong_magic.gguf' is not a readable GGUF" calibrate --report --calib "$tmp/wrong_magic.gguf" -m "$tmp/missing.gguf" -f "$tmp/calib.txt"
 expect 1 "unknown basis method 'nosuch'" calibrate --methods ksvd,nosuch -m "$tmp/missing.gguf" -f "$tmp/calib.txt"
+expect 1 "--stief needs the EigenAttention fits" calibrate --stief --methods ksvd -m "$tmp/missing.gguf" -f "$tmp/calib.txt"
+expect 1 "--calib needs --report, or --stief" calibrate --calib "$tmp/wrong_magic.gguf" -m "$tmp/missing.gguf" -f "$tmp/calib.txt"
+expect 1 "calibration file '.*wrong_magic.gguf' is not a readable GGUF" calibrate --stief --calib "$tmp/wrong_magic.gguf" -m "$tmp/missing.gguf" -f "$tmp/calib.txt"
+expect 2 "--stief-init: zero not in" calibrate --stief --stief-init zero -m "$tmp/missing.gguf" -f "$tmp/calib.txt"
 # kvtrim serve: options checked before the model loads
 expect 1 "'12XB': unknown unit 'xb'" serve -m "$tmp/missing.gguf" --kv-budget 12XB
 expect 1 "'lots' is not a size" serve -m "$tmp/missing.gguf" --kv-budget lots

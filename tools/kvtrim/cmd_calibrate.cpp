@@ -126,6 +126,31 @@ Captured capture_text(const Model& model, const std::string& path, const Calibra
   return c;
 }
 
+// --stief --calib FILE: adds StiefAttention to an existing calibration of the same model (its
+// statistics and EigenAttention fits), without capturing again.
+void add_stief_to(const CalibrateOptions& o) {
+  const std::string tpath = text_path(o);
+  load_text(tpath);
+  Calibration c = Calibration::load(o.calib);
+  check_stief_options(o.stief, c.methods());
+  auto model = load_model(o.common);
+  c.check_model(*model, o.calib);
+  ThreadPool pool(o.common.threads);
+  const double t0 = now_seconds();
+  const std::string out = o.out.empty() ? o.calib : o.out;
+  const Tokenizer& tok = model->tokenizer();
+  run_stief(*model, c, tok.encode(load_text(tpath), tok.add_bos(), false),
+            tok.add_bos() ? tok.bos() : -1, o.stief, pool, out);
+  c.meta["stief_text"] = fs::path(tpath).filename().string();
+  c.meta["date"] = utc_now();
+  c.save(out);
+  remove_stief_checkpoint(out);
+  std::error_code ec;
+  const auto size = fs::file_size(out, ec);
+  std::printf("wrote %s (%s): %s plus StiefAttention; total %.1f s\n", out.c_str(),
+              human_bytes(ec ? 0 : size).c_str(), o.calib.c_str(), now_seconds() - t0);
+}
+
 void calibrate(const CalibrateOptions& o) {
   const std::vector<BasisMethod> methods = parse_methods(o.methods);
   KVTRIM_CHECK(o.layer_io_rows >= 0, "--layer-io-rows must be >= 0");
@@ -318,7 +343,8 @@ void register_calibrate(CLI::App& app) {
   c->add_flag("--report", o->report,
               "print RER / subspace-overlap diagnostics instead of writing a file");
   c->add_option("--calib", o->calib,
-                "with --report: the calibration file to evaluate (default: fit in-sample on -f)");
+                "with --report: the calibration file to evaluate (default: fit in-sample on -f); "
+                "with --stief: the calibration to add StiefAttention to (written back unless -o)");
   c->add_option("--ratio", o->ratio,
                 "with --report: fraction of each head's dimensions removed, as a press's ratio (default 0.5)")
       ->check(CLI::Range(0.0, 1.0));
@@ -330,8 +356,13 @@ void register_calibrate(CLI::App& app) {
       KVTRIM_CHECK(!o->stief.enabled, "--stief writes a calibration file: it does not go with --report");
       report(*o);
     } else {
-      KVTRIM_CHECK(o->calib.empty() && o->ratio == 0 && o->energy == 0,
-                   "--calib, --ratio and --energy need --report");
+      KVTRIM_CHECK(o->ratio == 0 && o->energy == 0, "--ratio and --energy need --report");
+      if (!o->calib.empty()) {
+        KVTRIM_CHECK(o->stief.enabled, "--calib needs --report, or --stief (to add StiefAttention "
+                     "to that file)");
+        add_stief_to(*o);
+        return;
+      }
       calibrate(*o);
     }
   });
