@@ -20,6 +20,34 @@ std::string tn(int il, const char* what) { return "blk." + std::to_string(il) + 
 
 }  // namespace
 
+double tau_round(double tau) { return std::round(tau * 1e6) / 1e6; }
+
+int StiefFits::half_index() const {
+  int i0 = 0;
+  for (int i = 0; i < n_cand(); ++i)
+    if (std::abs(ranks_k[i] - dk / 2) < std::abs(ranks_k[i0] - dk / 2)) i0 = i;
+  return i0;
+}
+
+namespace {
+
+// max |UᵀU − I| of U [d, d] (columns orthonormal), or infinity when an entry is not finite.
+double orthonormality_error(const std::vector<float>& U, int d) {
+  for (float x : U)
+    if (!std::isfinite(x)) return std::numeric_limits<double>::infinity();
+  double m = 0;
+  for (int a = 0; a < d; ++a)
+    for (int b = a; b < d; ++b) {
+      double s = 0;
+      for (int i = 0; i < d; ++i)
+        s += static_cast<double>(U[static_cast<size_t>(i) * d + a]) * U[static_cast<size_t>(i) * d + b];
+      m = std::max(m, std::abs(s - (a == b ? 1.0 : 0.0)));
+    }
+  return m;
+}
+
+}  // namespace
+
 void StiefFits::validate(int n_layer) const {
   const int nc = n_cand();
   KVTRIM_CHECK(nc >= 1 && ranks_v.size() == ranks_k.size(),
@@ -48,6 +76,22 @@ void StiefFits::validate(int n_layer) const {
     for (double e : L.surface)
       KVTRIM_CHECK(std::isfinite(e) && e >= 0, "StiefAttention fits: layer %zu has an error "
                    "surface entry that is negative or not finite", il);
+    KVTRIM_CHECK(!L.eig_tau.empty(), "StiefAttention fits: layer %zu has no EigenAttention walk", il);
+    for (size_t s = 0; s < L.eig_tau.size(); ++s)
+      KVTRIM_CHECK(L.eig_tau[s] > 0 && L.eig_tau[s] <= 1 && (s == 0 || L.eig_tau[s] > L.eig_tau[s - 1]) &&
+                       std::isfinite(L.eig_err[s]) && L.eig_err[s] >= 0,
+                   "StiefAttention fits: layer %zu's EigenAttention walk has a threshold outside "
+                   "(0, 1], not increasing, or an error that is negative or not finite", il);
+    for (double x : L.diag)
+      KVTRIM_CHECK(std::isfinite(x), "StiefAttention fits: layer %zu has a non-finite diagnostic", il);
+    for (int i = 0; i < nc; ++i) {
+      KVTRIM_CHECK(orthonormality_error(L.key[i], dk) < 1e-3,
+                   "StiefAttention fits: layer %zu key basis %d is not orthonormal", il, i);
+      for (size_t h = 0; h < L.value[i].size(); ++h)
+        KVTRIM_CHECK(orthonormality_error(L.value[i][h], dv) < 1e-3,
+                     "StiefAttention fits: layer %zu value basis %d of kv head %zu is not "
+                     "orthonormal", il, i, h);
+    }
   }
 }
 
@@ -246,23 +290,31 @@ StiefFits stief_read(const GgufFile& f, const std::string& path, int n_layer, in
     }
     const float* sf = get(tn(il, "surface"), {nc + 1, nc + 1}, true);
     L.surface.assign(sf, sf + (n + 1) * (n + 1));
-    if (const GgufTensor* t = f.find_tensor(tn(il, "eig_walk"))) {
+    {
+      const GgufTensor* t = f.find_tensor(tn(il, "eig_walk"));
+      KVTRIM_CHECK(t, "calibration file '%s' is incomplete: missing tensor '%s'", path.c_str(),
+                   tn(il, "eig_walk").c_str());
       KVTRIM_CHECK(t->ne.size() == 2 && t->ne[0] == 2 && t->ne[1] >= 1 && t->ne[1] <= 100000,
                    "calibration file '%s': tensor '%s' is mis-shaped", path.c_str(), tn(il, "eig_walk").c_str());
       const float* w = get(tn(il, "eig_walk"), t->ne, true);
       for (int64_t i = 0; i < t->ne[1]; ++i) {
-        L.eig_tau.push_back(w[2 * i]);
+        L.eig_tau.push_back(tau_round(w[2 * i]));
         L.eig_err.push_back(w[2 * i + 1]);
       }
     }
     const float* dg = get(tn(il, "diag"), {kDiagCount}, true);
     L.diag.assign(dg, dg + kDiagCount);
     if (const float* tr = get(tn(il, "train"), {4, nc}, false)) {
+      auto epochs = [&](float x) {
+        KVTRIM_CHECK(std::isfinite(x) && x >= -1 && x <= 1e6, "calibration file '%s': tensor "
+                     "'%s' holds an epoch count out of range", path.c_str(), tn(il, "train").c_str());
+        return static_cast<int>(x);
+      };
       for (int i = 0; i < n; ++i) {
         L.key_err.push_back(tr[4 * i]);
         L.value_err.push_back(tr[4 * i + 1]);
-        L.key_epochs.push_back(static_cast<int>(tr[4 * i + 2]));
-        L.value_epochs.push_back(static_cast<int>(tr[4 * i + 3]));
+        L.key_epochs.push_back(epochs(tr[4 * i + 2]));
+        L.value_epochs.push_back(epochs(tr[4 * i + 3]));
       }
     }
   }

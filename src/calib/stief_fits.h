@@ -49,7 +49,11 @@ struct StiefFits {
   double surface(int il, int i, int j) const {
     return layers[static_cast<size_t>(il)].surface[static_cast<size_t>(i * (n_cand() + 1) + j)];
   }
-  // Throws Error naming the problem when shapes disagree with the fields above.
+  // The candidate nearest d/2 (keys): where the diagnostics are measured.
+  int half_index() const;
+  // Throws Error naming the problem when shapes disagree with the fields above, or a value is
+  // out of its domain (non-finite, a threshold outside (0, 1] or not increasing, a basis that
+  // is not orthonormal).
   void validate(int n_layer) const;
 };
 
@@ -75,9 +79,13 @@ std::vector<LayerRankChoice> allocate_ranks(const StiefFits& f, RankAlloc a, dou
 // next three inward from each end, 1 elsewhere (the larger where the ramps overlap), normalised
 // to mean 1.
 std::vector<double> layer_weights(int n_layer);
-// EigenAttention's procedure: per layer, the smallest threshold τ of the walk whose error is
-// <= eps (1.0, the full basis, when none is).
+// EigenAttention's procedure (the StiefAttention paper's baseline): per layer, the threshold is
+// relaxed step by step from the most compressed (smallest τ) until the layer's error meets the
+// budget: the smallest τ of the walk whose error is <= eps (1.0, the full basis, when none is).
+// Thresholds are multiples of 1e-6 (tau_round), so the f32 file gives back the training's τ.
 std::vector<double> eigen_thresholds(const StiefFits& f, double eps);
+
+double tau_round(double tau);
 
 // Calibration-file I/O (called by Calibration::save / from_gguf).
 struct CalibTensor {

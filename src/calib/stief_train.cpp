@@ -188,6 +188,9 @@ SideResult train_side(const LayerData& ld, bool keys, int r,
   std::vector<float> dout, gpk;
   std::vector<std::vector<float>> gpv;
   const int64_t D = w.n_embd;
+  // A numerical failure (a singular or non-finite predicted matrix) ends this candidate's
+  // training with its best basis so far; the epochs it ran are recorded.
+  try {
   for (int epoch = 1; epoch <= cfg.max_epochs && ld.n_train > 0; ++epoch) {
     std::vector<int> order(static_cast<size_t>(ld.n_train));
     std::iota(order.begin(), order.end(), 0);
@@ -216,6 +219,11 @@ SideResult train_side(const LayerData& ld, bool keys, int r,
       gpv.clear();
       layer_backward(w, s, p, tape, dout, keys ? &gpk : nullptr, keys ? nullptr : &gpv);
       res.bwd_seconds += now_seconds() - tb;
+      bool finite = true;
+      for (float g : gpk) finite = finite && std::isfinite(g);
+      for (const auto& G : gpv)
+        for (float g : G) finite = finite && std::isfinite(g);
+      if (!finite) continue;  // a step with a non-finite gradient is skipped
       for (size_t h = 0; h < n_pred; ++h) {
         const std::vector<float> Ur = first_cols(U[h], d, r);
         preds[h].backward(projector_grad_to_basis(keys ? gpk : gpv[h], Ur.data(), d, r), r);
@@ -232,6 +240,10 @@ SideResult train_side(const LayerData& ld, bool keys, int r,
     } else if (++bad >= cfg.patience) {
       break;
     }
+  }
+  } catch (const Error& e) {
+    std::fprintf(stderr, "stief: %s rank %d stopped early (%s); keeping its best basis\n",
+                 keys ? "keys" : "values", r, e.what());
   }
   return res;
 }
@@ -253,10 +265,41 @@ std::vector<float> pooled_key_init(const Calibration& cal, int il, int dk) {
 
 constexpr const char* kCk = "kvtrim.stief_checkpoint.";
 
-std::string ck_identity(const Model& model, const StiefTrainConfig& cfg, size_t n_seqs) {
+// FNV-1a over bytes.
+struct Fnv {
+  uint64_t h = 1469598103934665603ULL;
+  void bytes(const void* p, size_t n) {
+    const auto* b = static_cast<const unsigned char*>(p);
+    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ULL;
+  }
+};
+
+// Everything the result depends on: the model, the configuration, the sequences (lengths and
+// token ids) and the calibration's EigenAttention fits and statistics (warm start, walk).
+std::string ck_identity(const Model& model, const Calibration& cal, const StiefTrainConfig& cfg,
+                        const std::vector<std::vector<int32_t>>& seqs) {
   const ModelFingerprint fp = model_fingerprint(model);
-  return fp.describe() + strprintf(" weights=%016llx seqs=%zu ",
-                                   static_cast<unsigned long long>(fp.weights_hash), n_seqs) +
+  Fnv tok, fit;
+  for (const auto& s : seqs) {
+    const uint64_t n = s.size();
+    tok.bytes(&n, sizeof n);
+    tok.bytes(s.data(), s.size() * sizeof(int32_t));
+  }
+  for (int il = 0; il < cal.n_layer(); ++il)
+    for (int h = 0; h < cal.n_head_kv(); ++h) {
+      const HeadFit& f = cal.fit(BasisMethod::kEigenAttention, il, h);
+      fit.bytes(f.k.enc.data(), f.k.enc.size() * sizeof(float));
+      fit.bytes(f.v.enc.data(), f.v.enc.size() * sizeof(float));
+      fit.bytes(f.k.energy.data(), f.k.energy.size() * sizeof(double));
+      fit.bytes(f.v.energy.data(), f.v.energy.size() * sizeof(double));
+      const HeadStats& st = cal.stats(il, h);
+      fit.bytes(st.gram_k.data(), st.gram_k.size() * sizeof(double));
+      fit.bytes(st.gram_q.data(), st.gram_q.size() * sizeof(double));
+    }
+  return fp.describe() +
+         strprintf(" weights=%016llx seqs=%zu tokens=%016llx calib=%016llx ",
+                   static_cast<unsigned long long>(fp.weights_hash), seqs.size(),
+                   static_cast<unsigned long long>(tok.h), static_cast<unsigned long long>(fit.h)) +
          cfg.describe();
 }
 
@@ -282,8 +325,10 @@ void save_checkpoint(const std::string& path, const std::string& identity, const
 // Loads a matching checkpoint into *f and *X; false when there is none or it does not match
 // (a mismatch is reported and the run starts over).
 bool load_checkpoint(const std::string& path, const std::string& identity, int n_layer,
-                     int n_head_kv, int dk, int dv, int64_t n_embd, size_t n_seqs, StiefFits* f,
+                     int n_head_kv, int dk, int dv, int64_t n_embd,
+                     const std::vector<std::vector<int32_t>>& seqs, StiefFits* f,
                      std::vector<std::vector<float>>* X) {
+  const size_t n_seqs = seqs.size();
   std::error_code ec;
   if (path.empty() || !std::filesystem::exists(path, ec)) return false;
   try {
@@ -302,7 +347,8 @@ bool load_checkpoint(const std::string& path, const std::string& identity, int n
     std::vector<std::vector<float>> xs(n_seqs);
     for (size_t i = 0; i < n_seqs; ++i) {
       const GgufTensor& t = g->tensor("x." + std::to_string(i));
-      KVTRIM_CHECK(t.type == GgmlType::F32 && t.ne.size() == 2 && t.ne[0] == n_embd,
+      KVTRIM_CHECK(t.type == GgmlType::F32 && t.ne.size() == 2 && t.ne[0] == n_embd &&
+                       t.ne[1] == static_cast<int64_t>(seqs[i].size()),
                    "tensor x.%zu is mis-shaped", i);
       const float* p = reinterpret_cast<const float*>(t.data);
       xs[i].assign(p, p + t.ne[0] * t.ne[1]);
@@ -354,10 +400,10 @@ StiefFits train_stief(const Model& model, const Calibration& cal,
 
   // Layer 0's inputs: the embeddings (gemma: scaled by sqrt(n_embd)).
   std::vector<std::vector<float>> X(seqs.size());
-  const std::string identity = ck_identity(model, cfg, seqs.size());
+  const std::string identity = ck_identity(model, cal, cfg, seqs);
   StiefFits resumed;
   int start = 0;
-  if (load_checkpoint(checkpoint, identity, n_layer, Hk, dk, dv, D, seqs.size(), &resumed, &X)) {
+  if (load_checkpoint(checkpoint, identity, n_layer, Hk, dk, dv, D, seqs, &resumed, &X)) {
     start = resumed.n_layer();
     out.layers = std::move(resumed.layers);
     std::fprintf(stderr, "stief: resuming from %s at layer %d of %d\n", checkpoint.c_str(), start,
@@ -382,7 +428,11 @@ StiefFits train_stief(const Model& model, const Calibration& cal,
     LayerData ld;
     ld.w = &w;
     ld.n_train = static_cast<int>(seqs.size()) - cfg.val_seqs;
-    for (auto& x : X) ld.seqs.push_back(prepare_layer_seq(model, il, w, std::move(x), pool));
+    ld.seqs.resize(X.size());
+    run_jobs(pool, static_cast<int>(X.size()), [&](int i) {
+      ld.seqs[static_cast<size_t>(i)] =
+          prepare_layer_seq(model, il, w, std::move(X[static_cast<size_t>(i)]), nullptr);
+    });
     for (int v = 0; v < cfg.val_seqs; ++v) {
       const int64_t n = ld.seqs[static_cast<size_t>(ld.n_train + v)].n;
       const int64_t R = std::min<int64_t>(cfg.val_rows, n);
@@ -482,7 +532,7 @@ StiefFits train_stief(const Model& model, const Calibration& cal,
     std::vector<double> taus;
     std::vector<std::pair<std::vector<int>, std::vector<int>>> walk_ranks;
     for (int s = 0;; ++s) {
-      const double tau = std::min(1.0, 0.5 + cfg.eig_step * s);
+      const double tau = tau_round(std::min(1.0, 0.5 + cfg.eig_step * s));
       std::vector<int> rk, rv;
       for (int h = 0; h < Hk; ++h) {
         const HeadFit& f = cal.fit(BasisMethod::kEigenAttention, il, h);
@@ -504,9 +554,7 @@ StiefFits train_stief(const Model& model, const Calibration& cal,
     });
 
     // Diagnostics at the candidate nearest d/2, StiefAttention vs EigenAttention.
-    int i0 = 0;
-    for (int i = 0; i < nc; ++i)
-      if (std::abs(out.ranks_k[i] - dk / 2) < std::abs(out.ranks_k[i0] - dk / 2)) i0 = i;
+    const int i0 = out.half_index();
     L.diag.assign(kDiagCount, 0.0);
     EvalResult es, ee;
     run_jobs(pool, 2, [&](int job) {

@@ -25,6 +25,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "kv/kv_cache.h"
+#include "model/gguf.h"
 #include "model/model.h"
 #include "ops/matmul.h"
 
@@ -487,6 +488,15 @@ TEST(StiefTrain, TinyModelTrainsResumesAndRoundTrips) {
     if (first < 0) first = r.layer;
   });
   EXPECT_EQ(first, 0);
+  // ... nor do other sequences (same count and configuration, other lengths)
+  train_stief(*m, cal, seqs, cfg, nullptr, ck);  // a checkpoint for `seqs` again
+  std::vector<std::vector<int32_t>> shorter = seqs;
+  for (auto& q : shorter) q.resize(30);
+  first = -1;
+  train_stief(*m, cal, shorter, cfg, nullptr, ck, [&](const StiefLayerReport& r) {
+    if (first < 0) first = r.layer;
+  });
+  EXPECT_EQ(first, 0);
 
   // calibration file: round trip; version 2 with the section, and errors
   cal.set_stief(std::make_shared<StiefFits>(a));
@@ -516,6 +526,22 @@ TEST(StiefTrain, TinyModelTrainsResumesAndRoundTrips) {
   // a missing StiefAttention tensor is named
   std::ifstream in(path, std::ios::binary);
   std::string bytes((std::istreambuf_iterator<char>(in)), {});
+  // a basis that is not orthonormal (past the checksum, as the fuzz target reads) is refused
+  {
+    std::string bad = bytes;
+    const std::vector<float>& k0 = a.layers[0].key[0];
+    const size_t at0 = bad.find(std::string(reinterpret_cast<const char*>(k0.data()), 16));
+    ASSERT_NE(at0, std::string::npos);
+    const float two[4] = {2.f, 2.f, 2.f, 2.f};
+    std::memcpy(bad.data() + at0, two, sizeof two);
+    auto g = GgufFile::from_memory("bad.kvcalib", bad.data(), bad.size());
+    try {
+      Calibration::from_gguf(*g, m.get(), false);
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("not orthonormal"), std::string::npos) << e.what();
+    }
+  }
   const std::string tn = "blk.1.stief.surface";
   const size_t at = bytes.find(tn);
   ASSERT_NE(at, std::string::npos);

@@ -6,6 +6,7 @@
 // calibration file's bases on the statistics of another text (distribution shift), or
 // in-sample without --calib.
 #include <algorithm>
+#include <cstdlib>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
@@ -139,8 +140,11 @@ void add_stief_to(const CalibrateOptions& o) {
   const double t0 = now_seconds();
   const std::string out = o.out.empty() ? o.calib : o.out;
   const Tokenizer& tok = model->tokenizer();
+  int64_t captured = 0;
+  if (c.meta.count("sequences") && c.meta.count("seq_len"))
+    captured = std::atoll(c.meta["sequences"].c_str()) * std::atoll(c.meta["seq_len"].c_str());
   run_stief(*model, c, tok.encode(load_text(tpath), tok.add_bos(), false),
-            tok.add_bos() ? tok.bos() : -1, o.stief, pool, out);
+            tok.add_bos() ? tok.bos() : -1, captured, o.stief, pool, out);
   c.meta["stief_text"] = fs::path(tpath).filename().string();
   c.meta["date"] = utc_now();
   c.save(out);
@@ -180,7 +184,7 @@ void calibrate(const CalibrateOptions& o) {
   if (o.stief.enabled) {
     const Tokenizer& tok = model->tokenizer();
     run_stief(*model, c, tok.encode(load_text(tpath), tok.add_bos(), false),
-              tok.add_bos() ? tok.bos() : -1, o.stief, pool, out);
+              tok.add_bos() ? tok.bos() : -1, cap.n_seqs * o.seq_len, o.stief, pool, out);
   }
   c.save(out);
   remove_stief_checkpoint(out);

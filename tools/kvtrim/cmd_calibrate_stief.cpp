@@ -47,12 +47,23 @@ void check_stief_options(const StiefCliOptions& o, const std::vector<BasisMethod
 }
 
 void run_stief(const Model& model, Calibration& cal, const std::vector<int32_t>& tokens,
-               int32_t bos, const StiefCliOptions& o, ThreadPool& pool, const std::string& out) {
+               int32_t bos, int64_t capture_tokens, const StiefCliOptions& o, ThreadPool& pool,
+               const std::string& out) {
   const HParams& hp = model.hparams();
   KVTRIM_CHECK(o.seq_len <= hp.n_ctx_train,
                "--stief-len %lld exceeds the model's context limit of %d tokens",
                static_cast<long long>(o.seq_len), hp.n_ctx_train);
-  const auto seqs = cut_sequences(tokens, o.seqs, o.seq_len, bos);
+  // From the end of the text: the statistics (and so EigenAttention's bases and the warm start)
+  // come from its start, so the held-out sequences are held out from those too.
+  const size_t need = static_cast<size_t>(o.seqs * o.seq_len);
+  const size_t from = tokens.size() > need ? tokens.size() - need : 0;
+  if (static_cast<int64_t>(from) < capture_tokens)
+    std::fprintf(stderr, "warning: the text has %zu tokens: StiefAttention's sequences overlap "
+                 "the %lld tokens the statistics were captured from (the held-out error is then "
+                 "partly in-sample for EigenAttention)\n", tokens.size(),
+                 static_cast<long long>(capture_tokens));
+  const auto seqs = cut_sequences(std::vector<int32_t>(tokens.begin() + static_cast<std::ptrdiff_t>(from), tokens.end()),
+                                  o.seqs, o.seq_len, bos);
   StiefTrainConfig cfg;
   cfg.max_epochs = o.epochs;
   cfg.rows = o.rows;
@@ -85,7 +96,7 @@ void run_stief(const Model& model, Calibration& cal, const std::vector<int32_t>&
   cal.meta["stief_seconds"] = strprintf("%.1f", wall);
   // Diagnostics (the paper's Fig. 6) at the candidate nearest d/2.
   std::printf("\n## StiefAttention vs EigenAttention at r_k = %d, r_v = %d (held-out rows)\n\n",
-              fits.ranks_k[0], fits.ranks_v[0]);
+              fits.ranks_k[fits.half_index()], fits.ranks_v[fits.half_index()]);
   std::printf("| layer | out err stief | out err eigen | cos stief | cos eigen | attn err stief | "
               "attn err eigen |\n|---|---|---|---|---|---|---|\n");
   double m[kDiagCount] = {};

@@ -24,9 +24,11 @@ struct StiefCliOptions {
 void add_stief_options(CLI::App* c, StiefCliOptions& o);
 // Throws Error when --stief is given without the fits it needs.
 void check_stief_options(const StiefCliOptions& o, const std::vector<BasisMethod>& methods);
-// Trains on sequences cut from `tokens` and stores the result in cal; prints the diagnostics.
+// Trains on sequences cut from the end of `tokens` (warning when they overlap the first
+// capture_tokens, the statistics' tokens) and stores the result in cal; prints the diagnostics.
 void run_stief(const Model& model, Calibration& cal, const std::vector<int32_t>& tokens,
-               int32_t bos, const StiefCliOptions& o, ThreadPool& pool, const std::string& out);
+               int32_t bos, int64_t capture_tokens, const StiefCliOptions& o, ThreadPool& pool,
+               const std::string& out);
 // Removes the checkpoint once the calibration file holding the result is written.
 void remove_stief_checkpoint(const std::string& out);
 

@@ -265,10 +265,30 @@ void LowRankPress::plan_layer(const PressContext& ctx, int il, Phase phase,
   };
   std::vector<Work> w(static_cast<size_t>(nkv));
   bool any_first = false;
+  std::shared_ptr<const Calibration> cal;
   for (int ih = 0; ih < nkv; ++ih) {
     Work& h = w[static_cast<size_t>(ih)];
     h.lay = ctx.cache().head_layout(il, ih);
     h.has_basis = h.lay.current_epoch >= 0;
+    // A subclass choosing bases itself: before any read, so a head it leaves uncompressed costs
+    // nothing at each plan.
+    if (!h.has_basis && chooses_bases()) {
+      if (!cal) cal = calibration(ctx);
+      ChosenBases cb;
+      KVTRIM_CHECK(choose_bases(ctx, *cal, il, ih, &cb),
+                   "press '%s': no bases chosen for layer %d kv head %d", cfg_.name.c_str(), il, ih);
+      h.custom = true;
+      h.skip = cb.rk == 0 || cb.rv == 0;
+      if (h.skip) continue;
+      KVTRIM_CHECK(cb.rk <= dk && cb.rv <= dv &&
+                       cb.ek.size() == static_cast<size_t>(dk) * cb.rk &&
+                       cb.ev.size() == static_cast<size_t>(dv) * cb.rv,
+                   "press '%s': layer %d kv head %d: mis-shaped bases", cfg_.name.c_str(), il, ih);
+      h.rk = cb.rk;
+      h.rv = cb.rv;
+      h.ek = std::move(cb.ek);
+      h.ev = std::move(cb.ev);
+    }
     // Once a head has a basis, only its dense tokens (buffer, anchors) are sampled or scored:
     // read every position but reconstruct only those (a full read costs U·c per stored token,
     // every plan_decode).
@@ -304,26 +324,8 @@ void LowRankPress::plan_layer(const PressContext& ctx, int il, Phase phase,
 
   // Initial bases of the heads seen for the first time.
   if (any_first) {
-    std::shared_ptr<const Calibration> cal = needs_calibration() ? calibration(ctx) : nullptr;
+    if (!cal && needs_calibration()) cal = calibration(ctx);
     const BasisMethod m = cfg_.oja ? BasisMethod::kEigenAttention : cfg_.method;
-    if (cal) {
-      for (int ih = 0; ih < nkv; ++ih) {
-        Work& h = w[static_cast<size_t>(ih)];
-        if (h.has_basis || h.hd.n == 0) continue;
-        ChosenBases cb;
-        if (!choose_bases(ctx, *cal, il, ih, &cb)) continue;
-        h.custom = true;
-        h.skip = cb.rk == 0 || cb.rv == 0;
-        KVTRIM_CHECK(h.skip || (cb.rk <= dk && cb.rv <= dv &&
-                                cb.ek.size() == static_cast<size_t>(dk) * cb.rk &&
-                                cb.ev.size() == static_cast<size_t>(dv) * cb.rv),
-                     "press '%s': layer %d kv head %d: mis-shaped bases", cfg_.name.c_str(), il, ih);
-        h.rk = cb.rk;
-        h.rv = cb.rv;
-        h.ek = std::move(cb.ek);
-        h.ev = std::move(cb.ev);
-      }
-    }
     // Ranks: ratio, or energy (per head; OjaKV: the largest over the layer's heads, paper A.3).
     for (int ih = 0; ih < nkv; ++ih) {
       Work& h = w[static_cast<size_t>(ih)];

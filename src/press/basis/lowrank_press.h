@@ -82,12 +82,13 @@ class LowRankPress : public Press {
 
  protected:
   // Ranks and bases of a head seen for the first time, when a subclass chooses them itself
-  // (StiefAttention's rank allocation, EigenAttention's error budget): returns false to use the
-  // ratio / energy rule; true with *rk = *rv = 0 to leave the head uncompressed.
+  // (StiefAttention's rank allocation, EigenAttention's error budget; chooses_bases() = true):
+  // out->rk = out->rv = 0 leaves the head uncompressed (it is then not even read).
   struct ChosenBases {
     int rk = 0, rv = 0;
     std::vector<float> ek, ev;  // [d, r] orthonormal encoders
   };
+  virtual bool chooses_bases() const { return false; }
   virtual bool choose_bases(const PressContext& ctx, const Calibration& cal, int il, int ih,
                             ChosenBases* out) const {
     return false;

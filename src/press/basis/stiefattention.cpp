@@ -12,6 +12,7 @@
 //                   EigenAttention procedure), so the two compare at equal budgets.
 #include <algorithm>
 #include <cmath>
+#include <mutex>
 
 #include "calib/stief_fits.h"
 #include "core/error.h"
@@ -40,6 +41,7 @@ class StiefAttentionPress : public LowRankPress {
       : LowRankPress(std::move(cfg)), eps_(eps), alloc_(alloc) {}
 
  protected:
+  bool chooses_bases() const override { return true; }
   bool choose_bases(const PressContext& ctx, const Calibration& cal, int il, int ih,
                     ChosenBases* out) const override {
     const StiefFits& f = cal.stief();
@@ -53,7 +55,7 @@ class StiefAttentionPress : public LowRankPress {
       ik = candidate_index(f.ranks_k, f.dk, c.ratio_k >= 0 ? c.ratio_k : c.ratio, "keys");
       iv = candidate_index(f.ranks_v, f.dv, c.ratio_v >= 0 ? c.ratio_v : c.ratio, "values");
     } else {
-      const LayerRankChoice ch = allocate_ranks(f, alloc_, eps_)[static_cast<size_t>(il)];
+      const LayerRankChoice ch = allocation(f)[static_cast<size_t>(il)];
       ik = ch.ik;
       iv = ch.iv;
     }
@@ -68,6 +70,15 @@ class StiefAttentionPress : public LowRankPress {
   }
 
  private:
+  // The allocation over the calibration's surfaces, computed once per calibration.
+  std::vector<LayerRankChoice> allocation(const StiefFits& f) const {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (alloc_of_ != &f) {
+      alloc_cache_ = allocate_ranks(f, alloc_, eps_);
+      alloc_of_ = &f;
+    }
+    return alloc_cache_;
+  }
   // The candidate whose rank is the ratio's (-1 or no removal: full rank).
   int candidate_index(const std::vector<int>& ranks, int d, double ratio, const char* side) const {
     if (ratio < 0 || ratio == 0) return static_cast<int>(ranks.size());
@@ -82,6 +93,9 @@ class StiefAttentionPress : public LowRankPress {
   }
   double eps_;
   RankAlloc alloc_;
+  mutable std::mutex mu_;
+  mutable const StiefFits* alloc_of_ = nullptr;
+  mutable std::vector<LayerRankChoice> alloc_cache_;
 };
 
 class EigenBudgetPress : public LowRankPress {
@@ -89,6 +103,7 @@ class EigenBudgetPress : public LowRankPress {
   EigenBudgetPress(LowRankConfig cfg, double eps) : LowRankPress(std::move(cfg)), eps_(eps) {}
 
  protected:
+  bool chooses_bases() const override { return true; }
   bool choose_bases(const PressContext& ctx, const Calibration& cal, int il, int ih,
                     ChosenBases* out) const override {
     const double tau = eigen_thresholds(cal.stief(), eps_)[static_cast<size_t>(il)];
