@@ -64,6 +64,14 @@ void check_shape(int d, int r, const char* fn) {
 
 }  // namespace
 
+std::vector<float> first_columns(const std::vector<float>& U, int d, int r) {
+  std::vector<float> o(static_cast<size_t>(d) * static_cast<size_t>(r));
+  for (int i = 0; i < d; ++i)
+    std::copy_n(U.data() + static_cast<size_t>(i) * static_cast<size_t>(d), r,
+                o.data() + static_cast<size_t>(i) * static_cast<size_t>(r));
+  return o;
+}
+
 void orthonormalize(float* U, int d, int r) {
   check_shape(d, r, "orthonormalize");
   MatD Q = MapCF(U, d, r).cast<double>();

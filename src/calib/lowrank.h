@@ -8,6 +8,9 @@
 
 namespace kvtrim {
 
+// The first r columns of a square U [d, d] as a row-major [d, r] matrix (0 <= r <= d).
+std::vector<float> first_columns(const std::vector<float>& U, int d, int r);
+
 // Orthonormalises the columns of U [d, r] in place (r <= d): U ← Q of U = QR with R's
 // diagonal made positive (so an orthonormal U is unchanged up to rounding). A column that
 // becomes numerically zero is replaced by a unit vector orthogonal to the previous ones.

@@ -40,16 +40,8 @@ std::string StiefTrainConfig::describe() const {
 
 namespace {
 
-// The first r columns of U [d, d] as [d, r].
-std::vector<float> first_cols(const std::vector<float>& U, int d, int r) {
-  std::vector<float> o(static_cast<size_t>(d) * r);
-  for (int i = 0; i < d; ++i)
-    std::copy_n(U.data() + static_cast<size_t>(i) * d, r, o.data() + static_cast<size_t>(i) * r);
-  return o;
-}
-
 std::vector<float> projector_of(const std::vector<float>& U, int d, int r) {
-  const std::vector<float> Ur = first_cols(U, d, r);
+  const std::vector<float> Ur = first_columns(U, d, r);
   return projector(Ur.data(), d, r);
 }
 
@@ -225,7 +217,7 @@ SideResult train_side(const LayerData& ld, bool keys, int r,
         for (float g : G) finite = finite && std::isfinite(g);
       if (!finite) continue;  // a step with a non-finite gradient is skipped
       for (size_t h = 0; h < n_pred; ++h) {
-        const std::vector<float> Ur = first_cols(U[h], d, r);
+        const std::vector<float> Ur = first_columns(U[h], d, r);
         preds[h].backward(projector_grad_to_basis(keys ? gpk : gpv[h], Ur.data(), d, r), r);
         preds[h].step(lr, cfg.weight_decay);
       }

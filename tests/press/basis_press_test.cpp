@@ -18,23 +18,10 @@ constexpr int kN = 40;
 
 class BasisPress : public test::PressFixture {
  protected:
-  static CompressionPlan plan_with_model(const Session& s) {
-    PressContext ctx(s.cache(), model_->hparams(), s.observations(), nullptr);
-    ctx.set_model(model_);
-    return s.press()->plan(ctx);
-  }
   static std::shared_ptr<Calibration> cal() {
     static std::shared_ptr<Calibration> c =
         test::tiny_calibration(*model_, capture(test::calib_tokens()));
     return c;
-  }
-  static std::string error_of(const std::function<void()>& f) {
-    try {
-      f();
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "";
   }
 };
 

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <numeric>
 #include <string>
@@ -88,6 +89,21 @@ class PressFixture : public ::testing::Test {
   static CompressionPlan plan_of(const Session& s) {
     PressContext ctx(s.cache(), model_->hparams(), s.observations(), nullptr);
     return s.press()->plan(ctx);
+  }
+  // The same with the model set on the context (presses that read weights or a calibration).
+  static CompressionPlan plan_with_model(const Session& s) {
+    PressContext ctx(s.cache(), model_->hparams(), s.observations(), nullptr);
+    ctx.set_model(model_);
+    return s.press()->plan(ctx);
+  }
+  // The message of the Error f throws ("" if none).
+  static std::string error_of(const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
   }
   static inline Model* model_ = nullptr;
   static inline std::string* dir_ = nullptr;

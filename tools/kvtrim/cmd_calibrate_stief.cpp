@@ -32,6 +32,14 @@ void add_stief_options(CLI::App* c, StiefCliOptions& o) {
                 "StiefAttention: query rows per training step (0 = every position)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 20));
+  c->add_option("--stief-val-rows", o.val_rows,
+                "StiefAttention: evaluated rows of each held-out sequence (evenly spaced)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  c->add_option("--stief-eig-step", o.eig_step,
+                "StiefAttention: step of EigenAttention's energy-threshold walk")
+      ->capture_default_str()
+      ->check(CLI::Range(0.001, 0.5));
   c->add_option("--stief-init", o.init,
                 "StiefAttention: eigen (start from EigenAttention's bases) or random (the paper)")
       ->capture_default_str()
@@ -67,6 +75,8 @@ void run_stief(const Model& model, Calibration& cal, const std::vector<int32_t>&
   StiefTrainConfig cfg;
   cfg.max_epochs = o.epochs;
   cfg.rows = o.rows;
+  cfg.val_rows = o.val_rows;
+  cfg.eig_step = o.eig_step;
   cfg.warm_start = o.init == "eigen";
   KVTRIM_CHECK(static_cast<int>(seqs.size()) > cfg.val_seqs,
                "the calibration text has %zu tokens: %zu sequences of %lld, StiefAttention needs "

@@ -18,6 +18,8 @@ struct StiefCliOptions {
   int64_t seq_len = 512;
   int epochs = 6;
   int rows = 64;
+  int val_rows = 128;
+  double eig_step = 0.01;
   std::string init = "eigen";
 };
 

@@ -360,15 +360,8 @@ void LowRankPress::plan_layer(const PressContext& ctx, int il, Phase phase,
       if (h.has_basis || h.hd.n == 0 || h.custom) continue;
       if (cfg_.oja && cfg_.init_prompt) {
         // The prompt's own principal directions, first r of them.
-        auto first_cols = [](const std::vector<float>& U, int d, int r) {
-          std::vector<float> o(static_cast<size_t>(d) * static_cast<size_t>(r));
-          for (int i = 0; i < d; ++i)
-            std::copy_n(U.data() + static_cast<size_t>(i) * static_cast<size_t>(d), r,
-                        o.data() + static_cast<size_t>(i) * static_cast<size_t>(r));
-          return o;
-        };
-        h.ek = first_cols(h.ek, dk, h.rk);
-        h.ev = first_cols(h.ev, dv, h.rv);
+        h.ek = first_columns(h.ek, dk, h.rk);
+        h.ev = first_columns(h.ev, dv, h.rv);
       } else {
         const HeadFit& f = cal->fit(m, il, ih);
         KVTRIM_CHECK(f.k.d == dk && f.v.d == dv,

@@ -14,20 +14,15 @@
 #include <cmath>
 #include <mutex>
 
+#include "calib/lowrank.h"
 #include "calib/stief_fits.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "press/basis/lowrank_press.h"
 
 namespace kvtrim {
 
 namespace {
-
-std::vector<float> first_cols(const std::vector<float>& U, int d, int r) {
-  std::vector<float> o(static_cast<size_t>(d) * r);
-  for (int i = 0; i < d; ++i)
-    std::copy_n(U.data() + static_cast<size_t>(i) * d, r, o.data() + static_cast<size_t>(i) * r);
-  return o;
-}
 
 std::vector<float> identity(int d) {
   std::vector<float> I(static_cast<size_t>(d) * d, 0.f);
@@ -63,8 +58,8 @@ class StiefAttentionPress : public LowRankPress {
     const StiefLayerFit& L = f.layers[static_cast<size_t>(il)];
     out->rk = f.rank_k(ik);
     out->rv = f.rank_v(iv);
-    out->ek = ik < nc ? first_cols(L.key[static_cast<size_t>(ik)], f.dk, out->rk) : identity(f.dk);
-    out->ev = iv < nc ? first_cols(L.value[static_cast<size_t>(iv)][static_cast<size_t>(ih)], f.dv, out->rv)
+    out->ek = ik < nc ? first_columns(L.key[static_cast<size_t>(ik)], f.dk, out->rk) : identity(f.dk);
+    out->ev = iv < nc ? first_columns(L.value[static_cast<size_t>(iv)][static_cast<size_t>(ih)], f.dv, out->rv)
                       : identity(f.dv);
     return true;
   }
@@ -76,6 +71,17 @@ class StiefAttentionPress : public LowRankPress {
     if (alloc_of_ != &f) {
       alloc_cache_ = allocate_ranks(f, alloc_, eps_);
       alloc_of_ = &f;
+      // The chosen ranks and the paper's nominal KV ratio (r_k + r_v) / 2d (bases excluded;
+      // what the cache holds is measured by bytes()).
+      std::string ranks;
+      double nominal = 0;
+      for (const LayerRankChoice& c : alloc_cache_) {
+        ranks += strprintf("%s%d/%d", ranks.empty() ? "" : " ", f.rank_k(c.ik), f.rank_v(c.iv));
+        nominal += (static_cast<double>(f.rank_k(c.ik)) + f.rank_v(c.iv)) / (f.dk + f.dv);
+      }
+      nominal /= std::max<size_t>(1, alloc_cache_.size());
+      KVTRIM_LOG_INFO("%s: eps=%g alloc=%s: ranks k/v per layer %s; nominal KV ratio %.3f",
+                      config().name.c_str(), eps_, rank_alloc_name(alloc_), ranks.c_str(), nominal);
     }
     return alloc_cache_;
   }
@@ -106,7 +112,7 @@ class EigenBudgetPress : public LowRankPress {
   bool chooses_bases() const override { return true; }
   bool choose_bases(const PressContext& ctx, const Calibration& cal, int il, int ih,
                     ChosenBases* out) const override {
-    const double tau = eigen_thresholds(cal.stief(), eps_)[static_cast<size_t>(il)];
+    const double tau = thresholds(cal)[static_cast<size_t>(il)];
     const HeadFit& f = cal.fit(BasisMethod::kEigenAttention, il, ih);
     out->rk = f.k.rank_for_energy(tau);
     out->rv = f.v.rank_for_energy(tau);
@@ -120,7 +126,32 @@ class EigenBudgetPress : public LowRankPress {
   }
 
  private:
+  // Per-layer thresholds, computed (and logged with the paper's nominal KV ratio) once.
+  std::vector<double> thresholds(const Calibration& cal) const {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (tau_of_ != &cal) {
+      taus_ = eigen_thresholds(cal.stief(), eps_);
+      tau_of_ = &cal;
+      std::string list;
+      double nominal = 0;
+      for (size_t il = 0; il < taus_.size(); ++il) {
+        list += strprintf("%s%.2f", list.empty() ? "" : " ", taus_[il]);
+        for (int h = 0; h < cal.n_head_kv(); ++h) {
+          const HeadFit& f = cal.fit(BasisMethod::kEigenAttention, static_cast<int>(il), h);
+          nominal += (static_cast<double>(f.k.rank_for_energy(taus_[il])) + f.v.rank_for_energy(taus_[il])) /
+                     (f.k.d + f.v.d);
+        }
+      }
+      nominal /= std::max<size_t>(1, taus_.size() * static_cast<size_t>(cal.n_head_kv()));
+      KVTRIM_LOG_INFO("%s: eps=%g: energy thresholds per layer %s; nominal KV ratio %.3f",
+                      config().name.c_str(), eps_, list.c_str(), nominal);
+    }
+    return taus_;
+  }
   double eps_;
+  mutable std::mutex mu_;
+  mutable const Calibration* tau_of_ = nullptr;
+  mutable std::vector<double> taus_;
 };
 
 }  // namespace
