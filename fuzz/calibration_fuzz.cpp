@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "calib/calibration.h"
+#include "calib/stief_fits.h"
 #include "fuzz_util.h"
 #include "model/gguf.h"
 
@@ -31,6 +32,20 @@ void use(const Calibration& c) {
         }
       }
     }
+  }
+  if (c.has_stief()) {  // StiefAttention's section: what its presses read
+    const StiefFits& f = c.stief();
+    for (RankAlloc a : {RankAlloc::kUniform, RankAlloc::kPareto, RankAlloc::kWeightedPareto})
+      for (double eps : {0.0, 0.05, 1.0}) {
+        const std::vector<LayerRankChoice> ch = allocate_ranks(f, a, eps);
+        KVTRIM_FUZZ_ASSERT(static_cast<int>(ch.size()) == f.n_layer(), "allocation of %zu layers",
+                           ch.size());
+        for (const LayerRankChoice& x : ch)
+          KVTRIM_FUZZ_ASSERT(x.ik >= 0 && x.ik <= f.n_cand() && x.iv >= 0 && x.iv <= f.n_cand(),
+                             "candidate index out of range");
+      }
+    for (double tau : eigen_thresholds(f, 0.05))
+      KVTRIM_FUZZ_ASSERT(tau > 0 && tau <= 1, "threshold %g", tau);
   }
   if (c.has_stats()) (void)c.stats(c.n_layer() - 1, c.n_head_kv() - 1).gram_k.size();
   if (c.has_layer_io()) (void)c.layer_io(c.n_layer() - 1).x_in.size();

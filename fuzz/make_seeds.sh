@@ -19,4 +19,8 @@ for a in llama qwen2 gemma3; do
   "$build/kvtrim" calibrate -m "$tmp/tiny_$a.gguf" -f "$tmp/calib.txt" --seqs 2 --seq-len 32 \
     --layer-io-rows 4 -t 1 -o "fuzz/corpus/calibration/tiny_$a.kvcalib" >/dev/null
 done
+# One with StiefAttention's section (format version 2): 6 x 16-token sequences from the text's end.
+"$build/kvtrim" calibrate --stief --calib fuzz/corpus/calibration/tiny_llama.kvcalib -m "$tmp/tiny_llama.gguf" \
+  -f "$tmp/calib.txt" --stief-seqs 6 --stief-len 16 --stief-epochs 1 --stief-rows 4 --stief-val-rows 4 \
+  -t 1 -o fuzz/corpus/calibration/tiny_llama_stief.kvcalib >/dev/null
 ls -l fuzz/corpus/model fuzz/corpus/gguf fuzz/corpus/calibration
