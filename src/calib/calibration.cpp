@@ -11,6 +11,7 @@
 // inside tensor data, which the GGUF structure cannot notice, is reported as damage.
 #include "calib/calibration.h"
 
+#include "calib/hash.h"
 #include "calib/stief_fits.h"
 
 #include <algorithm>
@@ -31,34 +32,6 @@ constexpr const char* kArch = "kvtrim-calibration";
 constexpr const char* kPrefix = "kvtrim.calibration.";
 constexpr const char* kMetaPrefix = "kvtrim.calibration.meta.";
 
-// A 64-bit hash over 8-byte words (FNV-1a's xor-multiply step per word, then a final mix).
-// Every step is a bijection of the state, so any change confined to one word changes the result.
-struct Hasher {
-  uint64_t h = 0xcbf29ce484222325ULL;
-  void word(uint64_t w) {
-    h ^= w;
-    h *= 0x100000001b3ULL;
-    h ^= h >> 29;
-  }
-  void bytes(const void* p, size_t n) {
-    const auto* b = static_cast<const uint8_t*>(p);
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-      uint64_t w;
-      std::memcpy(&w, b + i, 8);
-      word(w);
-    }
-    uint64_t tail = 0;
-    std::memcpy(&tail, b + i, n - i);
-    word(tail ^ (static_cast<uint64_t>(n) << 56));
-  }
-  uint64_t finish() const {
-    uint64_t z = h;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-  }
-};
 
 std::string hex64(uint64_t v) {
   return strprintf("%016llx", static_cast<unsigned long long>(v));
@@ -385,14 +358,7 @@ void Calibration::save(const std::string& path) const {
   for (const T& t : ts)
     w.add_tensor(t.name, GgmlType::F32, t.ne, t.data.data(), t.data.size() * sizeof(float));
 
-  const std::string tmp = path + ".tmp";
-  w.write(tmp);
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::filesystem::remove(tmp, ec);
-    fail("cannot write calibration file '%s' (rename from '%s' failed)", path.c_str(), tmp.c_str());
-  }
+  w.write_atomic(path, "calibration file");
 }
 
 Calibration Calibration::load(const std::string& path, const Model* model) {

@@ -181,8 +181,9 @@ LayerSeq prepare_layer_seq(const Model& model, int il, const LayerWeightsF32& w,
       rope(kh, dk, hp.n_rot, static_cast<int32_t>(t), base, fscale, hp.rope_neox);
     }
   }
-  // The uncompressed output, in row blocks (the attention tape grows with rows x keys).
-  s.y.resize(s.x.size());
+  // The uncompressed output, in row blocks (the attention tape grows with rows x keys); s.y stays
+  // empty meanwhile, so layer_forward has no target to compare with.
+  std::vector<float> y(s.x.size());
   constexpr int64_t kBlock = 128;
   LayerTape tape;
   for (int64_t r0 = 0; r0 < s.n; r0 += kBlock) {
@@ -190,8 +191,9 @@ LayerSeq prepare_layer_seq(const Model& model, int il, const LayerWeightsF32& w,
     for (int64_t t = r0; t < std::min(s.n, r0 + kBlock); ++t) rows.push_back(static_cast<int32_t>(t));
     double e2 = 0, y2 = 0;
     layer_forward(w, s, LayerProjectors{}, rows, &tape, &e2, &y2);
-    std::copy(tape.out.begin(), tape.out.end(), s.y.begin() + r0 * D);
+    std::copy(tape.out.begin(), tape.out.end(), y.begin() + r0 * D);
   }
+  s.y = std::move(y);
   return s;
 }
 

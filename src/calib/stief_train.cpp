@@ -16,6 +16,7 @@
 #include <random>
 
 #include "calib/calibration.h"
+#include "calib/hash.h"
 #include "calib/lowrank.h"
 #include "calib/stief_layer.h"
 #include "calib/stief_predictor.h"
@@ -257,21 +258,13 @@ std::vector<float> pooled_key_init(const Calibration& cal, int il, int dk) {
 
 constexpr const char* kCk = "kvtrim.stief_checkpoint.";
 
-// FNV-1a over bytes.
-struct Fnv {
-  uint64_t h = 1469598103934665603ULL;
-  void bytes(const void* p, size_t n) {
-    const auto* b = static_cast<const unsigned char*>(p);
-    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ULL;
-  }
-};
 
 // Everything the result depends on: the model, the configuration, the sequences (lengths and
 // token ids) and the calibration's EigenAttention fits and statistics (warm start, walk).
 std::string ck_identity(const Model& model, const Calibration& cal, const StiefTrainConfig& cfg,
                         const std::vector<std::vector<int32_t>>& seqs) {
   const ModelFingerprint fp = model_fingerprint(model);
-  Fnv tok, fit;
+  Hasher tok, fit;
   for (const auto& s : seqs) {
     const uint64_t n = s.size();
     tok.bytes(&n, sizeof n);
@@ -291,7 +284,7 @@ std::string ck_identity(const Model& model, const Calibration& cal, const StiefT
   return fp.describe() +
          strprintf(" weights=%016llx seqs=%zu tokens=%016llx calib=%016llx ",
                    static_cast<unsigned long long>(fp.weights_hash), seqs.size(),
-                   static_cast<unsigned long long>(tok.h), static_cast<unsigned long long>(fit.h)) +
+                   static_cast<unsigned long long>(tok.finish()), static_cast<unsigned long long>(fit.finish())) +
          cfg.describe();
 }
 
@@ -307,11 +300,7 @@ void save_checkpoint(const std::string& path, const std::string& identity, const
     ts.push_back({"x." + std::to_string(i), {n_embd, static_cast<int64_t>(X[i].size()) / n_embd}, X[i]});
   for (const CalibTensor& t : ts)
     w.add_tensor(t.name, GgmlType::F32, t.ne, t.data.data(), t.data.size() * sizeof(float));
-  const std::string tmp = path + ".tmp";
-  w.write(tmp);
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  KVTRIM_CHECK(!ec, "cannot write the StiefAttention checkpoint '%s'", path.c_str());
+  w.write_atomic(path, "StiefAttention checkpoint");
 }
 
 // Loads a matching checkpoint into *f and *X; false when there is none or it does not match

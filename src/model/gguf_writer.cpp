@@ -8,6 +8,8 @@
 // (1..4 dims, each > 0, whole blocks per row, byte count), so write() only serialises.
 #include "model/gguf_writer.h"
 
+#include <filesystem>
+
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -267,6 +269,17 @@ void GgufWriter::write(const std::string& path, uint32_t alignment) const {
     }
   }
   out.close();
+}
+
+void GgufWriter::write_atomic(const std::string& path, const char* what) const {
+  const std::string tmp = path + ".tmp";
+  write(tmp);
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    std::filesystem::remove(tmp, ec);
+    fail("cannot write %s '%s' (rename from '%s' failed)", what, path.c_str(), tmp.c_str());
+  }
 }
 
 }  // namespace kvtrim

@@ -28,6 +28,9 @@ class GgufWriter {
   void add_tensor(const std::string& name, GgmlType type, const std::vector<int64_t>& ne,
                   const void* data, size_t n_bytes);
   void write(const std::string& path, uint32_t alignment = 32) const;
+  // write() to <path>.tmp, then rename over path, so readers never see a half-written file.
+  // Throws Error naming `what` and the path when the rename fails (the temporary is removed).
+  void write_atomic(const std::string& path, const char* what) const;
 
  private:
   struct Kv { std::string key; GgufValue value; };

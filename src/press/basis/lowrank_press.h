@@ -89,10 +89,8 @@ class LowRankPress : public Press {
     std::vector<float> ek, ev;  // [d, r] orthonormal encoders
   };
   virtual bool chooses_bases() const { return false; }
-  virtual bool choose_bases(const PressContext& ctx, const Calibration& cal, int il, int ih,
-                            ChosenBases* out) const {
-    return false;
-  }
+  virtual void choose_bases(const PressContext& ctx, const Calibration& cal, int il, int ih,
+                            ChosenBases* out) const {}
 
  private:
   enum class Phase { kCompress, kAppend, kDecode };

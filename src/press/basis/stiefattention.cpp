@@ -37,7 +37,7 @@ class StiefAttentionPress : public LowRankPress {
 
  protected:
   bool chooses_bases() const override { return true; }
-  bool choose_bases(const PressContext& ctx, const Calibration& cal, int il, int ih,
+  void choose_bases(const PressContext& ctx, const Calibration& cal, int il, int ih,
                     ChosenBases* out) const override {
     const StiefFits& f = cal.stief();
     KVTRIM_CHECK(f.n_head_kv == ctx.n_head_kv() && f.dk == ctx.head_dim_k() && f.dv == ctx.head_dim_v(),
@@ -54,14 +54,13 @@ class StiefAttentionPress : public LowRankPress {
       ik = ch.ik;
       iv = ch.iv;
     }
-    if (ik == nc && iv == nc) return true;  // the layer stays uncompressed (rk = rv = 0)
+    if (ik == nc && iv == nc) return;  // the layer stays uncompressed (rk = rv = 0)
     const StiefLayerFit& L = f.layers[static_cast<size_t>(il)];
     out->rk = f.rank_k(ik);
     out->rv = f.rank_v(iv);
     out->ek = ik < nc ? first_columns(L.key[static_cast<size_t>(ik)], f.dk, out->rk) : identity(f.dk);
     out->ev = iv < nc ? first_columns(L.value[static_cast<size_t>(iv)][static_cast<size_t>(ih)], f.dv, out->rv)
                       : identity(f.dv);
-    return true;
   }
 
  private:
@@ -110,7 +109,7 @@ class EigenBudgetPress : public LowRankPress {
 
  protected:
   bool chooses_bases() const override { return true; }
-  bool choose_bases(const PressContext& ctx, const Calibration& cal, int il, int ih,
+  void choose_bases(const PressContext& ctx, const Calibration& cal, int il, int ih,
                     ChosenBases* out) const override {
     const double tau = thresholds(cal)[static_cast<size_t>(il)];
     const HeadFit& f = cal.fit(BasisMethod::kEigenAttention, il, ih);
@@ -118,11 +117,10 @@ class EigenBudgetPress : public LowRankPress {
     out->rv = f.v.rank_for_energy(tau);
     if (out->rk == f.k.d && out->rv == f.v.d) {
       out->rk = out->rv = 0;  // the full basis: leave the head uncompressed
-      return true;
+      return;
     }
     out->ek = f.k.enc_cols(out->rk);
     out->ev = f.v.enc_cols(out->rv);
-    return true;
   }
 
  private:
