@@ -45,6 +45,56 @@ void PressObserver::reset() {
       }
   }
   question_mode_ = false;
+  reset_refeed();
+}
+
+void PressObserver::reset_refeed() {
+  obs_.refeed_max.clear();
+  obs_.refeed_sum.clear();
+  obs_.refeed_m.clear();
+  obs_.kvzip.clear();
+  refeed_current_ = false;
+}
+
+void PressObserver::start_refeed(bool context, bool kvzip, int kvzip_sinks) {
+  reset_refeed();
+  const int nl = model_.hparams().n_layer, nkv = model_.hparams().n_head_kv;
+  const size_t g = static_cast<size_t>(model_.hparams().n_head / nkv);
+  if (context) {
+    obs_.refeed_max.assign(static_cast<size_t>(nl * nkv), {});
+    obs_.refeed_sum.assign(static_cast<size_t>(nl * nkv), {});
+    obs_.refeed_m.assign(static_cast<size_t>(nl), 0);
+  }
+  if (kvzip) obs_.kvzip.assign(static_cast<size_t>(nl * nkv), {});
+  std::vector<float> kk;
+  std::vector<int32_t> kp;
+  for (int il = 0; il < nl; ++il)
+    for (int ih = 0; ih < nkv; ++ih) {
+      const size_t at = static_cast<size_t>(il * nkv + ih), n = static_cast<size_t>(cache_.n_tokens(il, ih));
+      if (context) {
+        obs_.refeed_max[at].assign(n * g, 0.f);
+        obs_.refeed_sum[at].assign(n * g, 0.f);
+      }
+      if (kvzip) {
+        cache_.read_head(il, ih, nullptr, nullptr, &kp);
+        auto& z = obs_.kvzip[at];
+        z.assign(n, 0.f);
+        for (size_t t = 0; t < n; ++t)
+          if (kp[t] < kvzip_sinks) z[t] = 1.f;
+      }
+    }
+  refeed_sinks_ = kvzip_sinks;
+  refeed_current_ = true;
+}
+
+void PressObserver::begin_refeed(RefeedMode mode, int32_t n_context, int32_t lo, int32_t hi) {
+  KVTRIM_CHECK(refeed_current_, "observer: begin_refeed before start_refeed");
+  KVTRIM_CHECK(mode != RefeedMode::kContext || !obs_.refeed_max.empty(), "observer: no context re-feed results");
+  KVTRIM_CHECK(mode != RefeedMode::kKvzip || !obs_.kvzip.empty(), "observer: no reconstruction results");
+  refeed_mode_ = mode;
+  refeed_n_context_ = n_context;
+  refeed_lo_ = lo;
+  refeed_hi_ = hi;
 }
 
 void PressObserver::begin_question() {
@@ -60,6 +110,10 @@ void PressObserver::clear_question() {
 void PressObserver::on_qkv(int il, int64_t n, const float* q, const float* k, const float* v, const int32_t* pos) {
   const HParams& hp = model_.hparams();
   const size_t row = static_cast<size_t>(hp.n_head) * static_cast<size_t>(hp.head_dim_k);
+  if (refeed_mode_ != RefeedMode::kOff) {
+    refeed_scores(il, n, q, k, pos);
+    return;
+  }
   if (question_mode_) {
     ObservedQueries& oq = obs_.question[static_cast<size_t>(il)];
     if (!question_started_[static_cast<size_t>(il)]) {
@@ -71,6 +125,7 @@ void PressObserver::on_qkv(int il, int64_t n, const float* q, const float* k, co
     oq.n += n;
     return;
   }
+  if (il == 0 && refeed_current_) reset_refeed();  // the context grows: the re-feed is stale
   if (needs_.window > 0) {
     ObservedQueries& w = obs_.window[static_cast<size_t>(il)];
     const int64_t keep_new = std::min<int64_t>(n, needs_.window);
@@ -143,6 +198,72 @@ void PressObserver::accumulate_task_attention(int il, int64_t n, const float* q,
   tp.insert(tp.end(), pos, pos + n);
 }
 
+// A re-feed chunk (start_refeed, begin_refeed): per kv head, the stored keys the mode lets the
+// chunk see plus the chunk's own, through the same pooled sgemm + softmax as the task
+// attention; only the stored context's rows (positions < n_context) are kept.
+void PressObserver::refeed_scores(int il, int64_t n, const float* q, const float* k, const int32_t* pos) {
+  const HParams& hp = model_.hparams();
+  const int nkv = hp.n_head_kv, g = hp.n_head / hp.n_head_kv, d = hp.head_dim_k;
+  const size_t du = static_cast<size_t>(d), gu = static_cast<size_t>(g);
+  const int window = il < static_cast<int>(hp.sliding_window.size()) ? hp.sliding_window[static_cast<size_t>(il)] : 0;
+  const float scale = hp.attn_scale > 0 ? hp.attn_scale : 1.f / std::sqrt(static_cast<float>(d));
+  const bool kvzip = refeed_mode_ == RefeedMode::kKvzip;
+  std::vector<float> kk, sk, amax, asum;
+  std::vector<int32_t> kp, sp, src;  // src: the stored row of each selected key (-1: not context)
+  for (int ih = 0; ih < nkv; ++ih) {
+    const size_t at = static_cast<size_t>(il * nkv + ih);
+    cache_.read_head(il, ih, &kk, nullptr, &kp);
+    const size_t n_old = kp.size();
+    const size_t n_rows = kvzip ? obs_.kvzip[at].size() : obs_.refeed_max[at].size() / gu;
+    // the context's rows are the stored tokens before the re-feed's own (positions < n_context)
+    size_t n_ctx_rows = 0;
+    while (n_ctx_rows < n_old && kp[n_ctx_rows] < refeed_n_context_) ++n_ctx_rows;
+    KVTRIM_CHECK(n_ctx_rows == n_rows, "observer: the re-feed of layer %d head %d covers %zu tokens, the cache holds %zu",
+                 il, ih, n_rows, n_ctx_rows);
+    sk.clear();
+    sp.clear();
+    src.clear();
+    for (size_t t = 0; t < n_old; ++t) {
+      const int32_t p = kp[t];
+      const bool context = p < refeed_n_context_;
+      if (kvzip && context && !(p < std::min(refeed_sinks_, refeed_lo_) || (p >= refeed_lo_ && p < refeed_hi_))) continue;
+      sk.insert(sk.end(), kk.begin() + static_cast<std::ptrdiff_t>(t * du), kk.begin() + static_cast<std::ptrdiff_t>((t + 1) * du));
+      sp.push_back(p);
+      src.push_back(context ? static_cast<int32_t>(t) : -1);
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      sk.insert(sk.end(), k + (static_cast<size_t>(i) * static_cast<size_t>(nkv) + static_cast<size_t>(ih)) * du,
+                k + (static_cast<size_t>(i) * static_cast<size_t>(nkv) + static_cast<size_t>(ih) + 1) * du);
+      sp.push_back(pos[i]);
+      src.push_back(-1);
+    }
+    const int64_t m = static_cast<int64_t>(sp.size());
+    amax.assign(static_cast<size_t>(m) * gu, 0.f);
+    if (!kvzip) asum.assign(static_cast<size_t>(m) * gu, 0.f);
+    kvcompose::accumulate_task_attention_max_sum(q, pos, n, hp.n_head, ih, g, d, sk.data(), sp.data(), m, scale, window,
+                                                 amax.data(), kvzip ? nullptr : asum.data(), pool_);
+    for (size_t j = 0; j < static_cast<size_t>(m); ++j) {
+      const int32_t t = src[j];
+      if (t < 0) continue;
+      const size_t r = static_cast<size_t>(t);
+      if (kvzip) {
+        // KVzip: the max over the group too; the chunk's span only (the sinks are scored 1)
+        if (sp[j] < refeed_lo_ || sp[j] >= refeed_hi_) continue;
+        float best = 0.f;
+        for (size_t gi = 0; gi < gu; ++gi) best = std::max(best, amax[j * gu + gi]);
+        obs_.kvzip[at][r] = std::max(obs_.kvzip[at][r], best);
+      } else {
+        for (size_t gi = 0; gi < gu; ++gi) {
+          float& mx = obs_.refeed_max[at][r * gu + gi];
+          mx = std::max(mx, amax[j * gu + gi]);
+          obs_.refeed_sum[at][r * gu + gi] += asum[j * gu + gi];
+        }
+      }
+    }
+  }
+  if (!kvzip) obs_.refeed_m[static_cast<size_t>(il)] += n;
+}
+
 // H2O: attention of the chunk's queries over the stored tokens plus the chunk's own keys
 // (masked causally and by the sliding window), summed over the GQA group into each token's
 // cumulative attention; cum_count counts the queries that could see the token. One kv head
@@ -190,7 +311,7 @@ void PressObserver::accumulate_attention(int il, int64_t n, const float* q, cons
 }
 
 void PressObserver::after_append(int il, KvCache& cache) {
-  if (!hook_press_ || !hooks_ || question_mode_) return;
+  if (!hook_press_ || !hooks_ || question_mode_ || refeed_mode_ != RefeedMode::kOff) return;
   PressContext ctx(cache, model_.hparams(), &obs_, pool_);
   ctx.set_model(&model_);
   ctx.set_new_from(cache.n_past());  // the engine advances n_past only after the whole forward call
@@ -223,6 +344,11 @@ void PressObserver::on_apply(const CompressionPlan& plan) {
       keep_rows(&obs_.task_max[i], h, g);
       keep_rows(&obs_.task_sum[i], h, g);
     }
+    if (!obs_.refeed_max.empty()) {
+      keep_rows(&obs_.refeed_max[i], h, g);
+      keep_rows(&obs_.refeed_sum[i], h, g);
+    }
+    if (!obs_.kvzip.empty()) keep_rows(&obs_.kvzip[i], h, 1);
   }
 }
 
@@ -256,6 +382,21 @@ void PressObserver::on_truncate(int32_t pos) {
       obs_.task_sum[i].resize(n);
     }
     for (auto& tp : obs_.task_pos) tp.erase(std::remove_if(tp.begin(), tp.end(), [pos](int32_t p) { return p >= pos; }), tp.end());
+  }
+  // The re-feed's chunks are truncated away after each one (their tokens never had rows); a
+  // truncation into the context itself makes the re-feed stale.
+  if (refeed_current_ && refeed_mode_ == RefeedMode::kOff) {
+    const int nkv = model_.hparams().n_head_kv;
+    const size_t g = static_cast<size_t>(model_.hparams().n_head / nkv);
+    for (int il = 0; il < model_.hparams().n_layer && refeed_current_; ++il)
+      for (int ih = 0; ih < nkv; ++ih) {
+        const size_t at = static_cast<size_t>(il * nkv + ih), n = static_cast<size_t>(cache_.n_tokens(il, ih));
+        if ((!obs_.refeed_max.empty() && obs_.refeed_max[at].size() != n * g) ||
+            (!obs_.kvzip.empty() && obs_.kvzip[at].size() != n)) {
+          reset_refeed();
+          break;
+        }
+      }
   }
 }
 

@@ -46,6 +46,24 @@ class PressObserver : public ForwardObserver {
   void set_after_append_press(const Press* press) { hook_press_ = press; }
   void set_hooks(bool on) { hooks_ = on; }
   bool hooks() const { return hooks_; }
+  // The re-feed passes (src/engine/refeed.h). start_refeed sizes the results for the stored
+  // tokens (zeros; KVzip's sinks, the stored tokens at positions < sinks, score 1) and marks
+  // them current; any later context append clears them. Between begin_refeed and end_refeed
+  // every forward call is a re-feed chunk appended at positions >= n_context (the context's
+  // end) and truncated away afterwards: nothing is recorded as context (no window queries, no
+  // statistics rows, no after-append plans); on_qkv scores the stored context instead:
+  //   kContext: the chunk's queries attend over every stored token (the context and the
+  //     chunk's earlier sub-chunks) plus their own keys, causally; the probabilities on the
+  //     context's tokens fold into refeed_max / refeed_sum, and M grows by the chunk's size;
+  //   kKvzip: softmax over the stored tokens at positions < sinks, those in [lo, hi) (the
+  //     context span the chunk reconstructs) and the chunk's own (>= n_context), causal; the
+  //     max over queries and the group's heads of the probabilities on [lo, hi) is the score.
+  enum class RefeedMode { kOff, kContext, kKvzip };
+  void start_refeed(bool context, bool kvzip, int kvzip_sinks);
+  bool refeed_current() const { return refeed_current_; }
+  void begin_refeed(RefeedMode mode, int32_t n_context, int32_t lo = 0, int32_t hi = 0);
+  void end_refeed() { refeed_mode_ = RefeedMode::kOff; }
+  void reset_refeed();  // drops the re-feed's results (not current any more)
   // Keeps the observations aligned with the cache after it applied `plan`.
   void on_apply(const CompressionPlan& plan);
   // After cache.truncate(pos): drops what belonged to positions >= pos.
@@ -61,6 +79,7 @@ class PressObserver : public ForwardObserver {
  private:
   void accumulate_attention(int il, int64_t n, const float* q, const float* k, const int32_t* pos);
   void accumulate_task_attention(int il, int64_t n, const float* q, const float* k, const int32_t* pos);
+  void refeed_scores(int il, int64_t n, const float* q, const float* k, const int32_t* pos);
   const Model& model_;
   const KvCache& cache_;
   PressNeeds needs_;
@@ -71,6 +90,10 @@ class PressObserver : public ForwardObserver {
   const Press* hook_press_ = nullptr;
   bool hooks_ = true;
   std::vector<char> question_started_;  // per layer: first chunk of the current question seen
+  RefeedMode refeed_mode_ = RefeedMode::kOff;
+  bool refeed_current_ = false;
+  int32_t refeed_n_context_ = 0, refeed_lo_ = 0, refeed_hi_ = 0;
+  int refeed_sinks_ = 0;
 };
 
 // What one compress step did.

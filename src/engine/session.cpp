@@ -166,7 +166,10 @@ void Session::step_batch(const std::vector<SessionChunk>& chunks) {
     for (const SessionChunk& c : chunks) c.session->restore_observer();  // nothing else
     throw;
   }
-  for (const SessionChunk& c : chunks) c.session->after_step(c.decode);
+  for (const SessionChunk& c : chunks) {
+    c.session->history_.insert(c.session->history_.end(), c.tokens, c.tokens + c.n);
+    c.session->after_step(c.decode);
+  }
 }
 
 // The press's periodic decode-time plan (OjaKV: Oja step on the buffer, new basis epoch).
@@ -196,6 +199,7 @@ void Session::eval_all(const int32_t* tokens, int64_t n, float* logits) {
     const int64_t m = std::min<int64_t>(p_.n_batch, n - i);
     model_.forward(tokens + i, m, n_past(), *cache_, logits + static_cast<size_t>(i) * n_vocab, true, pool_,
                    observer_.get());
+    history_.insert(history_.end(), tokens + i, tokens + i + m);
   }
   update_from_ = n_past();
   decode_steps_ = 0;
@@ -205,6 +209,7 @@ void Session::reset() {
   // reset(), not clear(): the next context must not inherit a head's basis (OjaKV's adapted
   // to the last context; a static one would encode the full-cache pass of eval ppl).
   cache_->reset();
+  history_.clear();
   if (observer_) observer_->reset();
   compress_log_.clear();
   decode_steps_ = 0;
@@ -233,6 +238,7 @@ void Session::set_press(std::unique_ptr<Press> press, PressSchedule sched, const
 
 CompressStats Session::compress() {
   KVTRIM_CHECK(press_ != nullptr, "compress: no press set on this session");
+  prepare_compress();
   CompressStats st = run_press(*press_, *cache_, model_, observer_.get(), pool_);
   compress_log_.push_back(st);
   return st;
@@ -240,6 +246,7 @@ CompressStats Session::compress() {
 
 CompressStats Session::compress(const Budget& budget_override) {
   KVTRIM_CHECK(press_ != nullptr, "compress: no press set on this session");
+  prepare_compress();
   CompressStats st = run_press(*press_, *cache_, model_, observer_.get(), pool_, &budget_override);
   compress_log_.push_back(st);
   return st;
@@ -271,6 +278,7 @@ const Observations* Session::observations() const { return observer_ ? &observer
 
 void Session::truncate(int32_t pos) {
   cache_->truncate(pos);
+  if (pos >= 0 && static_cast<size_t>(pos) < history_.size()) history_.resize(static_cast<size_t>(pos));
   if (observer_) observer_->on_truncate(pos);
   update_from_ = std::min(update_from_, pos);
 }
@@ -324,6 +332,7 @@ GenerateResult Session::generate(const std::vector<int32_t>& prompt, const Gener
       if (most > sched_.decode_target) {
         Budget b;
         b.n_keep = sched_.decode_target;
+        prepare_compress();
         compress_log_.push_back(run_press(*press_, *cache_, model_, observer_.get(), pool_, &b));
       }
     }
@@ -346,6 +355,7 @@ void Session::set_observer(const PressNeeds& needs) {
 }
 
 CompressStats Session::compress_with(const Press& press) {
+  prepare_compress();
   CompressStats st = run_press(press, *cache_, model_, observer_.get(), pool_);
   compress_log_.push_back(st);
   return st;
@@ -357,6 +367,7 @@ Session::State Session::save_state() const {
   st.has_observer = observer_ != nullptr;
   if (observer_) st.observations = observer_->observations();
   st.logits = logits_;
+  st.history = history_;
   st.decode_steps = decode_steps_;
   st.update_from = update_from_;
   return st;
@@ -380,6 +391,7 @@ void Session::restore_state(const State& st) {
   }
   cache_ = std::move(c);
   logits_ = st.logits;
+  history_ = st.history;
   compress_log_.clear();
   decode_steps_ = st.decode_steps;
   update_from_ = st.update_from;

@@ -123,7 +123,8 @@ class Session {
   const Press* press() const { return press_.get(); }
   const PressSchedule& press_schedule() const { return sched_; }
   // Compresses the cache now with the session's press (plan, then the cache applies it).
-  // n_past() keeps the uncompressed length. Throws Error if no press is set.
+  // n_past() keeps the uncompressed length. Throws Error if no press is set. Runs
+  // prepare_compress() first.
   CompressStats compress();
   // The same with a budget replacing the press's own (every scorer press of a composition
   // keeps budget.keep_count(n) tokens per (layer, kv head)): decode-time compression.
@@ -133,6 +134,14 @@ class Session {
   void observe_question(const std::vector<int32_t>& question);
   // Drops every token at position >= pos (chat keeps the common prefix of a conversation).
   void truncate(int32_t pos);
+  // The passes a press needs after the context and before planning (src/engine/refeed.h: the
+  // re-feed of KVCompose, KVzip's reconstruction): run once per context (a no-op while the
+  // observer's results are current or when nothing needs them). compress(), compress_with()
+  // and generate's decode-time compressions call it; a sweep calls it before saving a state
+  // so every cell shares one pass. Throws LimitError when a chunk does not fit the context.
+  void prepare_compress();
+  // The token ids at positions [0, n_past()) (what a re-feed runs again).
+  const std::vector<int32_t>& history() const { return history_; }
   // Stats of every compress() since the last reset (generate's included).
   const std::vector<CompressStats>& compress_log() const { return compress_log_; }
   // The press's own hooks: its after-append plans during prefill / eval_all
@@ -165,6 +174,7 @@ class Session {
   ThreadPool* pool_;
   std::unique_ptr<KvCache> cache_;
   std::vector<float> logits_;
+  std::vector<int32_t> history_;  // the context's token ids, position by position
   std::unique_ptr<Press> press_;
   PressSchedule sched_;
   std::unique_ptr<PressObserver> observer_;
@@ -185,6 +195,7 @@ class Session {
     bool has_observer = false;
     Observations observations;
     std::vector<float> logits;
+    std::vector<int32_t> history;
     int64_t decode_steps = 0;  // the press hooks' decode counter and first unplanned position
     int32_t update_from = 0;
   };

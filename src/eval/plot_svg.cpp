@@ -74,17 +74,24 @@ std::string sweep_plot_svg(const std::vector<SweepPoint>& points,
                            const std::vector<SweepCurve>& curves, const std::string& title,
                            const std::string& score_label) {
   std::vector<std::string> models, presses;
-  double max_ratio = 0;
+  double max_ratio = 0, lo_saving = 0, hi_saving = 0;
   collect(points, &models, &presses, &max_ratio);
-  // x: 0 .. the largest ratio rounded up to a tenth; y: the 0-100 score scale.
-  const double x_max = std::max(0.1, std::ceil(max_ratio * 10 - 1e-9) / 10);
+  for (const SweepPoint& p : points) {
+    lo_saving = std::min(lo_saving, kv_saving(p.kv_ratio()));
+    hi_saving = std::max(hi_saving, kv_saving(p.kv_ratio()));
+  }
+  // x: the measured KV saving, from 0 (or the lowest saving, down to -1: cells holding more
+  // than twice f16 are drawn at the edge) to the larger of the sweep's largest ratio and the
+  // largest saving, rounded to tenths; y: the 0-100 score scale.
+  const double x_max = std::max(0.1, std::ceil(std::max(max_ratio, hi_saving) * 10 - 1e-9) / 10);
+  const double x_min = std::max(-1.0, std::floor(lo_saving * 10 + 1e-9) / 10);
   const double pw = kW - kLeft - kRight, ph = kH - kTop - kBottom;
   const double total_h = kTitleH + kH * static_cast<double>(std::max<size_t>(1, models.size()));
   std::string o = svg_open(kW, total_h, title, models.empty(), kTitleH);
   for (size_t mi = 0; mi < models.size(); ++mi) {
     const std::string& m = models[mi];
     const double y0 = kTitleH + kH * static_cast<double>(mi);  // panel top
-    auto X = [&](double r) { return kLeft + pw * r / x_max; };
+    auto X = [&](double r) { return kLeft + pw * (std::max(r, x_min) - x_min) / (x_max - x_min); };
     auto Y = [&](double s) { return y0 + kTop + ph * (1 - std::clamp(s, 0.0, 100.0) / 100); };
     o += strprintf(
         "<g>\n<text x=\"%.1f\" y=\"%.1f\" font-size=\"13\" font-weight=\"bold\">%s</text>\n", kLeft,
@@ -93,15 +100,15 @@ std::string sweep_plot_svg(const std::vector<SweepPoint>& points,
     for (int i = 0; i <= 5; ++i) {
       const double s = 20.0 * i, y = Y(s);
       o += strprintf("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#e5e5e5\"/>\n",
-                     X(0), y, X(x_max), y);
+                     X(x_min), y, X(x_max), y);
       o += strprintf("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"black\"/>\n",
-                     X(0) - 5, y, X(0), y);
-      o += strprintf("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%.0f</text>\n", X(0) - 8,
+                     X(x_min) - 5, y, X(x_min), y);
+      o += strprintf("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%.0f</text>\n", X(x_min) - 8,
                      y + 4, s);
     }
-    const int n_xt = static_cast<int>(std::lround(x_max * 10));
-    const int x_step = n_xt > 10 ? 2 : 1;
-    for (int i = 0; i <= n_xt; i += x_step) {
+    const int xt0 = static_cast<int>(std::lround(x_min * 10)), xt1 = static_cast<int>(std::lround(x_max * 10));
+    const int x_step = xt1 - xt0 > 10 ? 2 : 1;
+    for (int i = xt0; i <= xt1; i += x_step) {
       const double r = i / 10.0, x = X(r), yb = Y(0);
       o += strprintf("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#e5e5e5\"/>\n",
                      x, Y(100), x, yb);
@@ -112,14 +119,13 @@ std::string sweep_plot_svg(const std::vector<SweepPoint>& points,
     }
     // axes and their labels
     o += strprintf("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"black\"/>\n",
-                   X(0), Y(0), X(x_max), Y(0));
+                   X(x_min), Y(0), X(x_max), Y(0));
     o += strprintf("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"black\"/>\n",
-                   X(0), Y(0), X(0), Y(100));
+                   X(x_min), Y(0), X(x_min), Y(100));
     o += strprintf(
-        "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">compression ratio (fraction of the KV "
-        "cache "
-        "evicted)</text>\n",
-        X(x_max / 2), Y(0) + 40);
+        "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">KV saved, measured: 1 - KV bytes / f16 "
+        "bytes</text>\n",
+        X((x_min + x_max) / 2), Y(0) + 40);
     o += strprintf(
         "<text transform=\"translate(%.1f,%.1f) rotate(-90)\" text-anchor=\"middle\">%s</text>\n",
         kLeft - 44, Y(50), svg_escape(score_label).c_str());
@@ -134,7 +140,7 @@ std::string sweep_plot_svg(const std::vector<SweepPoint>& points,
           "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#444\" "
           "stroke-width=\"1.5\" "
           "stroke-dasharray=\"6,4\"/>\n",
-          X(0), Y(base->score), X(x_max), Y(base->score));
+          X(x_min), Y(base->score), X(x_max), Y(base->score));
       o += strprintf(
           "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#444\" "
           "stroke-width=\"1.5\" "
@@ -142,14 +148,16 @@ std::string sweep_plot_svg(const std::vector<SweepPoint>& points,
           lx, legend_y, lx + 24, legend_y, lx + 30, legend_y + 4, base->score);
       legend_y += 20;
     }
-    // one line with markers per press, starting from the uncompressed score at ratio 0
+    // one line with markers per press through its cells sorted by measured saving, starting
+    // from the uncompressed score at the baseline's saving
     for (size_t pi = 0; pi < presses.size(); ++pi) {
       const char* color = kColors[pi % (sizeof kColors / sizeof kColors[0])];
       std::vector<std::pair<double, double>> xy;
-      if (base) xy.emplace_back(0.0, base->score);
+      if (base) xy.emplace_back(kv_saving(base->kv_ratio()), base->score);
       for (const SweepPoint& p : points)
-        if (p.model == m && p.press == presses[pi]) xy.emplace_back(p.ratio, p.score);
+        if (p.model == m && p.press == presses[pi]) xy.emplace_back(kv_saving(p.kv_ratio()), p.score);
       if (xy.size() <= (base ? 1u : 0u)) continue;
+      std::stable_sort(xy.begin(), xy.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
       std::string path;
       for (const auto& [r, s] : xy)
         path += strprintf("%s%.1f,%.1f", path.empty() ? "" : " ", X(r), Y(s));
@@ -157,12 +165,12 @@ std::string sweep_plot_svg(const std::vector<SweepPoint>& points,
                      path.c_str(), color);
       for (const auto& [r, s] : xy)
         o += strprintf(
-            "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3.5\" fill=\"%s\"><title>%s @ %.2f: "
+            "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3.5\" fill=\"%s\"><title>%s, KV saved %.3f: "
             "%.1f</title></circle>\n",
             X(r), Y(s), color, svg_escape(presses[pi]).c_str(), r, s);
       std::string label = presses[pi];
       for (const SweepCurve& c : curves)
-        if (c.model == m && c.press == presses[pi]) label += strprintf(" (AUC %.1f)", c.auc);
+        if (c.model == m && c.press == presses[pi]) label += strprintf(" (AUC %.1f)", c.measured.auc);
       o += strprintf(
           "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"2\"/>"
           "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3.5\" fill=\"%s\"/>\n<text x=\"%.1f\" "
@@ -303,7 +311,10 @@ std::string sweep_ppl_plot_svg(const std::vector<PplSweepPoint>& points,
       std::sort(b.xy.begin(), b.xy.end());
       for (const PplSweepCurve& c : curves)
         if (c.model == m && c.press == presses[pi])
-          a.label += strprintf(" (mean ΔPPL %+.3f)", c.auc);
+          a.label += std::isnan(c.measured.auc)
+                         ? std::string(" (saved nothing)")
+                         : strprintf(" (mean ΔPPL %+.3f to saving %.2f)", c.measured.auc,
+                                     std::min(c.reached, c.span));
       by_ratio.push_back(a);
       by_kv.push_back(b);
     }

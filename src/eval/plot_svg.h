@@ -1,6 +1,6 @@
 // The accuracy-vs-compression plot of a sweep (src/eval/sweep.h) as a self-contained SVG,
-// written by hand (no dependencies): one panel per model, score against the compression
-// ratio, one line with markers per press, the uncompressed score as a dashed horizontal
+// written by hand (no dependencies): one panel per model, score against the measured KV
+// saving (1 - KV bytes / f16 bytes, DESIGN.md §3), one line with markers per press, the uncompressed score as a dashed horizontal
 // line, axes with ticks and labels, and a legend with each press's AUC.
 #pragma once
 #include <string>
@@ -12,7 +12,9 @@
 namespace kvtrim::eval {
 
 // `title` heads the figure; `score_label` names the y axis ("RULER score (0-100)"). The y axis
-// spans 0-100 (scores are 0-100); the x axis 0 to the largest ratio rounded up to a tenth.
+// spans 0-100 (scores are 0-100); the x axis from 0 (or the lowest saving, at most 1 below) to
+// the larger of the largest ratio and the largest saving, rounded to tenths; legend AUCs are the
+// measured ones (SweepCurve::measured).
 std::string sweep_plot_svg(const std::vector<SweepPoint>& points,
                            const std::vector<SweepCurve>& curves, const std::string& title,
                            const std::string& score_label);

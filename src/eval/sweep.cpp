@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -308,11 +309,11 @@ SweepRow row_from_json(const json& j) {
 
 }  // namespace
 
-SweepResultsFile::SweepResultsFile(std::string path, std::set<std::string> configs)
+SweepResultsFile::SweepResultsFile(std::string path, std::set<std::string> configs, bool every_config)
     : path_(std::move(path)), configs_(std::move(configs)) {
   read_results_rows(
       path_, "row", "sweep results line", "--out-dir",
-      [&](const std::string& c) { return configs_.count(c) != 0; },
+      [&](const std::string& c) { return every_config || configs_.count(c) != 0; },
       [&](const json& j) {
         SweepRow r = row_from_json(j);
         done_[{r.config, r.id, r.q}] = r.unit_hash;
@@ -449,6 +450,7 @@ int64_t sweep_ruler(Session& s, const PromptBuilder& pb, const std::vector<EvalS
           if (!saved) {
             ss.reset();  // an empty cache without bases, as a new session's
             ss.prefill(ctx);
+            ss.prepare_compress();  // a re-feed pass (kvcompose, kvzip) once per sample, shared
             saved = std::make_unique<Session::State>(ss.save_state());
           } else {
             ss.restore_state(*saved);
@@ -654,32 +656,79 @@ double tolerance_ratio(const std::vector<std::pair<double, double>>& gaps, doubl
   return last_r;
 }
 
+double measured_auc(std::vector<std::pair<double, double>> pts, double span, double beyond) {
+  KVTRIM_CHECK(span > 0, "measured_auc: span %g must be > 0", span);
+  if (pts.empty()) return beyond;
+  std::stable_sort(pts.begin(), pts.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  // the integral of the curve over [lo, hi] ∩ [0, span]
+  double area = 0;
+  auto add = [&](double x0, double y0, double x1, double y1) {  // a linear piece, x0 <= x1
+    const double lo = std::max(x0, 0.0), hi = std::min(x1, span);
+    if (hi <= lo) return;
+    auto at = [&](double x) { return x1 > x0 ? y0 + (y1 - y0) * (x - x0) / (x1 - x0) : y0; };
+    area += (hi - lo) * (at(lo) + at(hi)) / 2;
+  };
+  add(std::min(0.0, pts.front().first), pts.front().second, pts.front().first, pts.front().second);
+  for (size_t i = 1; i < pts.size(); ++i)
+    add(pts[i - 1].first, pts[i - 1].second, pts[i].first, pts[i].second);
+  add(pts.back().first, beyond, std::max(span, pts.back().first), beyond);
+  return area / span;
+}
+
+double measured_tolerance(std::vector<std::pair<double, double>> gaps, double tol, double* grid) {
+  KVTRIM_CHECK(!gaps.empty(), "measured_tolerance: no points");
+  const double base = gaps[0].first;
+  std::vector<std::pair<double, double>> walk = {gaps[0]};
+  for (size_t i = 1; i < gaps.size(); ++i)
+    if (gaps[i].first > base) walk.push_back(gaps[i]);
+  std::stable_sort(walk.begin() + 1, walk.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  return tolerance_ratio(walk, tol, grid);
+}
+
 std::vector<SweepCurve> sweep_curves(const std::vector<SweepPoint>& points) {
   std::vector<SweepCurve> out;
   std::map<std::string, const SweepPoint*> base;
-  for (const SweepPoint& p : points)
+  std::map<std::string, double> span;  // the largest nominal ratio of each model's sweep
+  for (const SweepPoint& p : points) {
     if (p.press == "none") base[p.model] = &p;
+    span[p.model] = std::max(span[p.model], p.ratio);
+  }
   std::vector<std::pair<std::string, std::string>> order;
   for (const SweepPoint& p : points) {
     if (p.press == "none" || !base.count(p.model)) continue;
     if (std::find(order.begin(), order.end(), std::make_pair(p.model, p.press)) == order.end())
       order.emplace_back(p.model, p.press);
   }
+  auto figures = [](CurveFigures* f, const std::vector<std::pair<double, double>>& gaps, bool measured) {
+    f->r10 = measured ? measured_tolerance(gaps, 0.10, &f->r10_grid) : tolerance_ratio(gaps, 0.10, &f->r10_grid);
+    f->r20 = measured ? measured_tolerance(gaps, 0.20, &f->r20_grid) : tolerance_ratio(gaps, 0.20, &f->r20_grid);
+  };
   for (const auto& [m, press] : order) {
     const SweepPoint& b = *base.at(m);
+    const double s0 = kv_saving(b.kv_ratio());
     std::vector<std::pair<double, double>> sc = {{0.0, b.score}}, gaps = {{0.0, 0.0}};
+    std::vector<std::pair<double, double>> msc = {{s0, b.score}}, mgaps = {{s0, 0.0}};
+    SweepCurve c;
+    c.reached = -std::numeric_limits<double>::infinity();
     for (const SweepPoint& p : points) {
       if (p.model != m || p.press != press) continue;
+      const double gap = relative_gap(b, p), x = kv_saving(p.kv_ratio());
       sc.emplace_back(p.ratio, p.score);
-      gaps.emplace_back(p.ratio, relative_gap(b, p));
+      gaps.emplace_back(p.ratio, gap);
+      msc.emplace_back(x, p.score);
+      mgaps.emplace_back(x, gap);
+      c.reached = std::max(c.reached, x);
     }
-    SweepCurve c;
     c.model = m;
     c.press = press;
     c.base_score = b.score;
-    c.auc = curve_auc(sc);
-    c.r10 = tolerance_ratio(gaps, 0.10, &c.r10_grid);
-    c.r20 = tolerance_ratio(gaps, 0.20, &c.r20_grid);
+    c.span = span.at(m);
+    c.nominal.auc = curve_auc(sc);
+    figures(&c.nominal, gaps, false);
+    c.measured.auc = measured_auc(msc, c.span, 0.0);
+    figures(&c.measured, mgaps, true);
     out.push_back(std::move(c));
   }
   return out;
@@ -728,25 +777,32 @@ std::string sweep_summary_markdown(const std::vector<SweepPoint>& points,
     bool any = false;
     for (const SweepCurve& c : curves) any = any || c.model == m;
     if (!any) continue;
-    out += "\n| press | AUC | max ratio within 10% | within 20% |\n|---|---:|---:|---:|\n";
+    out +=
+        "\n| press | AUC | KV saving within 10% | within 20% | largest saving | nominal: AUC | "
+        "ratio within 10% | within 20% |\n|---|---:|---:|---:|---:|---:|---:|---:|\n";
     for (const SweepCurve& c : curves) {
       if (c.model != m) continue;
-      out += strprintf("| %s | %.1f | %.3f (grid %.2f) | %.3f (grid %.2f) |\n", c.press.c_str(),
-                       c.auc, c.r10, c.r10_grid, c.r20, c.r20_grid);
+      out += strprintf(
+          "| %s | %.1f | %.3f (grid %.3f) | %.3f (grid %.3f) | %.3f | %.1f | %.3f (grid %.2f) | "
+          "%.3f (grid %.2f) |\n",
+          c.press.c_str(), c.measured.auc, c.measured.r10, c.measured.r10_grid, c.measured.r20,
+          c.measured.r20_grid, c.reached, c.nominal.auc, c.nominal.r10, c.nominal.r10_grid,
+          c.nominal.r20, c.nominal.r20_grid);
     }
   }
   out +=
-      "\nscore: mean over tasks (groups) of the mean per task, 0-100. KV MiB held: mean cache "
-      "bytes after the "
-      "context's compression (the cache's own accounting); KV / f16: that over the uncompressed "
-      "f16 size of the "
-      "same positions. AUC: trapezoids over the ratio axis from 0 (the uncompressed score) to the "
-      "largest ratio, "
-      "divided by that span (a mean score). Max ratio within t: the largest compression ratio up "
-      "to which the "
-      "relative gap to the uncompressed score (KVCompose eq. 10, mean over tasks) stays <= t, "
-      "interpolated "
-      "between swept ratios; grid = the last swept ratio within.\n";
+      "\nscore: mean over tasks (groups) of the mean per task, 0-100. KV MiB held: mean cache bytes "
+      "after the context's compression (the cache's own accounting); KV / f16: that over the "
+      "uncompressed f16 size of the same positions. Curves are on the measured axis, the KV "
+      "saving 1 - KV / f16 (the nominal ratio a press is asked for can differ a lot: low-rank "
+      "bases, indices, per-head positions). AUC: the mean score over savings 0 to the sweep's "
+      "largest ratio, piecewise linear through the cells sorted by saving; beyond a press's "
+      "largest saving it scores 0 (no credit for savings it did not make). KV saving within t: "
+      "the largest saving up to which the relative gap to the uncompressed score (KVCompose eq. "
+      "10, mean over tasks) stays <= t, walking the cells by saving (cells that save nothing are "
+      "left out) and stopping at the first beyond, interpolated; grid = the last cell within. "
+      "Nominal: the same figures on the nominal ratio axis (what the papers and kvpress report), "
+      "for comparison only.\n";
   return out;
 }
 
@@ -761,11 +817,15 @@ std::string sweep_summary_csv(const std::vector<SweepPoint>& points) {
 
 std::string sweep_curves_csv(const std::vector<SweepCurve>& curves) {
   std::string out =
-      "model,press,base_score,auc,max_ratio_10,max_ratio_10_grid,max_ratio_20,max_ratio_20_grid\n";
+      "model,press,base_score,auc,saving_10,saving_10_grid,saving_20,saving_20_grid,largest_saving,"
+      "span,nominal_auc,nominal_ratio_10,nominal_ratio_10_grid,nominal_ratio_20,nominal_ratio_20_"
+      "grid\n";
   for (const SweepCurve& c : curves)
-    out += strprintf("%s,%s,%.4f,%.4f,%.4f,%g,%.4f,%g\n", csv_field(c.model).c_str(),
-                     csv_field(c.press).c_str(), c.base_score, c.auc, c.r10, c.r10_grid, c.r20,
-                     c.r20_grid);
+    out += strprintf("%s,%s,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%g,%.4f,%.4f,%g,%.4f,%g\n",
+                     csv_field(c.model).c_str(), csv_field(c.press).c_str(), c.base_score,
+                     c.measured.auc, c.measured.r10, c.measured.r10_grid, c.measured.r20,
+                     c.measured.r20_grid, c.reached, c.span, c.nominal.auc, c.nominal.r10,
+                     c.nominal.r10_grid, c.nominal.r20, c.nominal.r20_grid);
   return out;
 }
 

@@ -105,7 +105,9 @@ struct SweepRow {
 // stay in the file and are ignored; a torn last line is cut off (read_results_for_resume).
 class SweepResultsFile {
  public:
-  SweepResultsFile(std::string path, std::set<std::string> configs);
+  // every_config: every row of the file is this run's, whatever its config (kvtrim eval sweep
+  // summary: the summaries of a results file as it stands).
+  SweepResultsFile(std::string path, std::set<std::string> configs, bool every_config = false);
   // True if (config, id, q) is there. Throws Error if it is there with another unit hash (the
   // samples changed under the same config).
   bool done(const std::string& config, const std::string& id, int q,
@@ -192,20 +194,48 @@ double relative_gap(const SweepPoint& base, const SweepPoint& p);
 double tolerance_ratio(const std::vector<std::pair<double, double>>& gaps, double tol,
                        double* grid = nullptr);
 
-// One press's curve for one model.
+// The figures of one curve on one x axis.
+struct CurveFigures {
+  double auc = 0;
+  double r10 = 0, r20 = 0;            // tolerance_ratio at 10 % and 20 %, interpolated
+  double r10_grid = 0, r20_grid = 0;  // the last point within
+};
+
+// The measured axis (DESIGN.md §3: every ratio the tools report comes from the cache's bytes).
+// A cell's KV saving is 1 - KV bytes / f16 bytes of the same positions: 0 for an uncompressed
+// f16 cache, 0.5 when half the f16 bytes are gone, below 0 when the cache holds more than f16
+// would (low-rank bases at short contexts, index overheads).
+inline double kv_saving(double kv_ratio) { return 1 - kv_ratio; }
+// Mean of y over [0, span] (span > 0) of the piecewise-linear curve through pts (x = measured
+// saving) sorted by x (ties keep their order): left of the first point, the first point's y;
+// right of the last point, `beyond` (what a saving the press never reached is worth: 0 for a
+// score, so a press is not credited with savings it did not make).
+double measured_auc(std::vector<std::pair<double, double>> pts, double span, double beyond);
+// tolerance_ratio on the measured axis: gaps = (saving, gap) with the baseline (its saving, 0)
+// first. Points whose saving is not above the baseline's save nothing and are left out; the
+// rest are walked in ascending saving (ties in the given order). The answer is a saving.
+double measured_tolerance(std::vector<std::pair<double, double>> gaps, double tol,
+                          double* grid = nullptr);
+
+// One press's curve for one model, on the measured axis (the headline) and on the nominal one.
 struct SweepCurve {
   std::string model, press;
   double base_score = 0;
-  double auc = 0;
-  double r10 = 0, r20 = 0;            // tolerance_ratio at 10 % and 20 %, interpolated
-  double r10_grid = 0, r20_grid = 0;  // the last swept ratio within
+  // x = measured KV saving. AUC: measured_auc over [0, span] with 0 beyond the press's largest
+  // saving; tolerance figures: measured_tolerance (a saving, not a ratio).
+  CurveFigures measured;
+  // x = the nominal ratio each cell asked for (curve_auc from 0 to the largest ratio,
+  // tolerance_ratio): what kvpress and the papers report; labelled "nominal" everywhere.
+  CurveFigures nominal;
+  double reached = 0;  // the largest measured saving among the press's cells
+  double span = 0;     // the largest nominal ratio of the model's sweep (every press the same)
 };
 // For every (model, press) of points with that model's baseline; presses with no baseline
 // point (an incomplete sweep) are skipped.
 std::vector<SweepCurve> sweep_curves(const std::vector<SweepPoint>& points);
-
 // summary.md: the per-cell table (score, KV MiB held, KV / f16, decode tok/s, n) per model,
-// then the curves table (AUC, ratio within 10 % / 20 %). `title` heads it.
+// then the curves table (measured: AUC, KV saving within 10 % / 20 %, largest saving; then the
+// nominal figures, labelled). `title` heads it.
 std::string sweep_summary_markdown(const std::vector<SweepPoint>& points,
                                    const std::vector<SweepCurve>& curves, const std::string& title);
 // summary.csv: one row per cell; curves.csv: one row per curve.

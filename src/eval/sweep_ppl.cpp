@@ -1,8 +1,10 @@
 #include "eval/sweep_ppl.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -45,11 +47,11 @@ PplSweepRow row_from_json(const json& j) {
 
 }  // namespace
 
-PplSweepResultsFile::PplSweepResultsFile(std::string path, std::set<std::string> configs)
+PplSweepResultsFile::PplSweepResultsFile(std::string path, std::set<std::string> configs, bool every_config)
     : path_(std::move(path)), configs_(std::move(configs)) {
   read_results_rows(
       path_, "window", "ppl sweep results line", "--out-dir",
-      [&](const std::string& c) { return configs_.count(c) != 0; },
+      [&](const std::string& c) { return every_config || configs_.count(c) != 0; },
       [&](const json& j) {
         PplSweepRow r = row_from_json(j);
         if (done_.count({r.config, r.w.index})) return;  // a duplicate line: the first one counts
@@ -195,9 +197,10 @@ std::vector<PplSweepPoint> sweep_ppl_points(const std::vector<PplSweepRow>& rows
 }
 
 std::vector<PplSweepCurve> sweep_ppl_curves(const std::vector<PplSweepPoint>& points) {
-  std::map<std::string, double> base;
+  std::map<std::string, double> base, span;
   std::vector<std::pair<std::string, std::string>> order;
   for (const PplSweepPoint& p : points) {
+    span[p.model] = std::max(span[p.model], p.ratio);
     if (p.press == "none") {
       base[p.model] = p.s.ppl_full;
     } else if (std::find(order.begin(), order.end(), std::make_pair(p.model, p.press)) ==
@@ -207,26 +210,35 @@ std::vector<PplSweepCurve> sweep_ppl_curves(const std::vector<PplSweepPoint>& po
   }
   std::vector<PplSweepCurve> out;
   for (const auto& [m, press] : order) {
-    // ratio 0 is the full cache: ΔPPL 0 and no gap.
+    // ratio 0 / saving 0 is the full f16 cache: ΔPPL 0 and no gap.
     std::vector<std::pair<double, double>> deltas = {{0.0, 0.0}}, gaps = {{0.0, 0.0}};
+    std::vector<std::pair<double, double>> mdeltas = {{0.0, 0.0}}, mgaps = {{0.0, 0.0}};
+    PplSweepCurve c;
+    c.reached = -std::numeric_limits<double>::infinity();
     for (const PplSweepPoint& p : points) {
       if (p.model != m || p.press != press) continue;
+      const double x = kv_saving(p.s.kv_ratio), gap = p.ppl_ratio() - 1;  // paired: the cell's own full PPL
       deltas.emplace_back(p.ratio, p.s.delta);
-      // paired: the cell's own full-cache PPL over the same windows
-      gaps.emplace_back(p.ratio, p.ppl_ratio() - 1);
+      gaps.emplace_back(p.ratio, gap);
+      mdeltas.emplace_back(x, p.s.delta);
+      mgaps.emplace_back(x, gap);
+      c.reached = std::max(c.reached, x);
     }
-    PplSweepCurve c;
     c.model = m;
     c.press = press;
     c.ppl_full = base.count(m) ? base[m] : 0;
-    c.auc = curve_auc(deltas);
-    c.r10 = tolerance_ratio(gaps, 0.10, &c.r10_grid);
-    c.r20 = tolerance_ratio(gaps, 0.20, &c.r20_grid);
+    c.span = span.at(m);
+    c.nominal.auc = curve_auc(deltas);
+    c.nominal.r10 = tolerance_ratio(gaps, 0.10, &c.nominal.r10_grid);
+    c.nominal.r20 = tolerance_ratio(gaps, 0.20, &c.nominal.r20_grid);
+    const double upto = std::min(c.reached, c.span);
+    c.measured.auc = upto > 0 ? measured_auc(mdeltas, upto, 0.0) : std::numeric_limits<double>::quiet_NaN();
+    c.measured.r10 = measured_tolerance(mgaps, 0.10, &c.measured.r10_grid);
+    c.measured.r20 = measured_tolerance(mgaps, 0.20, &c.measured.r20_grid);
     out.push_back(std::move(c));
   }
   return out;
 }
-
 
 std::string sweep_ppl_summary_markdown(const std::vector<PplSweepPoint>& points,
                                        const std::vector<PplSweepCurve>& curves,
@@ -259,12 +271,17 @@ std::string sweep_ppl_summary_markdown(const std::vector<PplSweepPoint>& points,
     for (const PplSweepCurve& c : curves) any = any || c.model == m;
     if (!any) continue;
     out +=
-        "\n| press | mean ΔPPL (AUC) | max ratio, PPL within 10% | within 20% "
-        "|\n|---|---:|---:|---:|\n";
+        "\n| press | mean ΔPPL over the saving reached | largest saving | KV saving, PPL within 10% "
+        "| within 20% | nominal: mean ΔPPL | ratio within 10% | within 20% "
+        "|\n|---|---:|---:|---:|---:|---:|---:|---:|\n";
     for (const PplSweepCurve& c : curves) {
       if (c.model != m) continue;
-      out += strprintf("| %s | %+.4f | %.3f (grid %.2f) | %.3f (grid %.2f) |\n", c.press.c_str(),
-                       c.auc, c.r10, c.r10_grid, c.r20, c.r20_grid);
+      out += strprintf(
+          "| %s | %s | %.3f | %.3f (grid %.3f) | %.3f (grid %.3f) | %+.4f | %.3f (grid %.2f) | %.3f "
+          "(grid %.2f) |\n",
+          c.press.c_str(), std::isnan(c.measured.auc) ? "—" : strprintf("%+.4f", c.measured.auc).c_str(),
+          c.reached, c.measured.r10, c.measured.r10_grid, c.measured.r20, c.measured.r20_grid,
+          c.nominal.auc, c.nominal.r10, c.nominal.r10_grid, c.nominal.r20, c.nominal.r20_grid);
     }
   }
   out +=
@@ -277,14 +294,13 @@ std::string sweep_ppl_summary_markdown(const std::vector<PplSweepPoint>& points,
       "bytes held while each scored token is evaluated over the uncompressed f16 size of the same "
       "positions "
       "(measured: low-rank bases and full-rank anchors count); KV MiB held: the mean of those "
-      "bytes. AUC: "
-      "trapezoids of ΔPPL over the ratio axis from 0 (ΔPPL 0) to the largest ratio, divided by "
-      "that span (a mean "
-      "ΔPPL). Max ratio within t: the largest compression ratio up to which PPL <= (1 + t) x the "
-      "full-cache PPL, "
-      "walking the ratios upward and stopping at the first crossing, interpolated between swept "
-      "ratios; grid = "
-      "the last swept ratio within.\n";
+      "bytes. Curves are on the measured axis, the KV saving 1 - KV / f16. Mean ΔPPL: ΔPPL "
+      "piecewise linear through the cells sorted by saving, from 0 at saving 0, averaged over "
+      "savings up to the largest the press reached (capped at the sweep's largest ratio; '—' when "
+      "it saved nothing). KV saving within t: the largest saving up to which PPL <= (1 + t) x the "
+      "full-cache PPL, walking the cells by saving (cells that save nothing are left out) and "
+      "stopping at the first crossing, interpolated; grid = the last cell within. Nominal: the same "
+      "figures on the nominal ratio axis (what the papers report), for comparison only.\n";
   return out;
 }
 
@@ -305,12 +321,16 @@ std::string sweep_ppl_summary_csv(const std::vector<PplSweepPoint>& points) {
 
 std::string sweep_ppl_curves_csv(const std::vector<PplSweepCurve>& curves) {
   std::string out =
-      "model,press,ppl_full,auc_delta_ppl,max_ratio_10,max_ratio_10_grid,max_ratio_20,max_ratio_20_"
-      "grid\n";
+      "model,press,ppl_full,mean_delta_ppl,largest_saving,saving_10,saving_10_grid,saving_20,"
+      "saving_20_grid,span,nominal_mean_delta_ppl,nominal_ratio_10,nominal_ratio_10_grid,"
+      "nominal_ratio_20,nominal_ratio_20_grid\n";
   for (const PplSweepCurve& c : curves)
-    out += strprintf("%s,%s,%.6f,%.6f,%.4f,%g,%.4f,%g\n", csv_field(c.model).c_str(),
-                     csv_field(c.press).c_str(), c.ppl_full, c.auc, c.r10, c.r10_grid, c.r20,
-                     c.r20_grid);
+    out += strprintf("%s,%s,%.6f,%s,%.4f,%.4f,%.4f,%.4f,%.4f,%g,%.6f,%.4f,%g,%.4f,%g\n",
+                     csv_field(c.model).c_str(), csv_field(c.press).c_str(), c.ppl_full,
+                     std::isnan(c.measured.auc) ? "" : strprintf("%.6f", c.measured.auc).c_str(),
+                     c.reached, c.measured.r10, c.measured.r10_grid, c.measured.r20,
+                     c.measured.r20_grid, c.span, c.nominal.auc, c.nominal.r10, c.nominal.r10_grid,
+                     c.nominal.r20, c.nominal.r20_grid);
   return out;
 }
 

@@ -11,7 +11,8 @@
 // taken from the first cell that has each window (sweep_ppl_points).
 //
 // No baseline cell: the full cache is the reference of every row. Lower is better: the curves
-// report the mean ΔPPL over the ratio span (the "AUC") and the largest ratio whose PPL stays
+// report, on the measured KV-saving axis (DESIGN.md §3) and, labelled, on the nominal ratio
+// axis, the mean ΔPPL over the span (the "AUC") and the largest saving / ratio whose PPL stays
 // within (1 + tol) × the full-cache PPL, walked upward with the first crossing ending the walk
 // (tolerance_ratio, as for RULER).
 #pragma once
@@ -43,7 +44,9 @@ struct PplSweepRow {
 // torn last line cut off; a (config, window) there with other tokens throws Error.
 class PplSweepResultsFile {
  public:
-  PplSweepResultsFile(std::string path, std::set<std::string> configs);
+  // every_config: every row of the file is this run's, whatever its config (kvtrim eval sweep
+  // summary: the summaries of a results file as it stands).
+  PplSweepResultsFile(std::string path, std::set<std::string> configs, bool every_config = false);
   bool done(const std::string& config, int64_t window, const std::string& tokens_hash) const;
   void append(const PplSweepRow& r);
   const std::vector<PplSweepRow>& rows() const { return rows_; }
@@ -94,9 +97,16 @@ std::vector<PplSweepPoint> sweep_ppl_points(const std::vector<PplSweepRow>& rows
 struct PplSweepCurve {
   std::string model, press;
   double ppl_full = 0;
-  double auc = 0;                     // mean ΔPPL over [0, largest ratio] (ΔPPL 0 at ratio 0)
-  double r10 = 0, r20 = 0;            // largest ratio with PPL <= (1 + tol) PPL_full, interpolated
-  double r10_grid = 0, r20_grid = 0;  // the last swept ratio within
+  // x = the measured KV saving 1 - KV / f16 (sweep.h kv_saving). auc: the mean ΔPPL over savings
+  // [0, min(reached, span)] (measured_auc, piecewise linear from ΔPPL 0 at saving 0), NaN when
+  // the press saved nothing (reached <= 0): ΔPPL has no natural value beyond what a press
+  // reached, so the figure is the mean over what it reached, printed beside `reached`.
+  // r10 / r20: the largest saving with PPL <= (1 + tol) PPL_full (measured_tolerance).
+  CurveFigures measured;
+  // x = the nominal ratio (curve_auc over [0, largest ratio], tolerance_ratio), labelled.
+  CurveFigures nominal;
+  double reached = 0;  // the largest measured saving among the press's cells
+  double span = 0;     // the largest nominal ratio of the model's sweep
 };
 // For every (model, press): the gap of a cell is its paired PPL_press / PPL_full - 1.
 std::vector<PplSweepCurve> sweep_ppl_curves(const std::vector<PplSweepPoint>& points);

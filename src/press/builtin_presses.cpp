@@ -15,6 +15,7 @@ std::vector<PressInfo> builtin_press_infos() {
   v.push_back(random_press_info());
   v.push_back(adakv_press_info());
   v.push_back(kvcompose_press_info());
+  v.push_back(kvzip_press_info());
   v.push_back(ksvd_press_info());
   v.push_back(eigenattention_press_info());
   v.push_back(stiefattention_press_info());

@@ -17,6 +17,7 @@ PressInfo knorm_press_info();         // token/knorm.cpp
 PressInfo random_press_info();        // token/random.cpp
 PressInfo adakv_press_info();         // token/adakv.cpp (wrapper)
 PressInfo kvcompose_press_info();     // token/kvcompose.cpp
+PressInfo kvzip_press_info();         // token/kvzip.cpp
 PressInfo ksvd_press_info();           // basis/static_bases.cpp
 PressInfo eigenattention_press_info(); // basis/static_bases.cpp
 PressInfo stiefattention_press_info(); // basis/stiefattention.cpp

@@ -36,6 +36,22 @@ void PressNeeds::merge(const PressNeeds& o) {
   cum_attn = cum_attn || o.cum_attn;
   question = question || o.question;
   task_attn = task_attn || o.task_attn;
+  if (o.refeed.context) {
+    KVTRIM_CHECK(!refeed.context || refeed.context_chunk == o.refeed.context_chunk,
+                 "presses re-feeding the context with different chunk sizes (%lld and %lld) cannot share one pass",
+                 static_cast<long long>(refeed.context_chunk), static_cast<long long>(o.refeed.context_chunk));
+    refeed.context = true;
+    refeed.context_chunk = o.refeed.context_chunk;
+  }
+  if (o.refeed.kvzip) {
+    KVTRIM_CHECK(!refeed.kvzip || (refeed.kvzip_chunk == o.refeed.kvzip_chunk && refeed.kvzip_sinks == o.refeed.kvzip_sinks),
+                 "kvzip presses with different chunk / sink settings (%lld / %d and %lld / %d) cannot share one pass",
+                 static_cast<long long>(refeed.kvzip_chunk), refeed.kvzip_sinks,
+                 static_cast<long long>(o.refeed.kvzip_chunk), o.refeed.kvzip_sinks);
+    refeed.kvzip = true;
+    refeed.kvzip_chunk = o.refeed.kvzip_chunk;
+    refeed.kvzip_sinks = o.refeed.kvzip_sinks;
+  }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -143,6 +159,20 @@ std::vector<float> PressContext::cum_count(int il, int ih, const char* who) cons
   return through_view(full, view() ? &view_.at(il, ih) : nullptr);
 }
 
+namespace {
+// Rows of `width` floats per stored token of (il, ih) through the view (sel may be nullptr).
+std::vector<float> rows_through_view(const std::vector<float>& full, const HeadPlan* sel, size_t width) {
+  if (!sel || sel->keep_all) return full;
+  std::vector<float> out(sel->keep.size() * width);
+  for (size_t j = 0; j < sel->keep.size(); ++j) {
+    const size_t src = static_cast<size_t>(sel->keep[j]) * width;
+    std::copy(full.begin() + static_cast<std::ptrdiff_t>(src), full.begin() + static_cast<std::ptrdiff_t>(src + width),
+              out.begin() + static_cast<std::ptrdiff_t>(j * width));
+  }
+  return out;
+}
+}  // namespace
+
 std::vector<float> PressContext::task_attn(int il, int ih, bool want_max, const char* who) const {
   KVTRIM_CHECK(has_task_attn(), "press '%s' needs the task attention accumulators, but they were not captured", who);
   const size_t g = static_cast<size_t>(group());
@@ -150,19 +180,38 @@ std::vector<float> PressContext::task_attn(int il, int ih, bool want_max, const 
   KVTRIM_CHECK(full.size() == static_cast<size_t>(cache_->n_tokens(il, ih)) * g,
                "press '%s': task attention of layer %d head %d covers %zu tokens, the cache holds %lld", who, il, ih,
                full.size() / g, static_cast<long long>(cache_->n_tokens(il, ih)));
-  const HeadPlan* sel = view() ? &view_.at(il, ih) : nullptr;
-  if (!sel || sel->keep_all) return full;
-  std::vector<float> out(sel->keep.size() * g);
-  for (size_t j = 0; j < sel->keep.size(); ++j) {
-    const size_t src = static_cast<size_t>(sel->keep[j]) * g;
-    std::copy(full.begin() + static_cast<std::ptrdiff_t>(src), full.begin() + static_cast<std::ptrdiff_t>(src + g),
-              out.begin() + static_cast<std::ptrdiff_t>(j * g));
-  }
-  return out;
+  return rows_through_view(full, view() ? &view_.at(il, ih) : nullptr, g);
 }
 
 int64_t PressContext::task_count(int il) const {
   return has_task_attn() ? static_cast<int64_t>(obs_->task_pos[static_cast<size_t>(il)].size()) : 0;
+}
+
+std::vector<float> PressContext::refeed_attn(int il, int ih, bool want_max, const char* who) const {
+  KVTRIM_CHECK(has_refeed(),
+               "press '%s' needs the re-feed of the context (a second pass after the prefill), but it did not run: "
+               "compress through the session (Session::compress / prepare_compress)", who);
+  const size_t g = static_cast<size_t>(group());
+  const auto& full = (want_max ? obs_->refeed_max : obs_->refeed_sum)[static_cast<size_t>(il * n_head_kv() + ih)];
+  KVTRIM_CHECK(full.size() == static_cast<size_t>(cache_->n_tokens(il, ih)) * g,
+               "press '%s': the re-feed of layer %d head %d covers %zu tokens, the cache holds %lld", who, il, ih,
+               full.size() / g, static_cast<long long>(cache_->n_tokens(il, ih)));
+  return rows_through_view(full, view() ? &view_.at(il, ih) : nullptr, g);
+}
+
+int64_t PressContext::refeed_count(int il) const {
+  return has_refeed() ? obs_->refeed_m[static_cast<size_t>(il)] : 0;
+}
+
+std::vector<float> PressContext::kvzip_scores(int il, int ih, const char* who) const {
+  KVTRIM_CHECK(obs_ != nullptr && obs_->has_kvzip(),
+               "press '%s' needs the context reconstruction pass (a second pass after the prefill), but it did not "
+               "run: compress through the session (Session::compress / prepare_compress)", who);
+  const auto& full = obs_->kvzip[static_cast<size_t>(il * n_head_kv() + ih)];
+  KVTRIM_CHECK(full.size() == static_cast<size_t>(cache_->n_tokens(il, ih)),
+               "press '%s': the reconstruction scores of layer %d head %d cover %zu tokens, the cache holds %lld", who,
+               il, ih, full.size(), static_cast<long long>(cache_->n_tokens(il, ih)));
+  return rows_through_view(full, view() ? &view_.at(il, ih) : nullptr, 1);
 }
 
 PressContext PressContext::with_view(const CompressionPlan& selection) const {

@@ -91,10 +91,38 @@ struct Observations {
   std::vector<std::vector<float>> task_max;
   std::vector<std::vector<float>> task_sum;
   std::vector<std::vector<int32_t>> task_pos;
+  // The re-feed (PressNeeds::refeed, Session::prepare_compress): the context run through the
+  // model a second time after itself, chunk by chunk, reading the cache and keeping none of
+  // its own tokens (src/engine/refeed.h). Valid for the context as it was when the pass ran:
+  // any token appended afterwards clears them (the next compress re-feeds again).
+  // refeed_max / refeed_sum: as task_max / task_sum ([n_layer * n_head_kv], each
+  // [n_tokens(il, ih) * group], rows aligned with the head's stored tokens), over the queries
+  // of the re-fed context (KVCompose's T = {C}, the authors' KVComposePress); refeed_m
+  // [n_layer]: how many queries (M). kvzip [n_layer * n_head_kv], each [n_tokens(il, ih)]:
+  // KVzip's score of each stored token, the max over the group's query heads and every query
+  // of the reconstruction chunk that holds it of the softmax over (sinks, the chunk's stored
+  // tokens, the reconstruction's own tokens); the first `sinks` positions score 1.
+  std::vector<std::vector<float>> refeed_max, refeed_sum;
+  std::vector<int64_t> refeed_m;
+  std::vector<std::vector<float>> kvzip;
   bool has_window() const { return !window.empty(); }
+  bool has_refeed() const { return !refeed_max.empty(); }
+  bool has_kvzip() const { return !kvzip.empty(); }
   bool has_task_attn() const { return !task_max.empty(); }
   bool has_question() const { return !question.empty() && question[0].n > 0; }
   bool has_cum_attn() const { return !cum_attn.empty(); }
+};
+
+// The re-feed passes a press needs (src/engine/refeed.h). Chunk sizes bound the pass's extra
+// memory: a chunk's own tokens are in the cache only while it runs (0 = the whole context in
+// one chunk, the reference implementations' 2x peak).
+struct RefeedNeeds {
+  bool context = false;       // KVCompose: the context itself re-fed (Observations::refeed_*)
+  int64_t context_chunk = 0;  //   tokens per chunk
+  bool kvzip = false;         // KVzip: "Repeat the previous context" reconstruction (::kvzip)
+  int64_t kvzip_chunk = 2048; //   context tokens per chunk (the reference's 2048)
+  int kvzip_sinks = 4;        //   sink tokens in every chunk's softmax, scored 1
+  bool any() const { return context || kvzip; }
 };
 
 // What a press needs the session to capture.
@@ -104,6 +132,9 @@ struct PressNeeds {
   bool cum_attn = false;  // cumulative attention received per stored token (H2O)
   bool question = false;  // queries of the question (query-aware mode)
   bool task_attn = false; // running max / sum of every context query's attention per token
+  RefeedNeeds refeed;
+  // Throws Error when both need the same re-feed with different settings (a sweep holding
+  // kvcompose:refeed_chunk=512 and kvcompose:refeed_chunk=0 would score one of them wrongly).
   void merge(const PressNeeds& o);
 };
 
@@ -159,6 +190,13 @@ class PressContext {
   std::vector<float> task_attn(int il, int ih, bool want_max, const char* who) const;
   // M: how many queries were accumulated at layer il.
   int64_t task_count(int il) const;
+  // The re-feed's accumulators (Observations::refeed_max / refeed_sum) through the view, laid
+  // out as task_attn; refeed_count(il) = M. KVzip's scores (Observations::kvzip) through the
+  // view: [n_tokens(il, ih)]. Each throws naming `who` when the pass did not run.
+  bool has_refeed() const { return obs_ != nullptr && obs_->has_refeed(); }
+  std::vector<float> refeed_attn(int il, int ih, bool want_max, const char* who) const;
+  int64_t refeed_count(int il) const;
+  std::vector<float> kvzip_scores(int il, int ih, const char* who) const;
 
   // The model whose cache this is, for presses that need its weights (e.g. kvcompose's
   // vo-norm uses each layer's W_O); nullptr when the caller has none.

@@ -95,19 +95,40 @@ TEST(SweepPplMaths, CurvesMeanDeltaAndPplTolerance) {
   const PplSweepCurve& p = curves[0];
   EXPECT_EQ(p.press, "p");
   EXPECT_NEAR(p.ppl_full, 10, 1e-12);
-  // ΔPPL 0 / 0.5 / 1.5 / 3 at 0 / 0.5 / 0.75 / 0.9: (0.5*0.25 + 0.25*1 + 0.15*2.25) / 0.9
-  EXPECT_NEAR(p.auc, 0.7125 / 0.9, 1e-12);
+  // nominal: ΔPPL 0 / 0.5 / 1.5 / 3 at 0 / 0.5 / 0.75 / 0.9: (0.5*0.25 + 0.25*1 + 0.15*2.25) / 0.9
+  EXPECT_NEAR(p.nominal.auc, 0.7125 / 0.9, 1e-12);
   // PPL / full - 1 = 0.05 / 0.15 / 0.30: 10 % crossed between 0.5 and 0.75, half way
-  EXPECT_NEAR(p.r10, 0.625, 1e-12);
-  EXPECT_DOUBLE_EQ(p.r10_grid, 0.5);
+  EXPECT_NEAR(p.nominal.r10, 0.625, 1e-12);
+  EXPECT_DOUBLE_EQ(p.nominal.r10_grid, 0.5);
   // 20 %: crossed between 0.75 (0.15) and 0.9 (0.30), a third of the way
-  EXPECT_NEAR(p.r20, 0.8, 1e-12);
-  EXPECT_DOUBLE_EQ(p.r20_grid, 0.75);
+  EXPECT_NEAR(p.nominal.r20, 0.8, 1e-12);
+  EXPECT_DOUBLE_EQ(p.nominal.r20_grid, 0.75);
+  // measured: KV / f16 0.6 / 0.3 / 0.15 -> savings 0.4 / 0.7 / 0.85; mean ΔPPL over [0, 0.85]
+  EXPECT_NEAR(p.reached, 0.85, 1e-12);
+  EXPECT_NEAR(p.measured.auc, (0.4 * 0.25 + 0.3 * 1.0 + 0.15 * 2.25) / 0.85, 1e-12);
+  EXPECT_NEAR(p.measured.r10, 0.55, 1e-12);
+  EXPECT_NEAR(p.measured.r10_grid, 0.4, 1e-12);
+  EXPECT_NEAR(p.measured.r20, 0.75, 1e-12);
+  EXPECT_NEAR(p.measured.r20_grid, 0.7, 1e-12);
   const PplSweepCurve& q = curves[1];
-  EXPECT_NEAR(q.auc, 1.25, 1e-12);  // ΔPPL 0 -> 2.5 over [0, 0.5]: mean 1.25
-  EXPECT_NEAR(q.r10, 0.2, 1e-12);   // gap 0.25 at 0.5: 10 % at 0.4 of the way
-  EXPECT_DOUBLE_EQ(q.r10_grid, 0.0);
-  EXPECT_NEAR(q.r20, 0.4, 1e-12);
+  EXPECT_NEAR(q.nominal.auc, 1.25, 1e-12);  // ΔPPL 0 -> 2.5 over [0, 0.5]: mean 1.25
+  EXPECT_NEAR(q.nominal.r10, 0.2, 1e-12);   // gap 0.25 at 0.5: 10 % at 0.4 of the way
+  EXPECT_DOUBLE_EQ(q.nominal.r10_grid, 0.0);
+  EXPECT_NEAR(q.nominal.r20, 0.4, 1e-12);
+  EXPECT_NEAR(q.measured.auc, 1.25, 1e-12);  // KV 0.5 of f16: the same axis here
+  EXPECT_NEAR(q.measured.r10, 0.2, 1e-12);
+}
+
+TEST(SweepPplMaths, MeasuredMeanNeedsASaving) {
+  // a press that holds more than f16 saved nothing: no mean ΔPPL, no saving within
+  const auto c = sweep_ppl_curves(sweep_ppl_points({row("p", 0.5, 0, 10.1, 10, 120, 100)}));
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_TRUE(std::isnan(c[0].measured.auc));
+  EXPECT_NEAR(c[0].reached, -0.2, 1e-12);
+  EXPECT_DOUBLE_EQ(c[0].measured.r10, 0.0);
+  EXPECT_NEAR(c[0].nominal.r10, 0.5, 1e-12);  // nominal says 0.5 within 10 %
+  const std::string md = sweep_ppl_summary_markdown(sweep_ppl_points({row("p", 0.5, 0, 10.1, 10, 120, 100)}), c, "T");
+  EXPECT_NE(md.find("| p | — | -0.200 |"), std::string::npos) << md;
 }
 
 TEST(SweepPplMaths, FirstCrossingEndsTheWalk) {
@@ -117,9 +138,9 @@ TEST(SweepPplMaths, FirstCrossingEndsTheWalk) {
                                    row("p", 0.75, 0, 10.5, 10, 1, 1)};
   const auto c = sweep_ppl_curves(sweep_ppl_points(rows));
   ASSERT_EQ(c.size(), 1u);
-  EXPECT_DOUBLE_EQ(c[0].r10_grid, 0.25);
-  EXPECT_LT(c[0].r10, 0.5);
-  EXPECT_DOUBLE_EQ(c[0].r20_grid, 0.75);  // 20 %: never crossed
+  EXPECT_DOUBLE_EQ(c[0].nominal.r10_grid, 0.25);
+  EXPECT_LT(c[0].nominal.r10, 0.5);
+  EXPECT_DOUBLE_EQ(c[0].nominal.r20_grid, 0.75);  // 20 %: never crossed
 }
 
 TEST(SweepPplMaths, SummaryFiles) {
@@ -132,13 +153,18 @@ TEST(SweepPplMaths, SummaryFiles) {
   EXPECT_NE(md.find("| p | 0.50 | 2 | 4 | 10.5000 ± 0.0000 | +0.5000 ± 0.0000 | 1.050 | 0.600 |"),
             std::string::npos)
       << md;
-  EXPECT_NE(md.find("| p | +0.7917 | 0.625 (grid 0.50) | 0.800 (grid 0.75) |"), std::string::npos)
+  EXPECT_NE(md.find("| p | +0.8676 | 0.850 | 0.550 (grid 0.400) | 0.750 (grid 0.700) | +0.7917 | "
+                    "0.625 (grid 0.50) | 0.800 (grid 0.75) |"),
+            std::string::npos)
       << md;
   const std::string csv = sweep_ppl_summary_csv(pts);
   EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 6);
   EXPECT_NE(csv.find("m,q,0.5,2,4,12.500000,"), std::string::npos) << csv;
   const std::string ccsv = sweep_ppl_curves_csv(curves);
-  EXPECT_NE(ccsv.find("m,p,10.000000,0.791667,0.6250,0.5,0.8000,0.75"), std::string::npos) << ccsv;
+  EXPECT_NE(ccsv.find("m,p,10.000000,0.867647,0.8500,0.5500,0.4000,0.7500,0.7000,0.9,0.791667,0.6250,"
+                      "0.5,0.8000,0.75"),
+            std::string::npos)
+      << ccsv;
   const std::string svg = sweep_ppl_plot_svg(pts, curves, "T <&>");
   EXPECT_EQ(svg.rfind("<svg", 0), 0u);
   EXPECT_NE(svg.find("</svg>"), std::string::npos);
@@ -154,7 +180,7 @@ TEST(SweepPplMaths, SummaryFiles) {
   EXPECT_EQ(n_dash, 3u);  // the full-cache PPL, ΔPPL 0, the legend's
   EXPECT_NE(svg.find("full cache (PPL 10.000)"), std::string::npos);
   EXPECT_NE(svg.find("KV / f16 (measured)"), std::string::npos);
-  EXPECT_NE(svg.find("p (mean ΔPPL +0.792)"), std::string::npos);
+  EXPECT_NE(svg.find("p (mean ΔPPL +0.868 to saving 0.85)"), std::string::npos);
 }
 
 // ---------------------------------------------------------------- runs on a tiny model

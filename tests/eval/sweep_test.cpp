@@ -195,16 +195,49 @@ TEST(SweepMaths, PointsAndCurvesFromRows) {
   const SweepCurve& p = curves[0];
   EXPECT_EQ(p.press, "p");
   EXPECT_DOUBLE_EQ(p.base_score, 62.5);
-  // (0.5 * (62.5 + 50) / 2 + 0.4 * (50 + 6.25) / 2) / 0.9
-  EXPECT_NEAR(p.auc, (28.125 + 11.25) / 0.9, 1e-12);
+  // nominal axis: (0.5 * (62.5 + 50) / 2 + 0.4 * (50 + 6.25) / 2) / 0.9
+  EXPECT_NEAR(p.nominal.auc, (28.125 + 11.25) / 0.9, 1e-12);
   // gaps 0 / 0.125 / 0.75: 10 % crossed between 0 and 0.5 at 0.1 / 0.125 of the way
-  EXPECT_NEAR(p.r10, 0.4, 1e-12);
-  EXPECT_DOUBLE_EQ(p.r10_grid, 0.0);
+  EXPECT_NEAR(p.nominal.r10, 0.4, 1e-12);
+  EXPECT_DOUBLE_EQ(p.nominal.r10_grid, 0.0);
   // 20 %: crossed between 0.5 (0.125) and 0.9 (0.75): 0.5 + 0.4 * 0.075 / 0.625
-  EXPECT_NEAR(p.r20, 0.5 + 0.4 * 0.075 / 0.625, 1e-12);
-  EXPECT_DOUBLE_EQ(p.r20_grid, 0.5);
-  EXPECT_DOUBLE_EQ(curves[1].auc, 62.5);
-  EXPECT_DOUBLE_EQ(curves[1].r10, 0.5);
+  EXPECT_NEAR(p.nominal.r20, 0.5 + 0.4 * 0.075 / 0.625, 1e-12);
+  EXPECT_DOUBLE_EQ(p.nominal.r20_grid, 0.5);
+  // measured axis: p holds 0.525 of f16 at ratio 0.5 (saving 0.475) and 0.1 at 0.9 (0.9)
+  EXPECT_DOUBLE_EQ(p.span, 0.9);
+  EXPECT_NEAR(p.reached, 0.9, 1e-12);
+  EXPECT_NEAR(p.measured.auc, (0.475 * (62.5 + 50) / 2 + 0.425 * (50 + 6.25) / 2) / 0.9, 1e-12);
+  EXPECT_NEAR(p.measured.r10, 0.8 * 0.475, 1e-12);
+  EXPECT_DOUBLE_EQ(p.measured.r10_grid, 0.0);
+  EXPECT_NEAR(p.measured.r20, 0.475 + 0.425 * 0.075 / 0.625, 1e-12);
+  EXPECT_NEAR(p.measured.r20_grid, 0.475, 1e-12);
+  // q: no gap at ratio 0.5, but it saved 0.6 of the bytes and nothing beyond: [0.6, 0.9] scores 0
+  EXPECT_DOUBLE_EQ(curves[1].nominal.auc, 62.5);
+  EXPECT_DOUBLE_EQ(curves[1].nominal.r10, 0.5);
+  EXPECT_NEAR(curves[1].measured.auc, 0.6 * 62.5 / 0.9, 1e-12);
+  EXPECT_NEAR(curves[1].measured.r10, 0.6, 1e-12);
+  EXPECT_NEAR(curves[1].reached, 0.6, 1e-12);
+}
+
+TEST(SweepMaths, MeasuredAxis) {
+  // sorted by saving; left of the first point its value; beyond the last, `beyond`
+  EXPECT_DOUBLE_EQ(measured_auc({{0.5, 40}, {0, 100}}, 1.0, 0), (0.5 * 70 + 0) / 1.0);
+  EXPECT_DOUBLE_EQ(measured_auc({{0.2, 50}, {0.6, 50}}, 0.8, 0), (0.6 * 50) / 0.8);
+  EXPECT_DOUBLE_EQ(measured_auc({{0, 10}, {0.5, 10}}, 1.0, 10), 10.0);
+  // a cell holding more than f16 (saving -0.5) only counts where its segment crosses [0, span]
+  EXPECT_NEAR(measured_auc({{0, 100}, {-0.5, 0}, {0.5, 50}}, 0.5, 0), 75.0, 1e-12);
+  EXPECT_NEAR(measured_auc({{-0.5, 0}, {0.5, 100}}, 0.5, 0), 75.0, 1e-12);
+  EXPECT_THROW(measured_auc({{0, 1}}, 0, 0), Error);
+  // tolerance: cells that save nothing are left out of the walk; the rest sorted by saving
+  double grid = -1;
+  EXPECT_NEAR(measured_tolerance({{0, 0}, {-0.3, 0.9}, {0.6, 0.05}, {0.2, 0.0}}, 0.1, &grid), 0.6,
+              1e-12);
+  EXPECT_NEAR(grid, 0.6, 1e-12);
+  EXPECT_NEAR(measured_tolerance({{0, 0}, {0.4, 0.2}, {0.2, 0.05}}, 0.1, &grid), 0.2 + 0.2 / 3, 1e-12);
+  EXPECT_NEAR(grid, 0.2, 1e-12);
+  EXPECT_DOUBLE_EQ(measured_tolerance({{0, 0}, {-0.1, 0.0}}, 0.1, &grid), 0.0);  // saved nothing
+  // a baseline that already saves (a q8 cache): the walk starts there
+  EXPECT_NEAR(measured_tolerance({{0.47, 0}, {0.3, 0.0}, {0.7, 0.0}}, 0.1, &grid), 0.7, 1e-12);
 }
 
 TEST(SweepMaths, SummaryFiles) {
@@ -213,7 +246,9 @@ TEST(SweepMaths, SummaryFiles) {
   const std::string md = sweep_summary_markdown(pts, curves, "T");
   EXPECT_NE(md.find("| p | 0.50 | 50.0 | 0.00 | 0.525 | 40.0 | 4 |"), std::string::npos) << md;
   EXPECT_NE(md.find("| q | 0.50 | 62.5 | 0.00 | 0.400 | - | 4 |"), std::string::npos) << md;
-  EXPECT_NE(md.find("| p | 43.8 | 0.400 (grid 0.00) | 0.548 (grid 0.50) |"), std::string::npos)
+  EXPECT_NE(md.find("| p | 43.0 | 0.380 (grid 0.000) | 0.526 (grid 0.475) | 0.900 | 43.8 | 0.400 "
+                    "(grid 0.00) | 0.548 (grid 0.50) |"),
+            std::string::npos)
       << md;
   const std::string csv = sweep_summary_csv(pts);
   EXPECT_EQ(csv.substr(0, csv.find('\n')), "model,press,ratio,score,kv_mib,kv_ratio,decode_tps,n");
@@ -229,7 +264,8 @@ TEST(SweepMaths, SummaryFiles) {
     ++n_poly;
   EXPECT_EQ(n_poly, 2u);                                       // one line per press
   EXPECT_NE(svg.find("stroke-dasharray"), std::string::npos);  // the uncompressed score
-  EXPECT_NE(svg.find("p (AUC 43.8)"), std::string::npos);
+  EXPECT_NE(svg.find("p (AUC 43.0)"), std::string::npos);  // the measured AUC
+  EXPECT_NE(svg.find("KV saved, measured"), std::string::npos);
 }
 
 TEST(SweepMaths, OnePanelPerModel) {
@@ -246,7 +282,7 @@ TEST(SweepMaths, OnePanelPerModel) {
   EXPECT_DOUBLE_EQ(pts[4].score, 31.25);
   const auto curves = sweep_curves(pts);
   ASSERT_EQ(curves.size(), 4u);
-  EXPECT_DOUBLE_EQ(curves[2].r10, curves[0].r10);  // halving every score keeps the relative gaps
+  EXPECT_DOUBLE_EQ(curves[2].measured.r10, curves[0].measured.r10);  // halving every score keeps the relative gaps
   const std::string svg = sweep_plot_svg(pts, curves, "T", "score");
   size_t n_base = 0;
   for (size_t at = svg.find("uncompressed ("); at != std::string::npos;

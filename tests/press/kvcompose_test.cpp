@@ -85,7 +85,7 @@ struct Opt {
     else s << budget_kind << "=" << amount;
     s << ",agg_task=" << agg_task << ",agg_group=" << agg_group << ",agg_head=" << agg_head << ",weight=" << weight
       << ",mean_heads=" << (mean_heads ? 1 : 0) << ",mode=" << (structured ? "structured" : "unstructured")
-      << ",task=" << (aware ? "aware" : "agnostic");
+      << ",task=" << (aware ? "aware" : "causal");
     return s.str();
   }
 };
@@ -508,12 +508,17 @@ TEST(KVCompose, RatioZeroIsNoop) {
   for (const auto& h : p.heads) EXPECT_TRUE(h.keep_all);
 }
 
-// Task-agnostic: the running max / sum accumulators, never the queries (DESIGN §4.4: scoring
-// must not double the cache); task-aware: the question's queries.
+// Task-agnostic: the re-feed (chunked, refeed_test.cpp); causal: the running max / sum
+// accumulators, never the queries (DESIGN §4.4: scoring must not double the cache);
+// task-aware: the question's queries.
 TEST(KVCompose, NeedsTaskAttentionOrTheQuestion) {
   ensure_registered();
   EXPECT_EQ(make_press("kvcompose")->needs().window, 0);
-  EXPECT_TRUE(make_press("kvcompose")->needs().task_attn);
+  EXPECT_TRUE(make_press("kvcompose")->needs().refeed.context);
+  EXPECT_EQ(make_press("kvcompose")->needs().refeed.context_chunk, 512);
+  EXPECT_FALSE(make_press("kvcompose")->needs().task_attn);
+  EXPECT_TRUE(make_press("kvcompose:task=causal")->needs().task_attn);
+  EXPECT_FALSE(make_press("kvcompose:task=causal")->needs().refeed.any());
   EXPECT_FALSE(make_press("kvcompose")->needs().question);
   EXPECT_FALSE(make_press("kvcompose:task=aware")->needs().task_attn);
   EXPECT_TRUE(make_press("kvcompose:task=aware")->needs().question);
@@ -759,20 +764,20 @@ Opt opt_of(const std::string& kind, double ratio, int64_t amount) {
 }
 
 TEST(KVComposeTinyModel, LlamaTaskAgnosticStructured) {
-  run_model_case({Arch::kLlama, "kvcompose:ratio=0.5", opt_of("ratio", 0.5, 0)});
+  run_model_case({Arch::kLlama, "kvcompose:ratio=0.5,task=causal", opt_of("ratio", 0.5, 0)});
 }
 
 TEST(KVComposeTinyModel, LlamaUnstructuredMeanTask) {
   Opt o = opt_of("ratio", 0.7, 0);
   o.structured = false;
   o.agg_task = "mean";
-  run_model_case({Arch::kLlama, "kvcompose:ratio=0.7,mode=unstructured,agg_task=mean", o});
+  run_model_case({Arch::kLlama, "kvcompose:ratio=0.7,mode=unstructured,agg_task=mean,task=causal", o});
 }
 
 TEST(KVComposeTinyModel, LlamaVoNormTotalBudget) {
   Opt o = opt_of("total", 0, 30);
   o.weight = "vonorm";
-  run_model_case({Arch::kLlama, "kvcompose:total=30,weight=vonorm", o});
+  run_model_case({Arch::kLlama, "kvcompose:total=30,weight=vonorm,task=causal", o});
 }
 
 TEST(KVComposeTinyModel, LlamaTaskAware) {
@@ -786,11 +791,11 @@ TEST(KVComposeTinyModel, LlamaTaskAware) {
 TEST(KVComposeTinyModel, Gemma3SlidingWindowLayers) {
   Opt o = opt_of("ratio", 0.5, 0);
   o.weight = "vnorm";
-  run_model_case({Arch::kGemma3, "kvcompose:ratio=0.5,weight=vnorm", o});
+  run_model_case({Arch::kGemma3, "kvcompose:ratio=0.5,weight=vnorm,task=causal", o});
 }
 
 TEST(KVComposeTinyModel, Qwen2PerLayerBudget) {
-  run_model_case({Arch::kQwen2, "kvcompose:budget=12", opt_of("budget", 0, 12)});
+  run_model_case({Arch::kQwen2, "kvcompose:budget=12,task=causal", opt_of("budget", 0, 12)});
 }
 
 }  // namespace

@@ -485,6 +485,12 @@ void register_eval(CLI::App& app) {
   swp->add_option("--chunk", spp->ppl.chunk, "throughout: tokens per forward between compressions (1 = exact; more = approximate)")
       ->capture_default_str()->check(CLI::PositiveNumber);
   swp->callback([spp] { run_sweep_ppl(*spp); });
+  auto sum_dir = std::make_shared<std::string>(), sum_title = std::make_shared<std::string>();
+  CLI::App* sws = sw->add_subcommand(
+      "summary", "rewrite a sweep's summaries (summary.md/.csv, curves.csv, plot.svg) from every row of its results.jsonl");
+  sws->add_option("--out-dir", *sum_dir, "the sweep's directory (holding results.jsonl)")->required();
+  sws->add_option("--title", *sum_title, "title (default: the first line of the summary.md there)");
+  sws->callback([sum_dir, sum_title] { run_sweep_summary(*sum_dir, *sum_title); });
 }
 
 }  // namespace kvtrim::cli

@@ -80,6 +80,7 @@ std::vector<eval::McItem> mc_items(const EvalMcOptions& o, std::string* source_o
 // cmd_eval_sweep.cpp
 void run_sweep(const EvalSweepOptions& o, const std::string& bench);
 void run_sweep_ppl(const EvalSweepOptions& o);
+void run_sweep_summary(const std::string& out_dir, const std::string& title);
 CLI::App* add_sweep_command(CLI::App* sw, const std::string& bench, const std::shared_ptr<EvalSweepOptions>& o,
                             const std::string& help);
 

@@ -5,9 +5,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <set>
+#include <nlohmann/json.hpp>
 #include <tuple>
 
 #include "cli.h"
@@ -336,6 +338,49 @@ void run_sweep_ppl(const EvalSweepOptions& o) {
         }
       },
       summarize);
+}
+
+// kvtrim eval sweep summary: the summaries of a results file as it stands (every row, whatever
+// its config), e.g. after the summary maths changed; the title is kept from the summary.md
+// there unless --title gives one.
+void run_sweep_summary(const std::string& out_dir, const std::string& title_arg) {
+  const std::string path = (fs::path(out_dir) / "results.jsonl").string();
+  KVTRIM_CHECK(fs::is_regular_file(path), "eval sweep summary: no results file '%s'", path.c_str());
+  std::string title = title_arg;
+  if (title.empty()) {
+    std::ifstream md((fs::path(out_dir) / "summary.md").string());
+    std::string first;
+    if (md && std::getline(md, first) && first.rfind("# ", 0) == 0) title = first.substr(2);
+  }
+  if (title.empty()) title = "Sweep: " + fs::path(out_dir).filename().string();
+  // ppl rows carry a window; ruler / mc rows a bench and a group
+  std::string bench;
+  {
+    std::ifstream f(path);
+    std::string line;
+    while (bench.empty() && std::getline(f, line)) {
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      try {
+        const nlohmann::json j = nlohmann::json::parse(line);
+        bench = j.contains("window") ? "ppl" : j.value("bench", std::string("?"));
+      } catch (const nlohmann::json::exception& e) {
+        throw Error(strprintf("%s: the first row is not JSON (%s)", path.c_str(), e.what()));
+      }
+    }
+  }
+  KVTRIM_CHECK(!bench.empty(), "eval sweep summary: '%s' holds no rows", path.c_str());
+  std::string md;
+  if (bench == "ppl") {
+    eval::PplSweepResultsFile results(path, {}, true);
+    md = eval::write_sweep_ppl_summaries(out_dir, results.rows(), title);
+  } else {
+    eval::SweepResultsFile results(path, {}, true);
+    md = eval::write_sweep_summaries(out_dir, results.rows(), title,
+                                     bench == "ruler" ? "RULER score (0-100)"
+                                                      : (bench == "mmlu" ? "accuracy (%)" : "acc_norm (%)"));
+  }
+  std::fprintf(stderr, "wrote %s/{summary.md, summary.csv, curves.csv, plot.svg}\n", out_dir.c_str());
+  std::fputs(md.c_str(), stdout);
 }
 
 // Adds `eval sweep <bench>`'s options: the common ones with -m repeatable, the grid, and the

@@ -14,13 +14,19 @@
 // gives N_l, each head keeps its own top-N_l) or select_unstructured (appendix A.2).
 //
 // Task (the paper's task set T, §3.2.1):
-//   task=agnostic (default): T = {C}, the context is its own task: M = N, A is the causal
-//     self-attention of the context's queries to the stored keys. It is aggregated ONLINE
-//     while the session runs the forward pass (PressNeeds::task_attn: the observer folds each
-//     chunk's softmax into a running max and sum per (token, query head), eq. 14), so no
-//     query is stored: 2 floats per (layer, query head, token) instead of head_dim_k. No
-//     second forward pass and nothing appended to the cache (DESIGN §4.4). Observations
-//     that hold the context's queries instead (no accumulators) are scored from the queries.
+//   task=agnostic (default): T = {C}, the context is its own task, read as the authors'
+//     implementation does (their KVComposePress in NVIDIA/kvpress): after the prefill the
+//     context is fed a second time after itself and A is the attention of those re-fed
+//     queries to the stored context (M = N). The session runs this pass before planning
+//     (PressNeeds::refeed, src/engine/refeed.h): chunked (refeed_chunk tokens, default 512),
+//     reading the cache and keeping none of its tokens, so the cache holds at most the context
+//     plus one chunk (the reference runs one chunk: 2x); the observer folds each chunk's
+//     softmax into a running max and sum per (token, query head), eq. 14.
+//   task=causal: kvtrim's first reading, no second pass: A is the prefill's own causal
+//     self-attention (PressNeeds::task_attn, accumulated online while the forward pass runs).
+//     It scores a token by how much the REST of the context attends to it, which loses needles
+//     (docs/presses-kvcompose.md, measured); kept as a named option. Observations that hold the
+//     context's queries instead (no accumulators) are scored from the queries.
 //   task=aware (or query_aware=true): the question's queries (captured by the session when it
 //     runs the question); A is their softmax over the stored (context) tokens.
 //
@@ -35,8 +41,10 @@
 //   E (eq. 6 counts every cache entry), so the measured ratio is at least r.
 //
 // Hyper-parameters (defaults): ratio = 0.5, budget = 0, total = 0, mode = structured,
-// task = agnostic, query_aware = false, agg_task = max, agg_group = mean, agg_head = mean,
-// mean_heads = 1, weight = none (the paper's defaults, §4.2).
+// task = agnostic, query_aware = false, refeed_chunk = 512, agg_task = max, agg_group = mean,
+// agg_head = mean, mean_heads = 1, weight = none (the paper's defaults, §4.2); layer0_max = 0
+// and keep_min = 0 (the reference code's layer-0 boost and lower bound, off: the paper has
+// neither).
 #include "press/token/kvcompose.h"
 
 #include <cmath>
@@ -54,8 +62,14 @@ void KVComposePress::bind_model(const Model& m) {
 
 PressNeeds KVComposePress::needs() const {
   PressNeeds n;
-  if (o_.query_aware) n.question = true;
-  else n.task_attn = true;  // accumulated during the forward pass: no query is stored
+  switch (o_.task) {
+    case KVComposeOptions::Task::kAware: n.question = true; break;
+    case KVComposeOptions::Task::kCausal: n.task_attn = true; break;  // accumulated during the forward pass
+    case KVComposeOptions::Task::kAgnostic:
+      n.refeed.context = true;  // the session re-feeds the context before planning
+      n.refeed.context_chunk = o_.refeed_chunk;
+      break;
+  }
   return n;
 }
 
@@ -77,14 +91,16 @@ std::vector<std::vector<std::vector<float>>> KVComposePress::scores(const PressC
   HeadData hd;
   std::vector<float> acc, w;
   std::vector<double> gram;
-  // Task-agnostic with the session's accumulators (the normal path): S_agg_task comes from
-  // the running max / sum the observer kept, M = the number of queries accumulated. Otherwise
-  // (task-aware, or observations holding the context's queries instead, e.g. built by hand)
-  // the attention is computed here from the queries.
-  const bool from_acc = !o_.query_aware && ctx.has_task_attn();
+  // Task-agnostic: the re-feed's accumulators (PressContext::refeed_attn, M = the re-fed
+  // queries). Causal: the running max / sum the observer kept during the prefill. Otherwise
+  // (task-aware, or causal with observations holding the context's queries instead, e.g. built
+  // by hand) the attention is computed here from the queries.
+  using Task = KVComposeOptions::Task;
+  const bool refeed = o_.task == Task::kAgnostic;
+  const bool from_acc = refeed || (o_.task == Task::kCausal && ctx.has_task_attn());
   for (int il = 0; il < n_layer; ++il) {
     const ObservedQueries* q = from_acc ? nullptr : &ctx.queries(il, o_.query_aware, "kvcompose");
-    const int64_t n_task = from_acc ? ctx.task_count(il) : q->n;
+    const int64_t n_task = refeed ? ctx.refeed_count(il) : from_acc ? ctx.task_count(il) : q->n;
     const int window = il < static_cast<int>(hp.sliding_window.size()) ? hp.sliding_window[static_cast<size_t>(il)] : 0;
     if (o_.weight == KVComposeOptions::Weight::kVoNorm) {
       gram = kvcompose::vo_gram(wo[static_cast<size_t>(il)], n_head, dv);
@@ -95,7 +111,9 @@ std::vector<std::vector<std::vector<float>>> KVComposePress::scores(const PressC
     for (int ih = 0; ih < n_head_kv; ++ih) {
       ctx.read_head(il, ih, &hd, !from_acc, want_v);  // the accumulators need no keys
       const size_t n = static_cast<size_t>(hd.n);
-      if (from_acc) {
+      if (refeed) {
+        acc = ctx.refeed_attn(il, ih, o_.agg_task == Agg::kMax, "kvcompose");
+      } else if (from_acc) {
         acc = ctx.task_attn(il, ih, o_.agg_task == Agg::kMax, "kvcompose");
       } else {
         acc.assign(n * static_cast<size_t>(group), 0.f);
@@ -146,7 +164,7 @@ CompressionPlan KVComposePress::plan(const PressContext& ctx) const {
   else if (b.n_keep > 0) b_total = b.n_keep * n_layer;
   else b_total = kvcompose::budget_from_ratio(b.ratio, n_entries / n_head_kv);
   const auto s = scores(ctx);
-  const kvcompose::Selection sel = o_.structured ? kvcompose::select_structured(s, o_.agg_head, b_total)
+  const kvcompose::Selection sel = o_.structured ? kvcompose::select_structured(s, o_.agg_head, b_total, o_.select)
                                                  : kvcompose::select_unstructured(s, b_total * n_head_kv);
   for (int il = 0; il < n_layer; ++il) {
     for (int ih = 0; ih < n_head_kv; ++ih) {
@@ -177,10 +195,15 @@ std::unique_ptr<Press> make_kvcompose(const PressArgs& a) {
   KVTRIM_CHECK(mode == "structured" || mode == "unstructured",
                "press '%s': option 'mode' = '%s' must be structured or unstructured", a.press().c_str(), mode.c_str());
   o.structured = mode == "structured";
-  const std::string task = a.get_string("task");
-  KVTRIM_CHECK(task == "agnostic" || task == "aware", "press '%s': option 'task' = '%s' must be agnostic or aware",
-               a.press().c_str(), task.c_str());
-  o.query_aware = task == "aware" || a.get_bool("query_aware");
+  using Task = KVComposeOptions::Task;
+  o.task = a.get_choice<Task>("task", {{"agnostic", Task::kAgnostic}, {"causal", Task::kCausal}, {"aware", Task::kAware}});
+  if (a.get_bool("query_aware")) o.task = Task::kAware;
+  o.query_aware = o.task == Task::kAware;
+  o.refeed_chunk = a.get_int_min("refeed_chunk", 0);
+  o.select.layer0_max = a.get_bool("layer0_max");
+  o.select.keep_min = a.get_int_min("keep_min", 0);
+  KVTRIM_CHECK(o.structured || (!o.select.layer0_max && o.select.keep_min == 0),
+               "press '%s': layer0_max and keep_min apply to mode=structured only", a.press().c_str());
   o.agg_task = parse_agg(a, "agg_task");
   o.agg_group = parse_agg(a, "agg_group");
   o.agg_head = parse_agg(a, "agg_head");
@@ -205,8 +228,15 @@ PressInfo kvcompose_press_info() {
   i.options[1].help = "tokens kept per layer on average: B_total = budget * n_layer (> 0 overrides ratio)";
   i.options.push_back({"total", "0", "B_total: composite tokens kept over all layers (> 0 overrides ratio/budget)"});
   i.options.push_back({"mode", "structured", "structured (same N_l for every head of a layer) | unstructured"});
-  i.options.push_back({"task", "agnostic", "agnostic (the context's own queries) | aware (the question's)"});
+  i.options.push_back({"task", "agnostic",
+                        "agnostic (the context re-fed after itself, as the authors' code: a second pass) | causal (the "
+                        "prefill's own causal self-attention, no second pass) | aware (the question's queries)"});
   i.options.push_back(query_aware_option());
+  i.options.push_back({"refeed_chunk", "512",
+                       "task=agnostic: re-fed tokens per chunk; the cache holds the context + one chunk (0 = one "
+                       "chunk, the reference exactly, 2x the cache)"});
+  i.options.push_back({"layer0_max", "0", "the reference code's layer-0 boost (layer 0 keeps at least as many as any layer): 1 | 0"});
+  i.options.push_back({"keep_min", "0", "the reference code's keep_token_lower_bound: each layer keeps at least N composite tokens"});
   i.options.push_back({"agg_task", "max", "aggregation over task tokens (eq. 14): max | mean"});
   i.options.push_back({"agg_group", "mean", "aggregation over a kv head's query heads (eq. 15): mean | max"});
   i.options.push_back({"agg_head", "mean", "composite score over kv heads (eq. 19): mean | max"});

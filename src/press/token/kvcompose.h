@@ -11,7 +11,14 @@ struct KVComposeOptions {
   Budget budget;              // ratio (fraction of entries removed) or budget (tokens per layer on average)
   int64_t total = 0;          // > 0: B_total, composite tokens kept over all layers (overrides budget)
   bool structured = true;     // mode=structured (composite tokens) | unstructured (appendix A.2)
-  bool query_aware = false;   // task=aware: the question's queries; agnostic: the context's own
+  // task (the paper's T, §3.2.1): agnostic = the context re-fed after itself (the authors'
+  // implementation; a second pass, src/engine/refeed.h), causal = the prefill's own causal
+  // self-attention (kvtrim's first reading), aware = the question's queries.
+  enum class Task { kAgnostic, kCausal, kAware };
+  Task task = Task::kAgnostic;
+  bool query_aware = false;   // == (task == kAware)
+  int64_t refeed_chunk = 512; // agnostic: re-fed tokens per chunk (0 = one chunk: the reference, 2x the cache)
+  kvcompose::StructuredOptions select;  // the reference's layer-0 boost and lower bound (off)
   kvcompose::Agg agg_task = kvcompose::Agg::kMax;   // eq. 14
   kvcompose::Agg agg_group = kvcompose::Agg::kMean; // eq. 15
   kvcompose::Agg agg_head = kvcompose::Agg::kMean;  // eq. 19

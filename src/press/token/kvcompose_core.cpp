@@ -197,15 +197,14 @@ void top_entries(std::vector<Entry>* pool, int64_t k) {
 }  // namespace
 
 Selection select_structured(const std::vector<std::vector<std::vector<float>>>& s, Agg agg_head,
-                            int64_t b_total) {
+                            int64_t b_total, const StructuredOptions& opt) {
   const size_t n_layer = s.size();
   const size_t n_head_kv = n_layer ? s[0].size() : 0;
   Selection out;
   out.keep.resize(n_layer * n_head_kv);
   out.n_keep_layer.assign(n_layer, 0);
   std::vector<std::vector<std::vector<int32_t>>> idx(n_layer);
-  std::vector<Entry> pool;
-  int64_t n_forced = 0;
+  std::vector<std::vector<double>> comp(n_layer);  // I[il, k]
   for (size_t il = 0; il < n_layer; ++il) {
     KVTRIM_ASSERT(s[il].size() == n_head_kv);
     size_t max_rank = 0;
@@ -224,11 +223,25 @@ Selection select_structured(const std::vector<std::vector<std::vector<float>>>& 
         ++n;
       }
       if (agg_head == Agg::kMean) r /= n;
-      if (k == 0) {
-        out.n_keep_layer[il] = 1;  // a head never goes empty
+      comp[il].push_back(r);
+    }
+  }
+  // The reference implementation's layer-0 boost: layer 0's k-th composite score becomes the
+  // largest k-th composite score of any layer, so layer 0 keeps at least as many as any layer.
+  if (opt.layer0_max && n_layer > 0)
+    for (size_t k = 0; k < comp[0].size(); ++k)
+      for (size_t il = 1; il < n_layer; ++il)
+        if (k < comp[il].size()) comp[0][k] = std::max(comp[0][k], comp[il][k]);
+  std::vector<Entry> pool;
+  int64_t n_forced = 0;
+  const size_t forced_ranks = static_cast<size_t>(std::max<int64_t>(1, opt.keep_min));
+  for (size_t il = 0; il < n_layer; ++il) {
+    for (size_t k = 0; k < comp[il].size(); ++k) {
+      if (k < forced_ranks) {  // a head never goes empty; keep_min: the reference's lower bound
+        ++out.n_keep_layer[il];
         ++n_forced;
       } else {
-        pool.push_back({static_cast<float>(r), static_cast<uint32_t>(il), static_cast<int32_t>(k)});  // eq. 20
+        pool.push_back({static_cast<float>(comp[il][k]), static_cast<uint32_t>(il), static_cast<int32_t>(k)});  // eq. 20
       }
     }
   }

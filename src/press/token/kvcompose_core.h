@@ -84,8 +84,17 @@ struct Selection {
 // (eq. 22) gives N_l = how many of layer il's ranks are in it; each head keeps
 // idx[:min(N_l, n_cand)] (eqs. 23-24). A head never goes empty (framework rule): rank 0 of
 // every layer with a candidate is always selected and counts toward b_total.
+// Choices of the authors' implementation (NVIDIA/kvpress KVComposePress) the paper does not
+// describe; both off by default (the paper). layer0_max: layer 0's k-th composite score is
+// replaced by the largest k-th composite score over all layers ("ensures first layer is the
+// largest"); keep_min: every layer keeps at least its keep_min best composite tokens
+// (keep_token_lower_bound; they count toward B_total).
+struct StructuredOptions {
+  bool layer0_max = false;
+  int64_t keep_min = 0;
+};
 Selection select_structured(const std::vector<std::vector<std::vector<float>>>& s, Agg agg_head,
-                            int64_t b_total);
+                            int64_t b_total, const StructuredOptions& opt = {});
 
 // Unstructured variant (appendix A.2: "removing the final aggregation step and allowing each
 // head to select its tokens independently"): the top-b_entries of all (il, ih, c) candidates

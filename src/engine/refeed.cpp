@@ -1,0 +1,120 @@
+#include "engine/refeed.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "engine/limit_error.h"
+#include "engine/press_runner.h"
+#include "engine/session.h"
+#include "model/model.h"
+#include "model/tokenizer.h"
+
+namespace kvtrim {
+
+std::vector<RefeedChunk> context_refeed_chunks(const std::vector<int32_t>& context, int64_t chunk) {
+  KVTRIM_CHECK(chunk >= 0, "re-feed chunk %lld must be >= 0", static_cast<long long>(chunk));
+  const int64_t n = static_cast<int64_t>(context.size());
+  const int64_t c = chunk > 0 ? chunk : std::max<int64_t>(n, 1);
+  std::vector<RefeedChunk> out;
+  for (int64_t i = 0; i < n; i += c) {
+    RefeedChunk ch;
+    ch.tokens.assign(context.begin() + i, context.begin() + std::min(n, i + c));
+    ch.lo = 0;
+    ch.hi = static_cast<int32_t>(n);
+    out.push_back(std::move(ch));
+  }
+  return out;
+}
+
+KvzipPrompts kvzip_prompts(const Model& model) {
+  const Tokenizer& tok = model.tokenizer();
+  KvzipPrompts p;
+  p.first = tok.encode("\n\nRepeat the previous context exactly.", false, false);
+  p.next = tok.encode("\n\nRepeat the part of the previous context exactly, starting with", false, false);
+  // The reference: the text after a user turn in the chat template ("\n" without a template).
+  if (model.gguf().get_string("tokenizer.chat_template", "").empty()) {
+    p.suffix = tok.encode("\n", false, false);
+  } else {
+    static constexpr const char* kMark = "\x01kvzip-user\x01";
+    const std::string r = apply_chat_template(model.gguf(), {{"user", kMark}}, true);
+    const size_t at = r.find(kMark);
+    KVTRIM_CHECK(at != std::string::npos, "kvzip: cannot split the chat template of %s around the user message",
+                 model.gguf().path().c_str());
+    p.suffix = tok.encode(r.substr(at + std::string(kMark).size()), false, true);
+  }
+  return p;
+}
+
+std::vector<RefeedChunk> kvzip_refeed_chunks(const KvzipPrompts& p, const std::vector<int32_t>& context, int64_t chunk,
+                                             int sinks) {
+  KVTRIM_CHECK(chunk > 0, "kvzip: chunk %lld must be > 0", static_cast<long long>(chunk));
+  KVTRIM_CHECK(sinks >= 0, "kvzip: sinks %d must be >= 0", sinks);
+  const int64_t n = static_cast<int64_t>(context.size());
+  std::vector<RefeedChunk> out;
+  for (int64_t lo = std::min<int64_t>(sinks, n); lo < n; lo += chunk) {
+    const int64_t hi = std::min(n, lo + chunk);
+    RefeedChunk ch;
+    if (out.empty()) {
+      ch.tokens = p.first;
+    } else {
+      ch.tokens = p.next;
+      const int64_t from = std::max<int64_t>(lo - kKvzipOverlap, out.back().lo);
+      ch.tokens.insert(ch.tokens.end(), context.begin() + from, context.begin() + lo);
+    }
+    ch.tokens.insert(ch.tokens.end(), p.suffix.begin(), p.suffix.end());
+    ch.tokens.insert(ch.tokens.end(), context.begin() + lo, context.begin() + hi);
+    ch.lo = static_cast<int32_t>(lo);
+    ch.hi = static_cast<int32_t>(hi);
+    out.push_back(std::move(ch));
+  }
+  return out;
+}
+
+void Session::prepare_compress() {
+  if (!observer_) return;
+  const RefeedNeeds& rn = observer_->needs().refeed;
+  if (!rn.any() || observer_->refeed_current()) return;
+  const int32_t n_context = n_past();
+  KVTRIM_CHECK(n_context > 0, "re-feed: the context is empty");
+  KVTRIM_CHECK(static_cast<int32_t>(history_.size()) == n_context,
+               "re-feed: the session knows %zu of its %d context tokens (a state restored without its tokens?)",
+               history_.size(), n_context);
+  std::vector<RefeedChunk> ctx_chunks, zip_chunks;
+  if (rn.context) ctx_chunks = context_refeed_chunks(history_, rn.context_chunk);
+  if (rn.kvzip) zip_chunks = kvzip_refeed_chunks(kvzip_prompts(model_), history_, rn.kvzip_chunk, rn.kvzip_sinks);
+  size_t longest = 0;
+  for (const auto* v : {&ctx_chunks, &zip_chunks})
+    for (const RefeedChunk& c : *v) longest = std::max(longest, c.tokens.size());
+  // The pass appends one chunk at a time after the context: it needs that much room.
+  if (static_cast<int64_t>(n_context) + static_cast<int64_t>(longest) > n_ctx_)
+    throw LimitError(strprintf(
+        "re-feed: %d context tokens + a re-feed chunk of %zu tokens exceed the context limit of %lld tokens; use a "
+        "smaller re-feed chunk (kvcompose:refeed_chunk=N, kvzip:chunk=N) or a larger --ctx",
+        n_context, longest, static_cast<long long>(n_ctx_)));
+  check_memory(static_cast<int64_t>(longest));
+  for (const RefeedChunk& c : zip_chunks) check_tokens(c.tokens.data(), static_cast<int64_t>(c.tokens.size()));
+
+  observer_->start_refeed(rn.context, rn.kvzip, rn.kvzip_sinks);
+  std::vector<float> scratch(static_cast<size_t>(model_.hparams().n_vocab));
+  auto run = [&](PressObserver::RefeedMode mode, const RefeedChunk& c) {
+    observer_->begin_refeed(mode, n_context, c.lo, c.hi);
+    try {
+      const int64_t n = static_cast<int64_t>(c.tokens.size());
+      for (int64_t i = 0; i < n; i += p_.n_batch) {
+        const int64_t m = std::min<int64_t>(p_.n_batch, n - i);
+        model_.forward(c.tokens.data() + i, m, n_past(), *cache_, scratch.data(), false, pool_, observer_.get());
+      }
+    } catch (...) {
+      observer_->end_refeed();
+      cache_->truncate(n_context);
+      observer_->reset_refeed();
+      throw;
+    }
+    observer_->end_refeed();
+    cache_->truncate(n_context);  // the chunk's tokens go; the context is as it was
+  };
+  for (const RefeedChunk& c : ctx_chunks) run(PressObserver::RefeedMode::kContext, c);
+  for (const RefeedChunk& c : zip_chunks) run(PressObserver::RefeedMode::kKvzip, c);
+}
+
+}  // namespace kvtrim
