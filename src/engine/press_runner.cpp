@@ -53,7 +53,7 @@ void PressObserver::reset_refeed() {
   obs_.refeed_sum.clear();
   obs_.refeed_m.clear();
   obs_.kvzip.clear();
-  refeed_current_ = false;
+  obs_.refeed_current = false;
 }
 
 void PressObserver::start_refeed(bool context, bool kvzip, int kvzip_sinks) {
@@ -84,11 +84,11 @@ void PressObserver::start_refeed(bool context, bool kvzip, int kvzip_sinks) {
       }
     }
   refeed_sinks_ = kvzip_sinks;
-  refeed_current_ = true;
+  obs_.refeed_current = true;
 }
 
 void PressObserver::begin_refeed(RefeedMode mode, int32_t n_context, int32_t lo, int32_t hi) {
-  KVTRIM_CHECK(refeed_current_, "observer: begin_refeed before start_refeed");
+  KVTRIM_CHECK(obs_.refeed_current, "observer: begin_refeed before start_refeed");
   KVTRIM_CHECK(mode != RefeedMode::kContext || !obs_.refeed_max.empty(), "observer: no context re-feed results");
   KVTRIM_CHECK(mode != RefeedMode::kKvzip || !obs_.kvzip.empty(), "observer: no reconstruction results");
   refeed_mode_ = mode;
@@ -125,7 +125,7 @@ void PressObserver::on_qkv(int il, int64_t n, const float* q, const float* k, co
     oq.n += n;
     return;
   }
-  if (il == 0 && refeed_current_) reset_refeed();  // the context grows: the re-feed is stale
+  if (il == 0 && obs_.refeed_current) reset_refeed();  // the context grows: the re-feed is stale
   if (needs_.window > 0) {
     ObservedQueries& w = obs_.window[static_cast<size_t>(il)];
     const int64_t keep_new = std::min<int64_t>(n, needs_.window);
@@ -385,10 +385,10 @@ void PressObserver::on_truncate(int32_t pos) {
   }
   // The re-feed's chunks are truncated away after each one (their tokens never had rows); a
   // truncation into the context itself makes the re-feed stale.
-  if (refeed_current_ && refeed_mode_ == RefeedMode::kOff) {
+  if (obs_.refeed_current && refeed_mode_ == RefeedMode::kOff) {
     const int nkv = model_.hparams().n_head_kv;
     const size_t g = static_cast<size_t>(model_.hparams().n_head / nkv);
-    for (int il = 0; il < model_.hparams().n_layer && refeed_current_; ++il)
+    for (int il = 0; il < model_.hparams().n_layer && obs_.refeed_current; ++il)
       for (int ih = 0; ih < nkv; ++ih) {
         const size_t at = static_cast<size_t>(il * nkv + ih), n = static_cast<size_t>(cache_.n_tokens(il, ih));
         if ((!obs_.refeed_max.empty() && obs_.refeed_max[at].size() != n * g) ||

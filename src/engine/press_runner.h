@@ -60,7 +60,7 @@ class PressObserver : public ForwardObserver {
   //     max over queries and the group's heads of the probabilities on [lo, hi) is the score.
   enum class RefeedMode { kOff, kContext, kKvzip };
   void start_refeed(bool context, bool kvzip, int kvzip_sinks);
-  bool refeed_current() const { return refeed_current_; }
+  bool refeed_current() const { return obs_.refeed_current; }
   void begin_refeed(RefeedMode mode, int32_t n_context, int32_t lo = 0, int32_t hi = 0);
   void end_refeed() { refeed_mode_ = RefeedMode::kOff; }
   void reset_refeed();  // drops the re-feed's results (not current any more)
@@ -91,7 +91,6 @@ class PressObserver : public ForwardObserver {
   bool hooks_ = true;
   std::vector<char> question_started_;  // per layer: first chunk of the current question seen
   RefeedMode refeed_mode_ = RefeedMode::kOff;
-  bool refeed_current_ = false;
   int32_t refeed_n_context_ = 0, refeed_lo_ = 0, refeed_hi_ = 0;
   int refeed_sinks_ = 0;
 };
@@ -102,6 +101,10 @@ struct CompressStats {
   size_t bytes_before = 0, bytes_after = 0;     // KvCache::bytes().total()
   size_t rss_before = 0, rss_after = 0;         // process resident set size before planning / after apply()
   double seconds = 0;
+  // The re-feed pass this compress ran first (Session::prepare_compress; 0 when none ran):
+  // its time and the process RSS at its fullest (the context plus one chunk in the cache).
+  double refeed_seconds = 0;
+  size_t refeed_rss_peak = 0;
 };
 
 // Plans with `press` over the cache and applies the plan; obs may be nullptr.

@@ -3,6 +3,8 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "core/memory.h"
+#include "core/timer.h"
 #include "engine/limit_error.h"
 #include "engine/press_runner.h"
 #include "engine/session.h"
@@ -94,6 +96,8 @@ void Session::prepare_compress() {
   check_memory(static_cast<int64_t>(longest));
   for (const RefeedChunk& c : zip_chunks) check_tokens(c.tokens.data(), static_cast<int64_t>(c.tokens.size()));
 
+  const double t0 = now_seconds();
+  size_t rss_peak = 0;
   observer_->start_refeed(rn.context, rn.kvzip, rn.kvzip_sinks);
   std::vector<float> scratch(static_cast<size_t>(model_.hparams().n_vocab));
   auto run = [&](PressObserver::RefeedMode mode, const RefeedChunk& c) {
@@ -111,10 +115,22 @@ void Session::prepare_compress() {
       throw;
     }
     observer_->end_refeed();
+    rss_peak = std::max(rss_peak, process_rss_bytes());
     cache_->truncate(n_context);  // the chunk's tokens go; the context is as it was
   };
   for (const RefeedChunk& c : ctx_chunks) run(PressObserver::RefeedMode::kContext, c);
   for (const RefeedChunk& c : zip_chunks) run(PressObserver::RefeedMode::kKvzip, c);
+  ++n_refeeds_;
+  refeed_s_ = now_seconds() - t0;
+  refeed_rss_peak_ = rss_peak;
+}
+
+CompressStats Session::with_refeed(CompressStats st) {
+  st.refeed_seconds = refeed_s_;
+  st.refeed_rss_peak = refeed_rss_peak_;
+  refeed_s_ = 0;
+  refeed_rss_peak_ = 0;
+  return st;
 }
 
 }  // namespace kvtrim

@@ -239,7 +239,7 @@ void Session::set_press(std::unique_ptr<Press> press, PressSchedule sched, const
 CompressStats Session::compress() {
   KVTRIM_CHECK(press_ != nullptr, "compress: no press set on this session");
   prepare_compress();
-  CompressStats st = run_press(*press_, *cache_, model_, observer_.get(), pool_);
+  CompressStats st = with_refeed(run_press(*press_, *cache_, model_, observer_.get(), pool_));
   compress_log_.push_back(st);
   return st;
 }
@@ -247,7 +247,7 @@ CompressStats Session::compress() {
 CompressStats Session::compress(const Budget& budget_override) {
   KVTRIM_CHECK(press_ != nullptr, "compress: no press set on this session");
   prepare_compress();
-  CompressStats st = run_press(*press_, *cache_, model_, observer_.get(), pool_, &budget_override);
+  CompressStats st = with_refeed(run_press(*press_, *cache_, model_, observer_.get(), pool_, &budget_override));
   compress_log_.push_back(st);
   return st;
 }
@@ -333,7 +333,7 @@ GenerateResult Session::generate(const std::vector<int32_t>& prompt, const Gener
         Budget b;
         b.n_keep = sched_.decode_target;
         prepare_compress();
-        compress_log_.push_back(run_press(*press_, *cache_, model_, observer_.get(), pool_, &b));
+        compress_log_.push_back(with_refeed(run_press(*press_, *cache_, model_, observer_.get(), pool_, &b)));
       }
     }
   }
@@ -356,7 +356,7 @@ void Session::set_observer(const PressNeeds& needs) {
 
 CompressStats Session::compress_with(const Press& press) {
   prepare_compress();
-  CompressStats st = run_press(press, *cache_, model_, observer_.get(), pool_);
+  CompressStats st = with_refeed(run_press(press, *cache_, model_, observer_.get(), pool_));
   compress_log_.push_back(st);
   return st;
 }

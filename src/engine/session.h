@@ -140,6 +140,8 @@ class Session {
   // and generate's decode-time compressions call it; a sweep calls it before saving a state
   // so every cell shares one pass. Throws LimitError when a chunk does not fit the context.
   void prepare_compress();
+  // Re-feed passes run since the session was made (tests: a restored state does not re-run).
+  int64_t refeed_passes() const { return n_refeeds_; }
   // The token ids at positions [0, n_past()) (what a re-feed runs again).
   const std::vector<int32_t>& history() const { return history_; }
   // Stats of every compress() since the last reset (generate's included).
@@ -175,6 +177,10 @@ class Session {
   std::unique_ptr<KvCache> cache_;
   std::vector<float> logits_;
   std::vector<int32_t> history_;  // the context's token ids, position by position
+  int64_t n_refeeds_ = 0;
+  double refeed_s_ = 0;         // the last prepare_compress's time and peak RSS, taken by the
+  size_t refeed_rss_peak_ = 0;  // next compress into its CompressStats
+  CompressStats with_refeed(CompressStats st);
   std::unique_ptr<Press> press_;
   PressSchedule sched_;
   std::unique_ptr<PressObserver> observer_;

@@ -105,6 +105,7 @@ struct Observations {
   std::vector<std::vector<float>> refeed_max, refeed_sum;
   std::vector<int64_t> refeed_m;
   std::vector<std::vector<float>> kvzip;
+  bool refeed_current = false;  // the re-feed results above hold for the context as stored
   bool has_window() const { return !window.empty(); }
   bool has_refeed() const { return !refeed_max.empty(); }
   bool has_kvzip() const { return !kvzip.empty(); }

@@ -109,6 +109,33 @@ TEST_F(PressMethods, PyramidKVBudgetsAndScores) {
   EXPECT_EQ(total, 24 * p.n_layer * p.n_head_kv);  // the same total as snapkv at ratio 0.5
 }
 
+// Python's round() (kvpress): halves go to even. 49 tokens at ratio 0.5, window 4, beta 20:
+// cap = 28.5, max = 49 - 4 = 45 (capped), min = 49 - 45 = 4; 3 layers: 45, 24.5, 4, and
+// round(24.5) = 24 (away from zero would give 25).
+TEST_F(PressMethods, PyramidKVRoundsHalvesToEvenAsKvpress) {
+  auto s = prefilled("pyramidkv:ratio=0.5,window=4,beta=20", tokens(49));
+  const CompressionPlan p = plan_of(*s);
+  ASSERT_EQ(p.n_layer, 3);
+  const size_t want[3] = {45, 24, 4};
+  for (int il = 0; il < p.n_layer; ++il)
+    for (int ih = 0; ih < p.n_head_kv; ++ih) EXPECT_EQ(kept(p.at(il, ih), 49).size(), want[il]) << "layer " << il;
+}
+
+// kvpress 0.5.5 protects at least one token per head when alpha > 0: with alpha 0.02, int(24 *
+// 0.02) = 0 becomes 1, so every head keeps its best-scored token however the others score.
+TEST_F(PressMethods, AdaKVSafeguardKeepsAtLeastOne) {
+  const auto c = capture(tokens(kN));
+  const HParams& hp = model_->hparams();
+  auto s = prefilled("adakv(snapkv:ratio=0.5,window=8):alpha_safeguard=0.02", tokens(kN));
+  const CompressionPlan p = plan_of(*s);
+  for (int il = 0; il < p.n_layer; ++il)
+    for (int ih = 0; ih < hp.n_head_kv; ++ih) {
+      const auto best = test::bf_topk(bf_snapkv(c, hp, il, ih, 8, 5, true), 1);
+      const auto k = kept(p.at(il, ih), kN);
+      EXPECT_NE(std::find(k.begin(), k.end(), best[0]), k.end()) << "layer " << il << " head " << ih;
+    }
+}
+
 TEST_F(PressMethods, TovaUsesLastQueryAveragedOverAllHeads) {
   const auto c = capture(tokens(kN));
   const HParams& hp = model_->hparams();

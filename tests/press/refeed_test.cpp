@@ -172,12 +172,19 @@ void check_compose(Arch arch, int64_t chunk) {
     }
   }
   // compressing uses them and does not run the pass again; the cache shrinks
+  EXPECT_EQ(s.refeed_passes(), 1);
+  const Session::State saved = s.save_state();
+  s.restore_state(saved);  // a sweep's cells: the restored observations are still current
   const CompressStats cs = s.compress();
+  EXPECT_EQ(s.refeed_passes(), 1);
+  EXPECT_GT(cs.refeed_seconds, 0.0);  // the explicit pass above, reported by the compress after it
+  EXPECT_GT(cs.refeed_rss_peak, 0u);
   EXPECT_LT(cs.bytes_after, cs.bytes_before);
   // appending to the context makes the re-feed stale: the next compress re-feeds
   s.decode(7);
   EXPECT_FALSE(s.observations()->has_refeed());
-  s.compress();
+  EXPECT_GT(s.compress().refeed_seconds, 0.0);
+  EXPECT_EQ(s.refeed_passes(), 2);
 }
 
 TEST(Refeed, KVComposeContextOneChunkIsTheReference) { check_compose(Arch::kLlama, 0); }

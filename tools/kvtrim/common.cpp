@@ -84,7 +84,10 @@ std::string compress_line(const Press& p, const CompressStats& st) {
                                     : 0.0,
                    human_bytes(st.bytes_before).c_str(), human_bytes(st.bytes_after).c_str(), st.seconds,
                    human_bytes(st.rss_before).c_str(), human_bytes(st.rss_after).c_str(), rss_drop >= 0 ? "-" : "+",
-                   std::abs(rss_drop) / (1024.0 * 1024.0));
+                   std::abs(rss_drop) / (1024.0 * 1024.0)) +
+         (st.refeed_seconds > 0 ? strprintf("; re-feed pass first: %.2f s, process RSS at its fullest %s",
+                                            st.refeed_seconds, human_bytes(st.refeed_rss_peak).c_str())
+                                : std::string());
 }
 
 std::unique_ptr<Model> load_model(const CommonOptions& o) {

@@ -58,7 +58,9 @@ class AdaKVPress : public Press {
         const auto& sc = scores[static_cast<size_t>(ih)];
         KVTRIM_CHECK(static_cast<int64_t>(sc.size()) == n[static_cast<size_t>(ih)], "adakv: inner press returned %zu scores for %lld tokens",
                      sc.size(), static_cast<long long>(n[static_cast<size_t>(ih)]));
-        const int64_t n_safe = static_cast<int64_t>(static_cast<double>(k[static_cast<size_t>(ih)]) * alpha_);
+        // kvpress 0.5.5: int(n_kept · alpha), at least 1 when alpha > 0 and the head keeps any
+        int64_t n_safe = static_cast<int64_t>(static_cast<double>(k[static_cast<size_t>(ih)]) * alpha_);
+        if (alpha_ > 0 && k[static_cast<size_t>(ih)] > 0) n_safe = std::max<int64_t>(1, n_safe);
         std::vector<int32_t> safe = top_k_indices(sc, n_safe);
         std::vector<char> is_safe(sc.size(), 0);
         for (int32_t t : safe) is_safe[static_cast<size_t>(t)] = 1;

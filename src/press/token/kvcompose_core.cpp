@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "ops/nn.h"
 #include "core/ggml_type.h"
 #include "core/thread_pool.h"
 
@@ -69,19 +70,12 @@ void accumulate_task_attention_max_sum(const float* q, const int32_t* q_pos, int
         lo[static_cast<size_t>(r)] = l;
         hi[static_cast<size_t>(r)] = h;
         if (l >= h) continue;
-        float* row = logits.data() + static_cast<size_t>(r) * static_cast<size_t>(n_k);
-        float mx = -INFINITY;
-        for (int64_t c = l; c < h; ++c) {
-          row[c] *= scale;
-          mx = std::max(mx, row[c]);
-        }
-        double sum = 0;
-        for (int64_t c = l; c < h; ++c) {
-          row[c] = std::exp(row[c] - mx);
-          sum += row[c];
-        }
-        const float inv = static_cast<float>(1.0 / sum);
-        for (int64_t c = l; c < h; ++c) row[c] *= inv;
+        float* row = logits.data() + static_cast<size_t>(r) * static_cast<size_t>(n_k) + l;
+        const int64_t w = h - l;
+        for (int64_t c = 0; c < w; ++c) row[c] *= scale;
+        const float sum = exp_sub_sum(row, w, max_of(row, w));  // SIMD exp (ops/nn.h)
+        const float inv = 1.f / sum;
+        for (int64_t c = 0; c < w; ++c) row[c] *= inv;
       }
     });
     // eq. 14: fold the block into acc, threads split the key (column) range.

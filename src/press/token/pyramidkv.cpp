@@ -40,11 +40,13 @@ class PyramidKVPress : public SnapKVPress {
     }
     int64_t k;
     const int n_layer = ctx.n_layer();
+    // kvpress rounds with Python's round(): halves to even (std::nearbyint in the default
+    // rounding mode), not away from zero: a 49-token head at ratio 0.5 keeps 24, not 25.
     if (!(n >= mx && mx >= mn && mn >= w) || n_layer < 2) {
-      k = static_cast<int64_t>(std::llround(n * (1 - r)));
+      k = static_cast<int64_t>(std::nearbyint(n * (1 - r)));
     } else {
       const double steps = (mx - mn) / static_cast<double>(n_layer - 1);
-      k = static_cast<int64_t>(std::llround(mx - static_cast<double>(il) * steps));
+      k = static_cast<int64_t>(std::nearbyint(mx - static_cast<double>(il) * steps));
     }
     return std::clamp<int64_t>(k, 1, n_tok);
   }
