@@ -8,7 +8,7 @@
 #include "core/timer.h"
 #include "engine/perplexity.h"
 #include "engine/session.h"
-#include "press/token/kvcompose_core.h"
+#include "press/attention_stats.h"
 
 namespace kvtrim {
 
@@ -191,7 +191,7 @@ void PressObserver::accumulate_task_attention(int il, int64_t n, const float* q,
     const int64_t m = n_old + n;
     amax.resize(static_cast<size_t>(m) * gu, 0.f);
     asum.resize(static_cast<size_t>(m) * gu, 0.f);
-    kvcompose::accumulate_task_attention_max_sum(q, pos, n, hp.n_head, ih, g, d, kk.data(), kp.data(), m, scale,
+    attention_max_sum(q, pos, n, hp.n_head, ih, g, d, kk.data(), kp.data(), m, scale,
                                                  window, amax.data(), asum.data(), pool_);
   }
   auto& tp = obs_.task_pos[static_cast<size_t>(il)];
@@ -240,7 +240,7 @@ void PressObserver::refeed_scores(int il, int64_t n, const float* q, const float
     const int64_t m = static_cast<int64_t>(sp.size());
     amax.assign(static_cast<size_t>(m) * gu, 0.f);
     if (!kvzip) asum.assign(static_cast<size_t>(m) * gu, 0.f);
-    kvcompose::accumulate_task_attention_max_sum(q, pos, n, hp.n_head, ih, g, d, sk.data(), sp.data(), m, scale, window,
+    attention_max_sum(q, pos, n, hp.n_head, ih, g, d, sk.data(), sp.data(), m, scale, window,
                                                  amax.data(), kvzip ? nullptr : asum.data(), pool_);
     for (size_t j = 0; j < static_cast<size_t>(m); ++j) {
       const int32_t t = src[j];
@@ -294,7 +294,7 @@ void PressObserver::accumulate_attention(int il, int64_t n, const float* q, cons
     acc.resize(static_cast<size_t>(m), 0.f);
     cnt.resize(static_cast<size_t>(m), 0.f);
     tsum.assign(static_cast<size_t>(m) * gu, 0.f);
-    kvcompose::accumulate_task_attention_max_sum(q, pos, n, hp.n_head, ih, g, d, kk.data(), kp.data(), m, scale,
+    attention_max_sum(q, pos, n, hp.n_head, ih, g, d, kk.data(), kp.data(), m, scale,
                                                  window, nullptr, tsum.data(), pool_);
     for (int64_t t = 0; t < m; ++t) {
       float a = 0.f;

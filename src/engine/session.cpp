@@ -227,13 +227,20 @@ void Session::set_press(std::unique_ptr<Press> press, PressSchedule sched, const
   if (press_) {
     PressNeeds needs = press_->needs();
     needs.merge(extra);
-    observer_ = std::make_unique<PressObserver>(model_, *cache_, needs);
-    observer_->set_pool(pool_);
-    if (press_->plans_after_append()) observer_->set_after_append_press(press_.get());
-    observer_->set_hooks(hooks_);
+    observer_ = make_observer(*cache_, needs);
   }
   decode_steps_ = 0;
   update_from_ = n_past();
+}
+
+// The one place a session's observer is made (set_press, set_observer, restore_state): over
+// `cache`, capturing `needs`, on the session's pool, with the press's after-append hook.
+std::unique_ptr<PressObserver> Session::make_observer(const KvCache& cache, const PressNeeds& needs) const {
+  auto obs = std::make_unique<PressObserver>(model_, cache, needs);
+  obs->set_pool(pool_);
+  if (press_ && press_->plans_after_append()) obs->set_after_append_press(press_.get());
+  obs->set_hooks(hooks_);
+  return obs;
 }
 
 CompressStats Session::compress() {
@@ -349,9 +356,7 @@ namespace kvtrim {
 void Session::set_observer(const PressNeeds& needs) {
   press_.reset();
   sched_ = PressSchedule{};
-  observer_ = std::make_unique<PressObserver>(model_, *cache_, needs);
-  observer_->set_pool(pool_);
-  observer_->set_hooks(hooks_);
+  observer_ = make_observer(*cache_, needs);
 }
 
 CompressStats Session::compress_with(const Press& press) {
@@ -381,11 +386,7 @@ void Session::restore_state(const State& st) {
   std::unique_ptr<KvCache> c = st.cache->clone();
   if (observer_) {
     // The observer keeps a reference to the cache it observes: rebuild it over the new one.
-    // Set up as set_press does.
-    auto obs = std::make_unique<PressObserver>(model_, *c, observer_->needs());
-    obs->set_pool(pool_);
-    if (press_ && press_->plans_after_append()) obs->set_after_append_press(press_.get());
-    obs->set_hooks(hooks_);
+    auto obs = make_observer(*c, observer_->needs());
     obs->restore(st.observations);
     observer_ = std::move(obs);
   }

@@ -169,6 +169,7 @@ class Session {
   void before_step(bool decode);
   void after_step(bool decode);
   void restore_observer();
+  std::unique_ptr<PressObserver> make_observer(const KvCache& cache, const PressNeeds& needs) const;
   const Model& model_;
   SessionParams p_;
   int64_t n_ctx_;

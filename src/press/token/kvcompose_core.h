@@ -40,16 +40,8 @@ void accumulate_task_attention(const float* q, const int32_t* q_pos, int64_t n_q
                                const int32_t* k_pos, int64_t n_k, float scale, int window,
                                Agg agg_task, float* acc, ThreadPool* pool);
 
-// The same softmax, folded into both aggregates at once (task-agnostic KVCompose accumulates
-// every context query during the forward pass, before knowing which Agg_task the press uses,
-// see PressObserver): acc_max[c, g] = max(acc_max, A), acc_sum[c, g] += A. Either may be
-// nullptr. acc_max / acc_sum after any sequence of blocks equal what
-// accumulate_task_attention gives with Agg::kMax / Agg::kMean over the same blocks.
-void accumulate_task_attention_max_sum(const float* q, const int32_t* q_pos, int64_t n_q,
-                                       int n_head, int ih, int group, int head_dim,
-                                       const float* k, const int32_t* k_pos, int64_t n_k,
-                                       float scale, int window, float* acc_max, float* acc_sum,
-                                       ThreadPool* pool);
+// Both aggregates at once: press/attention_stats.h (attention_max_sum), which the session's
+// observer also runs during the forward pass (task-agnostic causal accumulation, the re-feeds).
 
 // Eq. 15 for one kv head: out[c] = Agg_group over g of (w[c, g] · S_agg_task[c, g]), where
 // S_agg_task = acc (max) or acc / n_task (mean over the M = n_task task tokens). w (may be
