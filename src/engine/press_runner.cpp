@@ -161,18 +161,42 @@ void PressObserver::on_qkv(int il, int64_t n, const float* q, const float* k, co
   (void)v;
 }
 
-// Task-agnostic KVCompose (eq. 14 online): the chunk's queries attend over the stored tokens
+namespace {
+
+// What every attention statistic of layer il needs: the layer's sliding window (0 = none) and
+// the attention scale.
+int layer_window(const HParams& hp, int il) {
+  return il < static_cast<int>(hp.sliding_window.size()) ? hp.sliding_window[static_cast<size_t>(il)] : 0;
+}
+float attention_scale(const HParams& hp) {
+  return hp.attn_scale > 0 ? hp.attn_scale : 1.f / std::sqrt(static_cast<float>(hp.head_dim_k));
+}
+// Appends kv head ih's keys of a forward chunk (k [n, n_kv, d], as forward computed them) and
+// their positions to a head's stored keys and positions.
+void append_chunk_keys(const float* k, const int32_t* pos, int64_t n, int n_kv, int ih, int d, std::vector<float>* kk,
+                       std::vector<int32_t>* kp) {
+  const size_t du = static_cast<size_t>(d);
+  for (int64_t i = 0; i < n; ++i) {
+    const float* row = k + (static_cast<size_t>(i) * static_cast<size_t>(n_kv) + static_cast<size_t>(ih)) * du;
+    kk->insert(kk->end(), row, row + du);
+    kp->push_back(pos[i]);
+  }
+}
+
+}  // namespace
+
+// Task-causal KVCompose (eq. 14 online): the chunk's queries attend over the stored tokens
 // plus the chunk's own keys (appended to the cache only after this call; used as forward
 // computed them, f32, exactly as accumulate_attention does), softmax over each query's visible
 // tokens, folded into the running max and sum of each (token, query head). Per kv head, the
-// attention runs through kvcompose_core (sgemm logits, rows and columns on the pool); memory
+// attention runs through attention_max_sum (sgemm logits, rows and columns on the pool); memory
 // O(group · n · (n_stored + n)) for one head at a time, nothing kept but the accumulators.
 void PressObserver::accumulate_task_attention(int il, int64_t n, const float* q, const float* k, const int32_t* pos) {
   const HParams& hp = model_.hparams();
   const int nkv = hp.n_head_kv, g = hp.n_head / hp.n_head_kv, d = hp.head_dim_k;
-  const size_t du = static_cast<size_t>(d), gu = static_cast<size_t>(g);
-  const int window = il < static_cast<int>(hp.sliding_window.size()) ? hp.sliding_window[static_cast<size_t>(il)] : 0;
-  const float scale = hp.attn_scale > 0 ? hp.attn_scale : 1.f / std::sqrt(static_cast<float>(d));
+  const size_t gu = static_cast<size_t>(g);
+  const int window = layer_window(hp, il);
+  const float scale = attention_scale(hp);
   std::vector<float> kk;
   std::vector<int32_t> kp;
   for (int ih = 0; ih < nkv; ++ih) {
@@ -183,16 +207,12 @@ void PressObserver::accumulate_task_attention(int il, int64_t n, const float* q,
     KVTRIM_CHECK(amax.size() == static_cast<size_t>(n_old) * gu,
                  "observer: task attention of layer %d head %d covers %zu tokens, the cache holds %lld", il, ih,
                  amax.size() / gu, static_cast<long long>(n_old));
-    for (int64_t i = 0; i < n; ++i) {
-      kk.insert(kk.end(), k + (static_cast<size_t>(i) * static_cast<size_t>(nkv) + static_cast<size_t>(ih)) * du,
-                k + (static_cast<size_t>(i) * static_cast<size_t>(nkv) + static_cast<size_t>(ih) + 1) * du);
-      kp.push_back(pos[i]);
-    }
+    append_chunk_keys(k, pos, n, nkv, ih, d, &kk, &kp);
     const int64_t m = n_old + n;
     amax.resize(static_cast<size_t>(m) * gu, 0.f);
     asum.resize(static_cast<size_t>(m) * gu, 0.f);
-    attention_max_sum(q, pos, n, hp.n_head, ih, g, d, kk.data(), kp.data(), m, scale,
-                                                 window, amax.data(), asum.data(), pool_);
+    attention_max_sum(q, pos, n, hp.n_head, ih, g, d, kk.data(), kp.data(), m, scale, window, amax.data(),
+                      asum.data(), pool_);
   }
   auto& tp = obs_.task_pos[static_cast<size_t>(il)];
   tp.insert(tp.end(), pos, pos + n);
@@ -204,9 +224,9 @@ void PressObserver::accumulate_task_attention(int il, int64_t n, const float* q,
 void PressObserver::refeed_scores(int il, int64_t n, const float* q, const float* k, const int32_t* pos) {
   const HParams& hp = model_.hparams();
   const int nkv = hp.n_head_kv, g = hp.n_head / hp.n_head_kv, d = hp.head_dim_k;
-  const size_t du = static_cast<size_t>(d), gu = static_cast<size_t>(g);
-  const int window = il < static_cast<int>(hp.sliding_window.size()) ? hp.sliding_window[static_cast<size_t>(il)] : 0;
-  const float scale = hp.attn_scale > 0 ? hp.attn_scale : 1.f / std::sqrt(static_cast<float>(d));
+  const size_t gu = static_cast<size_t>(g);
+  const int window = layer_window(hp, il);
+  const float scale = attention_scale(hp);
   const bool kvzip = refeed_mode_ == RefeedMode::kKvzip;
   std::vector<float> kk, sk, amax, asum;
   std::vector<int32_t> kp, sp, src;  // src: the stored row of each selected key (-1: not context)
@@ -227,21 +247,18 @@ void PressObserver::refeed_scores(int il, int64_t n, const float* q, const float
       const int32_t p = kp[t];
       const bool context = p < refeed_n_context_;
       if (kvzip && context && !(p < std::min(refeed_sinks_, refeed_lo_) || (p >= refeed_lo_ && p < refeed_hi_))) continue;
+      const size_t du = static_cast<size_t>(d);
       sk.insert(sk.end(), kk.begin() + static_cast<std::ptrdiff_t>(t * du), kk.begin() + static_cast<std::ptrdiff_t>((t + 1) * du));
       sp.push_back(p);
       src.push_back(context ? static_cast<int32_t>(t) : -1);
     }
-    for (int64_t i = 0; i < n; ++i) {
-      sk.insert(sk.end(), k + (static_cast<size_t>(i) * static_cast<size_t>(nkv) + static_cast<size_t>(ih)) * du,
-                k + (static_cast<size_t>(i) * static_cast<size_t>(nkv) + static_cast<size_t>(ih) + 1) * du);
-      sp.push_back(pos[i]);
-      src.push_back(-1);
-    }
+    append_chunk_keys(k, pos, n, nkv, ih, d, &sk, &sp);
+    src.resize(sp.size(), -1);
     const int64_t m = static_cast<int64_t>(sp.size());
     amax.assign(static_cast<size_t>(m) * gu, 0.f);
     if (!kvzip) asum.assign(static_cast<size_t>(m) * gu, 0.f);
-    attention_max_sum(q, pos, n, hp.n_head, ih, g, d, sk.data(), sp.data(), m, scale, window,
-                                                 amax.data(), kvzip ? nullptr : asum.data(), pool_);
+    attention_max_sum(q, pos, n, hp.n_head, ih, g, d, sk.data(), sp.data(), m, scale, window, amax.data(),
+                      kvzip ? nullptr : asum.data(), pool_);
     for (size_t j = 0; j < static_cast<size_t>(m); ++j) {
       const int32_t t = src[j];
       if (t < 0) continue;
@@ -272,9 +289,9 @@ void PressObserver::refeed_scores(int il, int64_t n, const float* q, const float
 void PressObserver::accumulate_attention(int il, int64_t n, const float* q, const float* k, const int32_t* pos) {
   const HParams& hp = model_.hparams();
   const int nkv = hp.n_head_kv, g = hp.n_head / hp.n_head_kv, d = hp.head_dim_k;
-  const size_t du = static_cast<size_t>(d), gu = static_cast<size_t>(g);
-  const int window = il < static_cast<int>(hp.sliding_window.size()) ? hp.sliding_window[static_cast<size_t>(il)] : 0;
-  const float scale = hp.attn_scale > 0 ? hp.attn_scale : 1.f / std::sqrt(static_cast<float>(d));
+  const size_t gu = static_cast<size_t>(g);
+  const int window = layer_window(hp, il);
+  const float scale = attention_scale(hp);
   std::vector<float> kk, tsum;
   std::vector<int32_t> kp;
   for (int ih = 0; ih < nkv; ++ih) {
@@ -285,17 +302,13 @@ void PressObserver::accumulate_attention(int il, int64_t n, const float* q, cons
     KVTRIM_CHECK(static_cast<int64_t>(acc.size()) == n_old,
                  "observer: cumulative attention of layer %d head %d covers %zu tokens, the cache holds %lld", il, ih,
                  acc.size(), static_cast<long long>(n_old));
-    for (int64_t i = 0; i < n; ++i) {
-      kk.insert(kk.end(), k + (static_cast<size_t>(i) * static_cast<size_t>(nkv) + static_cast<size_t>(ih)) * du,
-                k + (static_cast<size_t>(i) * static_cast<size_t>(nkv) + static_cast<size_t>(ih) + 1) * du);
-      kp.push_back(pos[i]);
-    }
+    append_chunk_keys(k, pos, n, nkv, ih, d, &kk, &kp);
     const int64_t m = n_old + n;
     acc.resize(static_cast<size_t>(m), 0.f);
     cnt.resize(static_cast<size_t>(m), 0.f);
     tsum.assign(static_cast<size_t>(m) * gu, 0.f);
-    attention_max_sum(q, pos, n, hp.n_head, ih, g, d, kk.data(), kp.data(), m, scale,
-                                                 window, nullptr, tsum.data(), pool_);
+    attention_max_sum(q, pos, n, hp.n_head, ih, g, d, kk.data(), kp.data(), m, scale, window, nullptr,
+                      tsum.data(), pool_);
     for (int64_t t = 0; t < m; ++t) {
       float a = 0.f;
       for (size_t gi = 0; gi < gu; ++gi) a += tsum[static_cast<size_t>(t) * gu + gi];
