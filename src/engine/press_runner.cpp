@@ -84,11 +84,13 @@ void PressObserver::start_refeed(bool context, bool kvzip, int kvzip_sinks) {
       }
     }
   refeed_sinks_ = kvzip_sinks;
-  obs_.refeed_current = true;
+  refeed_n_past_ = cache_.n_past();
 }
 
+void PressObserver::finish_refeed() { obs_.refeed_current = true; }
+
 void PressObserver::begin_refeed(RefeedMode mode, int32_t n_context, int32_t lo, int32_t hi) {
-  KVTRIM_CHECK(obs_.refeed_current, "observer: begin_refeed before start_refeed");
+  KVTRIM_CHECK(!obs_.refeed_max.empty() || !obs_.kvzip.empty(), "observer: begin_refeed before start_refeed");
   KVTRIM_CHECK(mode != RefeedMode::kContext || !obs_.refeed_max.empty(), "observer: no context re-feed results");
   KVTRIM_CHECK(mode != RefeedMode::kKvzip || !obs_.kvzip.empty(), "observer: no reconstruction results");
   refeed_mode_ = mode;
@@ -398,7 +400,9 @@ void PressObserver::on_truncate(int32_t pos) {
   }
   // The re-feed's chunks are truncated away after each one (their tokens never had rows); a
   // truncation into the context itself makes the re-feed stale.
-  if (obs_.refeed_current && refeed_mode_ == RefeedMode::kOff) {
+  if (obs_.refeed_current && refeed_mode_ == RefeedMode::kOff && pos < refeed_n_past_) {
+    reset_refeed();  // the re-fed context was longer than what is left
+  } else if (obs_.refeed_current && refeed_mode_ == RefeedMode::kOff) {
     const int nkv = model_.hparams().n_head_kv;
     const size_t g = static_cast<size_t>(model_.hparams().n_head / nkv);
     for (int il = 0; il < model_.hparams().n_layer && obs_.refeed_current; ++il)

@@ -60,6 +60,7 @@ class PressObserver : public ForwardObserver {
   //     max over queries and the group's heads of the probabilities on [lo, hi) is the score.
   enum class RefeedMode { kOff, kContext, kKvzip };
   void start_refeed(bool context, bool kvzip, int kvzip_sinks);
+  void finish_refeed();  // every chunk ran: the results are current (until the context changes)
   bool refeed_current() const { return obs_.refeed_current; }
   void begin_refeed(RefeedMode mode, int32_t n_context, int32_t lo = 0, int32_t hi = 0);
   void end_refeed() { refeed_mode_ = RefeedMode::kOff; }
@@ -74,6 +75,7 @@ class PressObserver : public ForwardObserver {
   void restore(Observations obs) {
     obs_ = std::move(obs);
     question_mode_ = false;
+    refeed_n_past_ = cache_.n_past();  // current re-feed results were saved with this cache
   }
 
  private:
@@ -91,6 +93,7 @@ class PressObserver : public ForwardObserver {
   bool hooks_ = true;
   std::vector<char> question_started_;  // per layer: first chunk of the current question seen
   RefeedMode refeed_mode_ = RefeedMode::kOff;
+  int32_t refeed_n_past_ = 0;  // the context length the re-feed results belong to
   int32_t refeed_n_context_ = 0, refeed_lo_ = 0, refeed_hi_ = 0;
   int refeed_sinks_ = 0;
 };

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "core/memory.h"
 #include "core/timer.h"
 #include "engine/limit_error.h"
@@ -16,11 +17,11 @@ namespace kvtrim {
 std::vector<RefeedChunk> context_refeed_chunks(const std::vector<int32_t>& context, int64_t chunk) {
   KVTRIM_CHECK(chunk >= 0, "re-feed chunk %lld must be >= 0", static_cast<long long>(chunk));
   const int64_t n = static_cast<int64_t>(context.size());
-  const int64_t c = chunk > 0 ? chunk : std::max<int64_t>(n, 1);
+  const int64_t c = chunk > 0 ? std::min(chunk, std::max<int64_t>(n, 1)) : std::max<int64_t>(n, 1);
   std::vector<RefeedChunk> out;
   for (int64_t i = 0; i < n; i += c) {
     RefeedChunk ch;
-    ch.tokens.assign(context.begin() + i, context.begin() + std::min(n, i + c));
+    ch.tokens.assign(context.begin() + i, context.begin() + i + std::min(n - i, c));
     ch.lo = 0;
     ch.hi = static_cast<int32_t>(n);
     out.push_back(std::move(ch));
@@ -53,8 +54,8 @@ std::vector<RefeedChunk> kvzip_refeed_chunks(const KvzipPrompts& p, const std::v
   KVTRIM_CHECK(sinks >= 0, "kvzip: sinks %d must be >= 0", sinks);
   const int64_t n = static_cast<int64_t>(context.size());
   std::vector<RefeedChunk> out;
-  for (int64_t lo = std::min<int64_t>(sinks, n); lo < n; lo += chunk) {
-    const int64_t hi = std::min(n, lo + chunk);
+  for (int64_t lo = std::min<int64_t>(sinks, n); lo < n; lo += std::min(n - lo, chunk)) {
+    const int64_t hi = lo + std::min(n - lo, chunk);
     RefeedChunk ch;
     if (out.empty()) {
       ch.tokens = p.first;
@@ -81,25 +82,45 @@ void Session::prepare_compress() {
   KVTRIM_CHECK(static_cast<int32_t>(history_.size()) == n_context,
                "re-feed: the session knows %zu of its %d context tokens (a state restored without its tokens?)",
                history_.size(), n_context);
+  // The pass appends one chunk at a time after the context: it needs that much room. A chunk
+  // larger than the room left is cut down to it (a perplexity window's session holds exactly
+  // the window; decode-time compressions re-feed a growing context), with a warning: smaller
+  // chunks change the scores a little (docs/presses-kvcompose.md, presses-kvzip.md).
+  const int64_t room = n_ctx_ - static_cast<int64_t>(n_context);
+  const KvzipPrompts zp = rn.kvzip ? kvzip_prompts(model_) : KvzipPrompts{};
+  const int64_t zip_extra =
+      static_cast<int64_t>(std::max(zp.first.size(), zp.next.size() + kKvzipOverlap) + zp.suffix.size());
+  constexpr int64_t kMinChunk = 16;
+  int64_t ctx_chunk = rn.context_chunk > 0 ? rn.context_chunk : static_cast<int64_t>(n_context);
+  int64_t zip_chunk = rn.kvzip_chunk;
+  if ((rn.context && ctx_chunk > room) || (rn.kvzip && zip_chunk + zip_extra > room)) {
+    if ((rn.context && room < kMinChunk) || (rn.kvzip && room - zip_extra < kMinChunk))
+      throw LimitError(strprintf(
+          "re-feed: %d context tokens leave %lld tokens of the context limit of %lld for the re-feed pass, fewer "
+          "than a chunk of %lld (+ %lld prompt tokens for kvzip); use a larger --ctx",
+          n_context, static_cast<long long>(room), static_cast<long long>(n_ctx_), static_cast<long long>(kMinChunk),
+          static_cast<long long>(rn.kvzip ? zip_extra : 0)));
+    if (rn.context && ctx_chunk > room) ctx_chunk = room;
+    if (rn.kvzip && zip_chunk + zip_extra > room) zip_chunk = room - zip_extra;
+    KVTRIM_LOG_WARN("re-feed: %d context tokens leave %lld of the context limit of %lld: re-feed chunks cut to %lld "
+             "(context) / %lld (kvzip) tokens, smaller than asked (refeed_chunk / chunk); a larger --ctx avoids it",
+             n_context, static_cast<long long>(room), static_cast<long long>(n_ctx_),
+             static_cast<long long>(rn.context ? ctx_chunk : 0), static_cast<long long>(rn.kvzip ? zip_chunk : 0));
+  }
   std::vector<RefeedChunk> ctx_chunks, zip_chunks;
-  if (rn.context) ctx_chunks = context_refeed_chunks(history_, rn.context_chunk);
-  if (rn.kvzip) zip_chunks = kvzip_refeed_chunks(kvzip_prompts(model_), history_, rn.kvzip_chunk, rn.kvzip_sinks);
+  if (rn.context) ctx_chunks = context_refeed_chunks(history_, ctx_chunk);
+  if (rn.kvzip) zip_chunks = kvzip_refeed_chunks(zp, history_, zip_chunk, rn.kvzip_sinks);
   size_t longest = 0;
   for (const auto* v : {&ctx_chunks, &zip_chunks})
     for (const RefeedChunk& c : *v) longest = std::max(longest, c.tokens.size());
-  // The pass appends one chunk at a time after the context: it needs that much room.
-  if (static_cast<int64_t>(n_context) + static_cast<int64_t>(longest) > n_ctx_)
-    throw LimitError(strprintf(
-        "re-feed: %d context tokens + a re-feed chunk of %zu tokens exceed the context limit of %lld tokens; use a "
-        "smaller re-feed chunk (kvcompose:refeed_chunk=N, kvzip:chunk=N) or a larger --ctx",
-        n_context, longest, static_cast<long long>(n_ctx_)));
+  KVTRIM_ASSERT(static_cast<int64_t>(n_context) + static_cast<int64_t>(longest) <= n_ctx_);
   check_memory(static_cast<int64_t>(longest));
   for (const RefeedChunk& c : zip_chunks) check_tokens(c.tokens.data(), static_cast<int64_t>(c.tokens.size()));
 
   const double t0 = now_seconds();
   size_t rss_peak = 0;
-  observer_->start_refeed(rn.context, rn.kvzip, rn.kvzip_sinks);
   std::vector<float> scratch(static_cast<size_t>(model_.hparams().n_vocab));
+  observer_->start_refeed(rn.context, rn.kvzip, rn.kvzip_sinks);  // results current only at the end
   auto run = [&](PressObserver::RefeedMode mode, const RefeedChunk& c) {
     observer_->begin_refeed(mode, n_context, c.lo, c.hi);
     try {
@@ -120,6 +141,7 @@ void Session::prepare_compress() {
   };
   for (const RefeedChunk& c : ctx_chunks) run(PressObserver::RefeedMode::kContext, c);
   for (const RefeedChunk& c : zip_chunks) run(PressObserver::RefeedMode::kKvzip, c);
+  observer_->finish_refeed();
   ++n_refeeds_;
   refeed_s_ = now_seconds() - t0;
   refeed_rss_peak_ = rss_peak;

@@ -210,6 +210,8 @@ void Session::reset() {
   // to the last context; a static one would encode the full-cache pass of eval ppl).
   cache_->reset();
   history_.clear();
+  refeed_s_ = 0;  // a pass of the old context is not the next compress's
+  refeed_rss_peak_ = 0;
   if (observer_) observer_->reset();
   compress_log_.clear();
   decode_steps_ = 0;
@@ -393,6 +395,8 @@ void Session::restore_state(const State& st) {
   cache_ = std::move(c);
   logits_ = st.logits;
   history_ = st.history;
+  refeed_s_ = 0;
+  refeed_rss_peak_ = 0;
   compress_log_.clear();
   decode_steps_ = st.decode_steps;
   update_from_ = st.update_from;

@@ -487,6 +487,29 @@ TEST(KVComposeCore, HandComputedSelection) {
 
 // Eq. 16 with heads holding different positions (after a per-head press): a head that does
 // not hold a position adds 0 to its mean.
+// The reference code's choices: keep_min forces each layer's best keep_min composite tokens
+// (they count toward B_total); layer0_max lifts layer 0's composite scores to the max over
+// layers, so layer 0 keeps at least as many as any layer.
+TEST(KVComposeCore, ReferenceLowerBoundAndLayerZeroBoost) {
+  // 3 layers x 1 head x 4 tokens; layer 2 holds the high scores
+  const std::vector<std::vector<std::vector<float>>> s = {{{0.1f, 0.2f, 0.05f, 0.01f}},
+                                                          {{0.3f, 0.25f, 0.2f, 0.15f}},
+                                                          {{0.9f, 0.8f, 0.7f, 0.6f}}};
+  const auto plain = kvcompose::select_structured(s, kvcompose::Agg::kMean, 6);
+  EXPECT_EQ(plain.n_keep_layer, (std::vector<int64_t>{1, 1, 4}));
+  kvcompose::StructuredOptions lb;
+  lb.keep_min = 2;
+  const auto low = kvcompose::select_structured(s, kvcompose::Agg::kMean, 6, lb);
+  EXPECT_EQ(low.n_keep_layer, (std::vector<int64_t>{2, 2, 2}));
+  kvcompose::StructuredOptions l0;
+  l0.layer0_max = true;
+  const auto boost = kvcompose::select_structured(s, kvcompose::Agg::kMean, 6, l0);
+  EXPECT_GE(boost.n_keep_layer[0], boost.n_keep_layer[2]);
+  EXPECT_EQ(boost.n_keep_layer[0] + boost.n_keep_layer[1] + boost.n_keep_layer[2], 6);
+  // layer 0 keeps its own best tokens, in its own order
+  EXPECT_EQ(boost.keep[0], (std::vector<int32_t>{0, 1, 2}));
+}
+
 TEST(KVComposeCore, HeadMeanAlignsByPosition) {
   std::vector<std::vector<float>> s = {{1.f, 2.f, 3.f}, {10.f, 20.f}};
   const std::vector<std::vector<int32_t>> pos = {{0, 5, 9}, {5, 7}};

@@ -369,12 +369,26 @@ void run_sweep_summary(const std::string& out_dir, const std::string& title_arg)
     }
   }
   KVTRIM_CHECK(!bench.empty(), "eval sweep summary: '%s' holds no rows", path.c_str());
+  // A cell must come from one config: a directory holding two runs of the same grid (another
+  // KV type, ctx-len, format ...) would average them into one row.
+  auto one_config = [&](const auto& rows) {
+    std::map<std::tuple<std::string, std::string, double>, std::string> seen;
+    for (const auto& r : rows) {
+      auto [it, fresh] = seen.emplace(std::make_tuple(r.model, r.press, r.ratio), r.config);
+      KVTRIM_CHECK(fresh || it->second == r.config,
+                   "eval sweep summary: '%s' holds %s at ratio %g from two configs (%s, %s): rows of different runs; "
+                   "rewrite the summaries with the sweep's own command and --summary-only",
+                   path.c_str(), r.press.c_str(), r.ratio, it->second.c_str(), r.config.c_str());
+    }
+  };
   std::string md;
   if (bench == "ppl") {
     eval::PplSweepResultsFile results(path, {}, true);
+    one_config(results.rows());
     md = eval::write_sweep_ppl_summaries(out_dir, results.rows(), title);
   } else {
     eval::SweepResultsFile results(path, {}, true);
+    one_config(results.rows());
     md = eval::write_sweep_summaries(out_dir, results.rows(), title,
                                      bench == "ruler" ? "RULER score (0-100)"
                                                       : (bench == "mmlu" ? "accuracy (%)" : "acc_norm (%)"));
