@@ -17,7 +17,8 @@ check run_greedy 0 "Paris.*KV cache: .* held" run -m smollm2 -p "The capital of 
 check run_prompt_past_ctx 1 "exceeds the context limit of 64" run -m smollm2 -c 64 -p "$long" -n 4
 # the re-feed presses: a second pass whose chunk must fit the context; it runs and says so
 check run_kvzip 0 "press kvzip:.*re-feed pass first: [0-9.]+ s" run -m smollm2 -p "$long" -n 4 -t 2 --press kvzip:0.5
-check refeed_past_ctx 1 "re-feed: .* exceed the context limit of 600 tokens; use a smaller re-feed chunk" run -m smollm2 -c 600 -p "$long" -n 4 -t 2 --press kvcompose:0.5,refeed_chunk=0
+check refeed_cut 0 "re-feed chunks cut to 199 \\(context\\).*press kvcompose:" run -m smollm2 -c 600 -p "$long" -n 4 -t 2 --press kvcompose:0.5,refeed_chunk=0
+check refeed_past_ctx 1 "re-feed: 401 context tokens leave 9 tokens of the context limit of 410 .*use a larger --ctx" run -m smollm2 -c 410 -p "$long" -n 4 -t 2 --press kvcompose:0.5
 check ctx_past_model 1 "exceeds the model's limit of 8192" run -m smollm2 -c 100000 -p hi -n 4
 check gen_stops_at_ctx 0 "stop: context_full" run -m smollm2 -c 24 -p "Once upon a time" -n 100 -t 2
 check inspect 0 "llama.block_count +30.*q4_1" inspect smollm2
