@@ -174,6 +174,18 @@ std::shared_ptr<Job> Scheduler::submit(const CompletionRequest& r) {
   if (!r.has_seed) j->sampling.seed = static_cast<uint64_t>(now_seconds() * 1e6);
   j->stop = r.stop;
   j->press = r.cache.press ? *r.cache.press : opt_.press;
+  if (!j->press.empty() && pressure_press_) {
+    // the slot's observer serves both presses: they must agree on the passes they share
+    // (a re-feed's chunk size), or the request is refused here rather than failing in its slot
+    try {
+      PressNeeds n = make_press(j->press)->needs();
+      n.merge(pressure_press_->needs());
+    } catch (const Error& e) {
+      throw ApiError(400, std::string("kv_press '") + j->press + "' cannot run beside the server's pressure press '" +
+                              pressure_press_->spec() + "': " + e.what(),
+                     "kv_press");
+    }
+  }
   j->k = r.cache.k.value_or(opt_.kv_k);
   j->v = r.cache.v.value_or(opt_.kv_v);
   j->t_submit = now_seconds();

@@ -303,6 +303,19 @@ TEST_F(ServerTest, MemoryLimitIsA503) {
   EXPECT_EQ(client_->Get("/health")->status, 200);
 }
 
+// A request press that cannot share the slot's observer with the pressure press (both re-feed
+// the context, with different chunk sizes) is a 400 naming both; presses that agree run.
+TEST_F(ServerTest, RequestPressMustAgreeWithThePressurePress) {
+  ServerOptions so;
+  so.pressure_press = "kvcompose:0.5";
+  start(so);
+  auto r = post("/v1/completions", completion_body(prompt(30, 1), 2, R"("kv_press":"kvcompose:0.5,refeed_chunk=64",)"));
+  expect_error(r, 400, "cannot run beside the server's pressure press");
+  r = post("/v1/completions", completion_body(prompt(30, 1), 2, R"("kv_press":"kvzip:0.5",)"));
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(client_->Get("/health")->status, 200);
+}
+
 // The budget: a request that cannot fit alone is a 503 at once; with room for about one
 // conversation, the next one first compresses the idle conversation with the pressure press.
 TEST_F(ServerTest, BudgetRefusesCompressesAndEvicts) {
