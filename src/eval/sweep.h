@@ -158,7 +158,7 @@ int64_t sweep_mc(Session& s, const std::string& bench, const std::vector<McItem>
 std::string mc_row_id(const std::string& bench, const McItem& item);
 
 // ---------------------------------------------------------------------------------------
-// Summary maths (docs/eval.md "Sweeps")
+// Summary maths (docs/eval.md "Sweeps"; src/eval/sweep_summary.cpp)
 
 // One (model, press, ratio) cell aggregated over its rows.
 struct SweepPoint {
