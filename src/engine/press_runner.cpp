@@ -89,12 +89,11 @@ void PressObserver::start_refeed(bool context, bool kvzip, int kvzip_sinks) {
 
 void PressObserver::finish_refeed() { obs_.refeed_current = true; }
 
-void PressObserver::begin_refeed(RefeedMode mode, int32_t n_context, int32_t lo, int32_t hi) {
+void PressObserver::begin_refeed(RefeedMode mode, int32_t lo, int32_t hi) {
   KVTRIM_CHECK(!obs_.refeed_max.empty() || !obs_.kvzip.empty(), "observer: begin_refeed before start_refeed");
   KVTRIM_CHECK(mode != RefeedMode::kContext || !obs_.refeed_max.empty(), "observer: no context re-feed results");
   KVTRIM_CHECK(mode != RefeedMode::kKvzip || !obs_.kvzip.empty(), "observer: no reconstruction results");
   refeed_mode_ = mode;
-  refeed_n_context_ = n_context;
   refeed_lo_ = lo;
   refeed_hi_ = hi;
 }
@@ -239,27 +238,38 @@ void PressObserver::refeed_scores(int il, int64_t n, const float* q, const float
     const size_t n_rows = kvzip ? obs_.kvzip[at].size() : obs_.refeed_max[at].size() / gu;
     // the context's rows are the stored tokens before the re-feed's own (positions < n_context)
     size_t n_ctx_rows = 0;
-    while (n_ctx_rows < n_old && kp[n_ctx_rows] < refeed_n_context_) ++n_ctx_rows;
+    while (n_ctx_rows < n_old && kp[n_ctx_rows] < refeed_n_past_) ++n_ctx_rows;
     KVTRIM_CHECK(n_ctx_rows == n_rows, "observer: the re-feed of layer %d head %d covers %zu tokens, the cache holds %zu",
                  il, ih, n_rows, n_ctx_rows);
-    sk.clear();
-    sp.clear();
+    // The keys the chunk's queries see: every stored key (context mode: the context and the
+    // chunk's earlier sub-chunks, kk as read) or KVzip's subset (the sinks, the chunk's span of
+    // the context, the re-feed's earlier sub-chunks); then the chunk's own. src: the context row
+    // of each key (-1: a re-feed token).
     src.clear();
-    for (size_t t = 0; t < n_old; ++t) {
-      const int32_t p = kp[t];
-      const bool context = p < refeed_n_context_;
-      if (kvzip && context && !(p < std::min(refeed_sinks_, refeed_lo_) || (p >= refeed_lo_ && p < refeed_hi_))) continue;
+    if (kvzip) {
+      sk.clear();
+      sp.clear();
       const size_t du = static_cast<size_t>(d);
-      sk.insert(sk.end(), kk.begin() + static_cast<std::ptrdiff_t>(t * du), kk.begin() + static_cast<std::ptrdiff_t>((t + 1) * du));
-      sp.push_back(p);
-      src.push_back(context ? static_cast<int32_t>(t) : -1);
+      for (size_t t = 0; t < n_old; ++t) {
+        const int32_t p = kp[t];
+        const bool context = p < refeed_n_past_;
+        if (context && !(p < std::min(refeed_sinks_, refeed_lo_) || (p >= refeed_lo_ && p < refeed_hi_))) continue;
+        sk.insert(sk.end(), kk.begin() + static_cast<std::ptrdiff_t>(t * du),
+                  kk.begin() + static_cast<std::ptrdiff_t>((t + 1) * du));
+        sp.push_back(p);
+        src.push_back(context ? static_cast<int32_t>(t) : -1);
+      }
+    } else {
+      for (size_t t = 0; t < n_old; ++t) src.push_back(t < n_ctx_rows ? static_cast<int32_t>(t) : -1);
     }
-    append_chunk_keys(k, pos, n, nkv, ih, d, &sk, &sp);
-    src.resize(sp.size(), -1);
-    const int64_t m = static_cast<int64_t>(sp.size());
+    std::vector<float>& keys = kvzip ? sk : kk;
+    std::vector<int32_t>& kpos = kvzip ? sp : kp;
+    append_chunk_keys(k, pos, n, nkv, ih, d, &keys, &kpos);
+    src.resize(kpos.size(), -1);
+    const int64_t m = static_cast<int64_t>(kpos.size());
     amax.assign(static_cast<size_t>(m) * gu, 0.f);
     if (!kvzip) asum.assign(static_cast<size_t>(m) * gu, 0.f);
-    attention_max_sum(q, pos, n, hp.n_head, ih, g, d, sk.data(), sp.data(), m, scale, window, amax.data(),
+    attention_max_sum(q, pos, n, hp.n_head, ih, g, d, keys.data(), kpos.data(), m, scale, window, amax.data(),
                       kvzip ? nullptr : asum.data(), pool_);
     for (size_t j = 0; j < static_cast<size_t>(m); ++j) {
       const int32_t t = src[j];
@@ -267,7 +277,7 @@ void PressObserver::refeed_scores(int il, int64_t n, const float* q, const float
       const size_t r = static_cast<size_t>(t);
       if (kvzip) {
         // KVzip: the max over the group too; the chunk's span only (the sinks are scored 1)
-        if (sp[j] < refeed_lo_ || sp[j] >= refeed_hi_) continue;
+        if (kpos[j] < refeed_lo_ || kpos[j] >= refeed_hi_) continue;
         float best = 0.f;
         for (size_t gi = 0; gi < gu; ++gi) best = std::max(best, amax[j * gu + gi]);
         obs_.kvzip[at][r] = std::max(obs_.kvzip[at][r], best);
@@ -286,7 +296,7 @@ void PressObserver::refeed_scores(int il, int64_t n, const float* q, const float
 // H2O: attention of the chunk's queries over the stored tokens plus the chunk's own keys
 // (masked causally and by the sliding window), summed over the GQA group into each token's
 // cumulative attention; cum_count counts the queries that could see the token. One kv head
-// at a time through kvcompose_core's pooled sgemm + softmax (the same code as the task
+// at a time through attention_max_sum's pooled sgemm + softmax (the same code as the task
 // attention above): memory O(group · n · (n_stored + n)), never n² for every layer.
 void PressObserver::accumulate_attention(int il, int64_t n, const float* q, const float* k, const int32_t* pos) {
   const HParams& hp = model_.hparams();

@@ -62,7 +62,7 @@ class PressObserver : public ForwardObserver {
   void start_refeed(bool context, bool kvzip, int kvzip_sinks);
   void finish_refeed();  // every chunk ran: the results are current (until the context changes)
   bool refeed_current() const { return obs_.refeed_current; }
-  void begin_refeed(RefeedMode mode, int32_t n_context, int32_t lo = 0, int32_t hi = 0);
+  void begin_refeed(RefeedMode mode, int32_t lo = 0, int32_t hi = 0);
   void end_refeed() { refeed_mode_ = RefeedMode::kOff; }
   void reset_refeed();  // drops the re-feed's results (not current any more)
   // Keeps the observations aligned with the cache after it applied `plan`.
@@ -93,8 +93,8 @@ class PressObserver : public ForwardObserver {
   bool hooks_ = true;
   std::vector<char> question_started_;  // per layer: first chunk of the current question seen
   RefeedMode refeed_mode_ = RefeedMode::kOff;
-  int32_t refeed_n_past_ = 0;  // the context length the re-feed results belong to
-  int32_t refeed_n_context_ = 0, refeed_lo_ = 0, refeed_hi_ = 0;
+  int32_t refeed_n_past_ = 0;  // the context's length (n_context): the re-feed's results belong to it
+  int32_t refeed_lo_ = 0, refeed_hi_ = 0;
   int refeed_sinks_ = 0;
 };
 

@@ -122,7 +122,7 @@ void Session::prepare_compress() {
   std::vector<float> scratch(static_cast<size_t>(model_.hparams().n_vocab));
   observer_->start_refeed(rn.context, rn.kvzip, rn.kvzip_sinks);  // results current only at the end
   auto run = [&](PressObserver::RefeedMode mode, const RefeedChunk& c) {
-    observer_->begin_refeed(mode, n_context, c.lo, c.hi);
+    observer_->begin_refeed(mode, c.lo, c.hi);
     try {
       const int64_t n = static_cast<int64_t>(c.tokens.size());
       for (int64_t i = 0; i < n; i += p_.n_batch) {
@@ -145,14 +145,6 @@ void Session::prepare_compress() {
   ++n_refeeds_;
   refeed_s_ = now_seconds() - t0;
   refeed_rss_peak_ = rss_peak;
-}
-
-CompressStats Session::with_refeed(CompressStats st) {
-  st.refeed_seconds = refeed_s_;
-  st.refeed_rss_peak = refeed_rss_peak_;
-  refeed_s_ = 0;
-  refeed_rss_peak_ = 0;
-  return st;
 }
 
 }  // namespace kvtrim

@@ -245,20 +245,27 @@ std::unique_ptr<PressObserver> Session::make_observer(const KvCache& cache, cons
   return obs;
 }
 
-CompressStats Session::compress() {
-  KVTRIM_CHECK(press_ != nullptr, "compress: no press set on this session");
+// Every compression of the session: the passes its press needs, the plan and its application,
+// the pass's time and peak RSS (once, the compress after it), the log.
+CompressStats Session::run_compress(const Press& press, const Budget* budget_override) {
   prepare_compress();
-  CompressStats st = with_refeed(run_press(*press_, *cache_, model_, observer_.get(), pool_));
+  CompressStats st = run_press(press, *cache_, model_, observer_.get(), pool_, budget_override);
+  st.refeed_seconds = refeed_s_;
+  st.refeed_rss_peak = refeed_rss_peak_;
+  refeed_s_ = 0;
+  refeed_rss_peak_ = 0;
   compress_log_.push_back(st);
   return st;
 }
 
+CompressStats Session::compress() {
+  KVTRIM_CHECK(press_ != nullptr, "compress: no press set on this session");
+  return run_compress(*press_, nullptr);
+}
+
 CompressStats Session::compress(const Budget& budget_override) {
   KVTRIM_CHECK(press_ != nullptr, "compress: no press set on this session");
-  prepare_compress();
-  CompressStats st = with_refeed(run_press(*press_, *cache_, model_, observer_.get(), pool_, &budget_override));
-  compress_log_.push_back(st);
-  return st;
+  return run_compress(*press_, &budget_override);
 }
 
 void Session::observe_question(const std::vector<int32_t>& question) {
@@ -341,8 +348,7 @@ GenerateResult Session::generate(const std::vector<int32_t>& prompt, const Gener
       if (most > sched_.decode_target) {
         Budget b;
         b.n_keep = sched_.decode_target;
-        prepare_compress();
-        compress_log_.push_back(with_refeed(run_press(*press_, *cache_, model_, observer_.get(), pool_, &b)));
+        run_compress(*press_, &b);
       }
     }
   }
@@ -362,10 +368,7 @@ void Session::set_observer(const PressNeeds& needs) {
 }
 
 CompressStats Session::compress_with(const Press& press) {
-  prepare_compress();
-  CompressStats st = with_refeed(run_press(press, *cache_, model_, observer_.get(), pool_));
-  compress_log_.push_back(st);
-  return st;
+  return run_compress(press, nullptr);
 }
 
 Session::State Session::save_state() const {

@@ -181,7 +181,7 @@ class Session {
   int64_t n_refeeds_ = 0;
   double refeed_s_ = 0;         // the last prepare_compress's time and peak RSS, taken by the
   size_t refeed_rss_peak_ = 0;  // next compress into its CompressStats
-  CompressStats with_refeed(CompressStats st);
+  CompressStats run_compress(const Press& press, const Budget* budget_override);
   std::unique_ptr<Press> press_;
   PressSchedule sched_;
   std::unique_ptr<PressObserver> observer_;

@@ -99,7 +99,7 @@ std::vector<std::vector<std::vector<float>>> KVComposePress::scores(const PressC
   const bool refeed = o_.task == Task::kAgnostic;
   const bool from_acc = refeed || (o_.task == Task::kCausal && ctx.has_task_attn());
   for (int il = 0; il < n_layer; ++il) {
-    const ObservedQueries* q = from_acc ? nullptr : &ctx.queries(il, o_.query_aware, "kvcompose");
+    const ObservedQueries* q = from_acc ? nullptr : &ctx.queries(il, o_.task == Task::kAware, "kvcompose");
     const int64_t n_task = refeed ? ctx.refeed_count(il) : from_acc ? ctx.task_count(il) : q->n;
     const int window = il < static_cast<int>(hp.sliding_window.size()) ? hp.sliding_window[static_cast<size_t>(il)] : 0;
     if (o_.weight == KVComposeOptions::Weight::kVoNorm) {
@@ -198,7 +198,6 @@ std::unique_ptr<Press> make_kvcompose(const PressArgs& a) {
   using Task = KVComposeOptions::Task;
   o.task = a.get_choice<Task>("task", {{"agnostic", Task::kAgnostic}, {"causal", Task::kCausal}, {"aware", Task::kAware}});
   if (a.get_bool("query_aware")) o.task = Task::kAware;
-  o.query_aware = o.task == Task::kAware;
   o.refeed_chunk = a.get_int_min("refeed_chunk", 0);
   o.select.layer0_max = a.get_bool("layer0_max");
   o.select.keep_min = a.get_int_min("keep_min", 0);

@@ -16,7 +16,6 @@ struct KVComposeOptions {
   // self-attention (kvtrim's first reading), aware = the question's queries.
   enum class Task { kAgnostic, kCausal, kAware };
   Task task = Task::kAgnostic;
-  bool query_aware = false;   // == (task == kAware)
   int64_t refeed_chunk = 512; // agnostic: re-fed tokens per chunk (0 = one chunk: the reference, 2x the cache)
   kvcompose::StructuredOptions select;  // the reference's layer-0 boost and lower bound (off)
   kvcompose::Agg agg_task = kvcompose::Agg::kMax;   // eq. 14
