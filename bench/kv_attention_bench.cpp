@@ -12,8 +12,10 @@
 // read per second by the compressed call. The reported time is the compressed call's.
 // KvAttnDtype/<model>/ctx:<n>/<dtype>_vs_f16/threads:1: the same with equal tokens (no
 // eviction), dtype storage against f16 (ratio = dtype_us / f16_us).
-// KvAttnChannel/<model>/ctx:<n>/<spark|think>:<λ>/threads:1: the channel axis, keys only (ratio
-// target: <= 1.2 x kv_bytes_ratio).
+// KvAttnChannel/<model>/ctx:<n>/<spark|think|swan>:<λ>/threads:1: the channel axis (ratio target:
+// <= 1.2 x kv_bytes_ratio): SPARK's per-token keys with recovery, ThinK's per-head key subset,
+// SWAN's per-token top-k by magnitude on keys and values (no rotation, no buffer: the pruned
+// store alone).
 // KvAttnBasis/<model>/ctx:<n>/keepdims:0.5/threads:<t>: the basis axis (DESIGN.md §7, low-rank
 // methods): every (layer, kv head) gets its own random orthonormal basis with
 // rank_k = rank_v = head_dim / 2 and every token is encoded (f16 coefficients); the same
@@ -147,6 +149,18 @@ void low_rank(KvCache& c, double keepdims, uint32_t seed) {
 // (layer, kv head); T = head_dim − int(λ · head_dim). Values untouched.
 void channel_prune(KvCache& c, double lambda, bool per_token) {
   const KvCacheConfig& cfg = c.config();
+  if (lambda < 0) {  // SWAN's store: the cache keeps each token's top-T by magnitude, both sides
+    const int T = cfg.head_dim_k - static_cast<int>(-lambda * cfg.head_dim_k);
+    CompressionPlan plan(cfg.n_layer, cfg.n_head_kv);
+    for (int il = 0; il < cfg.n_layer; ++il)
+      for (int ih = 0; ih < cfg.n_head_kv; ++ih)
+        for (ChannelSpec* ch : {&plan.at(il, ih).key.channels, &plan.at(il, ih).value.channels}) {
+          ch->by_magnitude = true;
+          ch->topk = T;
+        }
+    c.apply(plan);
+    return;
+  }
   const int d = cfg.head_dim_k, T = d - static_cast<int>(lambda * d);
   CompressionPlan plan(cfg.n_layer, cfg.n_head_kv);
   std::vector<float> k;
@@ -288,8 +302,12 @@ void register_all() {
       }
       // KvAttnChannel/<model>/ctx:<n>/<spark|think>:<λ>/threads:1: the channel axis (SPARK's
       // per-token keys with recovery, ThinK's per-head subset) against dense f16, equal tokens.
-      for (const auto& [per_token, lambda] : {std::pair{true, 0.5}, std::pair{true, 0.8}, std::pair{false, 0.5}}) {
-        const std::string mode = std::string(per_token ? "spark:" : "think:") + (lambda == 0.5 ? "0.5" : "0.8");
+      // (λ < 0: SWAN's store at retention 1 + λ)
+      for (const auto& [per_token, lambda] :
+           {std::pair{true, 0.5}, std::pair{true, 0.8}, std::pair{false, 0.5}, std::pair{true, -0.5}}) {
+        const std::string mode = lambda < 0          ? std::string("swan:0.5")
+                                 : per_token ? std::string("spark:") + (lambda == 0.5 ? "0.5" : "0.8")
+                                             : std::string("think:0.5");
         const std::string name = std::string("KvAttnChannel/") + s.name + "/ctx:" + std::to_string(ctx) + "/" +
                                  mode + "/threads:1";
         benchmark::RegisterBenchmark(

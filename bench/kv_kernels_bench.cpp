@@ -14,6 +14,10 @@
 //   sp_f16  sparse_scores + sparse_accum, keys and values both T = d/4 entries per token, f16
 //           values, uint8 channel indices, fixed count
 //   sp_fp8  the same with fp8 values and a per-row f32 scale
+//   mk_f16  masked_scores + masked_accum: the same T = d/4 kept coordinates per token as a
+//           bitmask (ceil(d/8) bytes) instead of a list, f16 values (SWAN's layout)
+//   spark   keys masked with SPARK's degenerate recovery at λ = 0.8 (T = d - int(0.8 d) kept, a
+//           sign bit per coordinate, one f32 fill per token), values dense f16
 // mem: "dram": each iteration takes the next of several copies of the head (about 64 MiB of
 // dense f16 in all), so the data comes from memory as in a decode step over all layers;
 // "hot": the same copy every iteration (cache resident: what the kernels' compute costs).
@@ -49,7 +53,7 @@ constexpr Shape kShapes[] = {{"smollm2", 3, 64}, {"qwen2.5-1.5b", 6, 128}, {"gem
 constexpr size_t kDramBytes = size_t{64} << 20;  // dense f16 bytes walked in "dram" mode
 constexpr int64_t kBlock = 256;                  // tokens per scores / accum call
 
-enum class Fmt { kF16, kQ8, kFP8, kQ4, kSpF16, kSpFP8 };
+enum class Fmt { kF16, kQ8, kFP8, kQ4, kSpF16, kSpFP8, kMkF16, kSpark };
 const char* fmt_name(Fmt f) {
   switch (f) {
     case Fmt::kF16:
@@ -64,6 +68,10 @@ const char* fmt_name(Fmt f) {
       return "sp_f16";
     case Fmt::kSpFP8:
       return "sp_fp8";
+    case Fmt::kMkF16:
+      return "mk_f16";
+    case Fmt::kSpark:
+      return "spark";
   }
   return "";
 }
@@ -73,11 +81,15 @@ struct Head {
   std::vector<uint8_t> k, v;         // codes / elements (bytes)
   std::vector<float> ks, vs;         // q8 / fp8 / sparse fp8 per-token scales
   std::vector<uint16_t> ks16, vs16;  // q4 block scales
-  std::vector<uint8_t> kidx, vidx;   // sparse channel indices [n, T]
+  std::vector<uint8_t> kidx, vidx;   // sparse channel indices [n, T], or bitmasks [n, ceil(d/8)]
+  std::vector<uint8_t> ksign;        // spark: sign bits [n, ceil(d/8)]
+  std::vector<float> kfill, kw;      // spark: fill per token, recovery weights [d]
   size_t bytes() const {
-    return k.size() + v.size() + 4 * (ks.size() + vs.size()) + 2 * (ks16.size() + vs16.size()) +
-           kidx.size() + vidx.size();
+    return k.size() - (slack ? kv::kMaskedSlack : 0) + v.size() + 4 * (ks.size() + vs.size()) +
+           2 * (ks16.size() + vs16.size()) + kidx.size() + vidx.size() + ksign.size() +
+           4 * (kfill.size() + kw.size());
   }
+  bool slack = false;  // k holds kv::kMaskedSlack bytes past its entries (not counted)
 };
 
 // Random rows in [-1, 1) (the data does not change the kernels' speed).
@@ -100,7 +112,8 @@ Head make_head(Fmt f, int64_t n, int64_t d, uint64_t seed) {
   Head h;
   Rng rng{seed * 0x9e3779b97f4a7c15ull + 1};
   const int64_t n_pad = (n + kv::kKeyTile - 1) / kv::kKeyTile * kv::kKeyTile;
-  const int64_t nb = kv::q4_blocks(d), T = d / 4;
+  const int64_t nb = kv::q4_blocks(d), T = d / 4, mb = (d + 7) / 8;
+  const int64_t Ts = d - static_cast<int64_t>(0.8 * static_cast<double>(d));  // spark, λ = 0.8
   std::vector<float> x(d);
   std::vector<int> ch(d);
   std::mt19937 gen(static_cast<uint32_t>(seed));
@@ -123,6 +136,16 @@ Head make_head(Fmt f, int64_t n, int64_t d, uint64_t seed) {
       if (f == Fmt::kSpFP8) h.ks.resize(n), h.vs.resize(n);
       break;
     }
+    case Fmt::kMkF16:
+      h.k.resize(n * T * 2 + kv::kMaskedSlack), h.v.resize(n * T * 2 + kv::kMaskedSlack);
+      h.kidx.resize(n * mb), h.vidx.resize(n * mb);
+      h.slack = true;
+      break;
+    case Fmt::kSpark:
+      h.k.resize(n * Ts * 2 + kv::kMaskedSlack), h.v.resize(n * d * 2);
+      h.kidx.resize(n * mb), h.ksign.resize(n * mb), h.kfill.resize(n), h.kw.assign(d, 1.f);
+      h.slack = true;
+      break;
   }
   for (int64_t t = 0; t < n; ++t) {
     for (int side = 0; side < 2; ++side) {  // 0: key, 1: value
@@ -169,10 +192,48 @@ Head make_head(Fmt f, int64_t n, int64_t d, uint64_t seed) {
           }
           break;
         }
+        case Fmt::kMkF16:
+        case Fmt::kSpark: {
+          if (f == Fmt::kSpark && side) {  // dense f16 values
+            for (int64_t i = 0; i < d; ++i) as<uint16_t>(buf)[t * d + i] = fp32_to_fp16(x[i]);
+            break;
+          }
+          const int64_t cnt = f == Fmt::kSpark ? Ts : T;
+          std::iota(ch.begin(), ch.end(), 0);
+          std::shuffle(ch.begin(), ch.end(), gen);
+          std::sort(ch.begin(), ch.begin() + cnt);
+          uint8_t* m = &(side ? h.vidx : h.kidx)[t * mb];
+          for (int64_t j = 0; j < cnt; ++j) {
+            m[ch[j] / 8] |= static_cast<uint8_t>(1u << (ch[j] % 8));
+            as<uint16_t>(buf)[t * cnt + j] = fp32_to_fp16(x[ch[j]]);
+          }
+          if (f == Fmt::kSpark) {
+            for (int64_t i = 0; i < d; ++i)
+              if (x[i] < 0) h.ksign[t * mb + i / 8] |= static_cast<uint8_t>(1u << (i % 8));
+            h.kfill[t] = 0.1f;
+          }
+          break;
+        }
       }
     }
   }
   return h;
+}
+
+// The masked kernels' view of h's keys (value = false) or values.
+kv::MaskedRows masked_rows(const Head& h, Fmt f, int64_t d, bool value) {
+  kv::MaskedRows r;
+  r.type = kv::SparseType::kF16;
+  r.vals = value ? h.v.data() : h.k.data();
+  r.mask = value ? h.vidx.data() : h.kidx.data();
+  r.T = static_cast<int>(f == Fmt::kSpark ? d - static_cast<int64_t>(0.8 * static_cast<double>(d)) : d / 4);
+  if (f == Fmt::kSpark) {
+    r.signs = h.ksign.data();
+    r.fill = h.kfill.data();
+    r.weight = h.kw.data();
+  }
+  r.dim = d;
+  return r;
 }
 
 kv::SparseRows sparse_rows(const Head& h, Fmt f, int64_t d, bool value) {
@@ -210,6 +271,7 @@ void fold(Scratch& w, int n_g, const float* vs, int64_t nb) {
 void attend(Fmt f, const Head& h, int n_g, int64_t d, int64_t n, Scratch& w) {
   std::fill(w.acc.begin(), w.acc.end(), 0.f);
   const kv::SparseRows rk = sparse_rows(h, f, d, false), rv = sparse_rows(h, f, d, true);
+  const kv::MaskedRows mk = masked_rows(h, f, d, false), mv = masked_rows(h, f, d, true);
   for (int64_t b = 0; b < n; b += kBlock) {
     const int64_t nb = std::min(kBlock, n - b);
     switch (f) {
@@ -244,6 +306,15 @@ void attend(Fmt f, const Head& h, int n_g, int64_t d, int64_t n, Scratch& w) {
       case Fmt::kSpFP8:
         kv::sparse_scores(rk, w.q.data(), n_g, d, b, nb, w.s.data(), kBlock);
         kv::sparse_accum(rv, w.p.data(), n_g, kBlock, b, nb, w.acc.data(), d);
+        break;
+      case Fmt::kMkF16:
+        kv::masked_scores(mk, w.q.data(), n_g, d, b, nb, w.s.data(), kBlock);
+        kv::masked_accum(mv, w.p.data(), n_g, kBlock, b, nb, w.acc.data(), d);
+        break;
+      case Fmt::kSpark:
+        kv::masked_scores(mk, w.q.data(), n_g, d, b, nb, w.s.data(), kBlock);
+        kv::attn_accum_f16(w.p.data(), n_g, kBlock, reinterpret_cast<const uint16_t*>(h.v.data()) + b * d, nb,
+                           d, w.acc.data());
         break;
     }
   }
@@ -307,7 +378,7 @@ void register_all() {
   for (bool dram : {true, false}) {
     for (const Shape& sh : kShapes) {
       for (int64_t n : {4096, 8192}) {
-        for (Fmt f : {Fmt::kF16, Fmt::kQ8, Fmt::kFP8, Fmt::kQ4, Fmt::kSpF16, Fmt::kSpFP8}) {
+        for (Fmt f : {Fmt::kF16, Fmt::kQ8, Fmt::kFP8, Fmt::kQ4, Fmt::kSpF16, Fmt::kSpFP8, Fmt::kMkF16, Fmt::kSpark}) {
           const std::string name = std::string("KvKernels/") + sh.name +
                                    "/ctx:" + std::to_string(n) + "/" + fmt_name(f) + "/" +
                                    (dram ? "dram" : "hot");

@@ -108,6 +108,49 @@ void sparse_scores(const SparseRows& r, const float* q, int n_g, int64_t ldq, in
 void sparse_accum(const SparseRows& r, const float* p, int n_g, int64_t ld_p, int64_t t0,
                   int64_t n_t, float* acc, int64_t ld_acc);
 
+// Masked rows: per-token channel subsets whose kept coordinates are a bitmask (the cache's
+// bitmask index layout: SWAN, SPARK). Row t keeps the coordinates whose bits are set in
+// mask[t · mask_bytes ..] (bit c of byte c / 8; mask_bytes = ceil(dim / 8), bits >= dim clear),
+// its values packed in increasing coordinate order from entry off_t of vals (as SparseRows: off
+// == nullptr: off_t = t · T; q8 / fp8: one f32 scale per row over its kept values). A pruned
+// coordinate c of row t reads
+//   0                                         when fill == nullptr,
+//   ±fill[t · fill_stride] · w_c              otherwise, w_c = weight[c] (1 when weight == nullptr),
+//                                             negative where bit c of signs[t · mask_bytes ..] is set
+//                                             (signs == nullptr: positive),
+// which covers SWAN's zeros, SPARK's degenerate key recovery (±sqrt(μ_t) · r_c) and SPARK's value
+// fill (fill_t). The kernels read up to kMaskedSlack bytes past the last entry of any row (whole
+// SIMD loads at a row's last kept values): vals must stay readable that far (the cache's sparse
+// stores allocate the slack). Rows are addressed absolutely: t0 ..  t0 + n_t - 1.
+constexpr int64_t kMaskedSlack = 32;
+struct MaskedRows {
+  SparseType type = SparseType::kF16;
+  const void* vals = nullptr;      // entries of type
+  const uint8_t* mask = nullptr;   // [n][mask_bytes]
+  const uint32_t* off = nullptr;   // [n + 1] row offsets, or nullptr: fixed count T
+  int T = 0;
+  const float* scale = nullptr;    // [n] (q8 / fp8 only)
+  const uint8_t* signs = nullptr;  // [n][mask_bytes] or nullptr
+  const float* fill = nullptr;     // [n · fill_stride] or nullptr
+  int64_t fill_stride = 1;
+  const float* weight = nullptr;   // [dim] or nullptr
+  int64_t dim = 0;                 // coordinates of a full row
+};
+// s[g * ld_s + (t - t0)] = q[g * ldq ..] · row_t (pruned coordinates as above), g < n_g.
+// Channels are the SIMD lanes: a row's kept values are expanded to 8 coordinates at a time by
+// one table permutation (no per-entry gather), merged with the pruned coordinates' value, and
+// met by one FMA per query head; dim > 512 takes a scalar loop.
+void masked_scores(const MaskedRows& r, const float* q, int n_g, int64_t ldq, int64_t t0,
+                   int64_t n_t, float* s, int64_t ld_s);
+// acc[g * ld_acc + c] += Σ_t p[g * ld_p + (t - t0)] · row_t[c]   for c < dim, g < n_g (every
+// coordinate: the pruned ones read their fill). Rows are expanded into an f32 scratch block and
+// summed by attn_accum_f32.
+void masked_accum(const MaskedRows& r, const float* p, int n_g, int64_t ld_p, int64_t t0,
+                  int64_t n_t, float* acc, int64_t ld_acc);
+// out[(t - t0) * ld_out + c] = row_t[c] for c < dim (the rows as dense f32; out needs 8 floats of
+// slack past its last row).
+void masked_decode(const MaskedRows& r, int64_t t0, int64_t n_t, float* out, int64_t ld_out);
+
 // y[g * ld_y + i] = Σ_j m[i * cols + j] · x[g * ld_x + j]   for i < rows, g < n_g.
 // m: row-major f32 [rows, cols]; x: [n_g, ld_x]. The basis axis lifts coefficient vectors with
 // it (x·Dᵀ, D [d, r]); the projection x·U is attn_accum_f32 with U as the "values".

@@ -38,6 +38,7 @@
 #define HWY_TARGET_INCLUDE "kv/attn_kernels_sparse.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
+#include "kv/sparse_values-inl.h"
 // clang-format on
 
 HWY_BEFORE_NAMESPACE();
@@ -48,61 +49,12 @@ namespace hn = hwy::HWY_NAMESPACE;
 constexpr int64_t kMaxDim = 512;  // largest dim with staged q / acc (16 KiB per copy at L = 8)
 constexpr int64_t kChunk = 64;    // tokens whose weights are staged at once (accum)
 
-struct Bf16 {  // tag: bf16 bits
-  uint16_t b;
-};
-
-HWY_INLINE float scalar(float x) {
-  return x;
-}
-HWY_INLINE float scalar(uint16_t h) {
-  return fp16_to_fp32(h);
-}
-HWY_INLINE float scalar(Bf16 b) {
-  return bf16_to_fp32(b.b);
-}
-HWY_INLINE float scalar(int8_t c) {
-  return static_cast<float>(c);
-}
-HWY_INLINE float scalar(uint8_t b) {  // fp8 E4M3 · 2^-8
-  return fp16_to_fp32(static_cast<uint16_t>(((b & 0x80u) << 8) | ((b & 0x7fu) << 7)));
-}
-// 2^8 for fp8 (undoing scalar / decode's 2^-8), else 1.
-template <typename V>
-constexpr float kValMul = std::is_same_v<V, uint8_t> ? 256.f : 1.f;
-
-// Values as stored: Raw<V>::T elements (bf16 as uint16 bits).
-template <typename V>
-struct Raw {
-  using T = V;
-};
-template <>
-struct Raw<Bf16> {
-  using T = uint16_t;
-};
-// Lanes(df) raw elements -> f32 (fp8: · 2^-8).
-template <typename V, class DF, class VR>
-HWY_INLINE hn::Vec<DF> convert(DF df, VR raw) {
-  if constexpr (std::is_same_v<V, float>) {
-    return raw;
-  } else if constexpr (std::is_same_v<V, uint16_t>) {
-    return hn::PromoteTo(df, hn::BitCast(hn::Rebind<hwy::float16_t, DF>(), raw));
-  } else if constexpr (std::is_same_v<V, Bf16>) {
-    return hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(hn::Rebind<uint32_t, DF>(), raw)));
-  } else if constexpr (std::is_same_v<V, int8_t>) {
-    return hn::ConvertTo(df, hn::PromoteTo(hn::Rebind<int32_t, DF>(), raw));
-  } else {  // fp8 E4M3 via f16 bits sign << 15 | (code & 0x7F) << 7
-    const hn::Rebind<uint16_t, DF> du16;
-    const auto w = hn::ShiftLeft<7>(hn::PromoteTo(du16, raw));
-    return hn::PromoteTo(df, hn::BitCast(hn::Rebind<hwy::float16_t, DF>(),
-                                         hn::Add(w, hn::And(w, hn::Set(du16, 0x4000)))));
-  }
-}
-template <class DF, typename V>
-HWY_INLINE hn::Vec<DF> decode(DF df, const V* p) {
-  const hn::Rebind<typename Raw<V>::T, DF> dr;
-  return convert<V>(df, hn::LoadU(dr, reinterpret_cast<const typename Raw<V>::T*>(p)));
-}
+using sv::Bf16;
+using sv::convert;
+using sv::decode;
+using sv::kValMul;
+using sv::Raw;
+using sv::scalar;
 
 // vf [cnt] = the row's values as f32 (fp8: · 2^-8); reads exactly cnt values.
 template <typename V>

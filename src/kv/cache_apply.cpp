@@ -33,10 +33,17 @@ SideEncoding make_side(const SideSpec& sp, int d, KvDtype dflt, bool keys) {
       s.rec_sqrt = c.recovery_sqrt;
     }
     s.fill = !keys && !c.token_fill.empty();
-    const bool can = c.topk > 0 && c.recovery_scale.empty() && c.token_fill.empty();
+    // kAuto: the bitmask where it is smaller than the list: ceil(w / 8) bytes per row against
+    // isz per kept entry (variable counts: against the rows' mean count, counted exactly)
     const int w = s.width(), isz = w <= 256 ? 1 : 2;
-    s.bitmask = can && (c.index == IndexLayout::kBitmask ||
-                        (c.index == IndexLayout::kAuto && (w + 7) / 8 < c.topk * isz));
+    int64_t kept = c.topk, rows = 1;
+    if (c.topk == 0) {
+      kept = 0;
+      for (int32_t n : c.token_counts) kept += n;
+      rows = std::max<int64_t>(1, static_cast<int64_t>(c.token_counts.size()));
+    }
+    s.bitmask = c.index == IndexLayout::kBitmask ||
+                (c.index == IndexLayout::kAuto && (w + 7) / 8 * rows < kept * isz);
   }
   return s;
 }

@@ -20,9 +20,10 @@ enum class RecoveryDist : unsigned char { kFill, kGaussian, kExponential };
 
 // How per-token channel rows record which coordinates they keep (plan.h ChannelSpec::index):
 //  kList: one index per kept entry (uint8, uint16 when the width is over 256) — the papers' layout;
-//  kBitmask: one bit per coordinate, ceil(w / 8) bytes per row (fixed-count rows without
-//            recovery or fill only);
-//  kAuto: the bitmask where it is smaller (ceil(w / 8) < T · index size) and allowed, else a list.
+//  kBitmask: one bit per coordinate, ceil(w / 8) bytes per row (any per-token rows: fixed or
+//            variable counts, with or without recovery / fill; the masked kernels read it);
+//  kAuto: the bitmask where it is smaller (ceil(w / 8) < T · index size; variable counts: against
+//         the plan's mean count), else a list.
 enum class IndexLayout : unsigned char { kAuto, kList, kBitmask };
 
 const char* kv_dtype_name(KvDtype t);

@@ -36,7 +36,7 @@ namespace kvtrim {
 //    tokens the plan re-encodes and for every token the epoch encodes later (appends, tokens
 //    leaving the dense buffer); pruned coordinates read zero.
 //  Per-token rows record their kept coordinates as a list or a bitmask (`index`, kv_types.h
-//  IndexLayout; kAuto: whichever is smaller where a bitmask is allowed).
+//  IndexLayout; kAuto: whichever is smaller).
 struct ChannelSpec {
   std::vector<int32_t> subset;
   int topk = 0;

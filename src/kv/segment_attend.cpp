@@ -45,78 +45,28 @@ void dense_scores(const SideStore& k, const float* qs, int G, int64_t b, int64_t
   }
 }
 
-// Per mask byte v: its set bits as up to 8 uint8 indices (idx[v], byte k = the k-th set bit) and
-// their count (cnt[v]; a table, not __builtin_popcount, which is a library call without -mpopcnt).
-struct MaskTable {
-  uint64_t idx[256];
-  uint8_t cnt[256];
-};
-const MaskTable& mask_table() {
-  static const MaskTable t = [] {
-    MaskTable m{};
-    for (unsigned v = 0; v < 256; ++v) {
-      int k = 0;
-      for (unsigned x = v; x; x &= x - 1) m.idx[v] |= static_cast<uint64_t>(__builtin_ctz(x)) << (8 * k++);
-      m.cnt[v] = static_cast<uint8_t>(k);
-    }
-    return m;
-  }();
-  return t;
-}
-
-// Indices of bitmask rows [b, b + nb) expanded into `out` (uint8 / uint16 as the kernels read a
-// list, T per row). uint8: one table lookup per mask byte (the byte's set bits as up to 8
-// indices, offset by 8 · byte with one 64-bit add: no carries while indices stay < 256).
-void expand_masks(const SideStore& st, int64_t b, int64_t nb, std::vector<uint8_t>* out) {
-  const int T = st.topk(), mb = st.mask_bytes(), isz = st.idx_bytes();
-  if (out->size() < static_cast<size_t>(nb * T * isz) + 8) out->resize(static_cast<size_t>(nb * T * isz) + 8);
-  if (isz == 1) {
-    const MaskTable& lut = mask_table();
-    uint8_t* o = out->data();
-    const uint8_t* m = st.mask_row(b);  // rows are consecutive: mb bytes each
-    for (int64_t t = 0; t < nb; ++t, m += mb) {
-      uint64_t base = 0;  // 8 · (byte index) in every byte lane
-      for (int j = 0; j < mb; ++j, base += 0x0808080808080808ull) {
-        const unsigned v = m[j];
-        const uint64_t x = lut.idx[v] + base;
-        std::memcpy(o, &x, 8);  // the bytes past the count are overwritten next (8 B slack)
-        o += lut.cnt[v];
-      }
-    }
-    return;
-  }
-  thread_local std::vector<int32_t> ch;
-  ch.resize(static_cast<size_t>(T));
-  uint16_t* o = reinterpret_cast<uint16_t*>(out->data());
-  for (int64_t t = 0; t < nb; ++t) {
-    st.row_channels(b + t, ch.data());
-    for (int j = 0; j < T; ++j) *o++ = static_cast<uint16_t>(ch[static_cast<size_t>(j)]);
-  }
-}
-
-// The kernels' view of per-token rows [b, b + nb); false for q4 rows (no kernel: the generic
-// path). *t0: the view's index of row b (b itself; 0 for bitmask rows, whose indices are
-// expanded for these rows only into a per-thread buffer, valid until the next call).
-bool sparse_view(const SideStore& st, int w, int64_t b, int64_t nb, SparseRows* r, int64_t* t0) {
-  switch (st.dtype()) {
+SparseType sparse_type(KvDtype t) {
+  switch (t) {
     case KvDtype::kF32:
-      r->type = SparseType::kF32;
-      break;
+      return SparseType::kF32;
     case KvDtype::kF16:
-      r->type = SparseType::kF16;
-      break;
+      return SparseType::kF16;
     case KvDtype::kBF16:
-      r->type = SparseType::kBF16;
-      break;
+      return SparseType::kBF16;
     case KvDtype::kQ8:
-      r->type = SparseType::kQ8;
-      break;
+      return SparseType::kQ8;
     case KvDtype::kFP8:
-      r->type = SparseType::kFP8;
-      break;
+      return SparseType::kFP8;
     case KvDtype::kQ4:
-      return false;
+      break;
   }
+  return SparseType::kF16;  // (q4 rows have no kernel: callers check first)
+}
+
+// The list kernels' view of per-token list rows; false for q4 rows and bitmask rows.
+bool sparse_view(const SideStore& st, int w, SparseRows* r) {
+  if (st.dtype() == KvDtype::kQ4 || st.bitmask()) return false;
+  r->type = sparse_type(st.dtype());
   r->vals = st.data();
   r->idx = st.idx();
   r->idx_bytes = st.idx_bytes();
@@ -124,16 +74,27 @@ bool sparse_view(const SideStore& st, int w, int64_t b, int64_t nb, SparseRows* 
   r->T = st.topk();
   r->scale = st.dtype() == KvDtype::kQ8 || st.dtype() == KvDtype::kFP8 ? st.row_scale() : nullptr;
   r->dim = w;
-  *t0 = b;
-  if (st.bitmask()) {
-    thread_local std::vector<uint8_t> ex;
-    expand_masks(st, b, nb, &ex);
-    r->vals = st.data() + static_cast<size_t>(st.row_begin(b)) * st.elem_size();
-    r->idx = ex.data();
-    r->off = nullptr;
-    if (r->scale) r->scale += b;
-    *t0 = 0;
-  }
+  return true;
+}
+
+// The masked kernels' view of bitmask rows: pruned coordinates as zero, value fill, or the
+// degenerate key recovery ±fill · r_c (weight = e.recovery); false for q4 rows, list rows and
+// sampled recoveries (drawn per coordinate: the generic path).
+bool masked_view(const SideStore& st, const SideEncoding& e, int w, bool keys, MaskedRows* r) {
+  if (st.dtype() == KvDtype::kQ4 || !st.bitmask()) return false;
+  const bool rec = keys && e.recovers();
+  if (rec && e.dist != RecoveryDist::kFill) return false;
+  r->type = sparse_type(st.dtype());
+  r->vals = st.data();
+  r->mask = st.mask_row(0);
+  r->off = st.offsets();
+  r->T = st.topk();
+  r->scale = st.dtype() == KvDtype::kQ8 || st.dtype() == KvDtype::kFP8 ? st.row_scale() : nullptr;
+  r->signs = rec ? st.sign_row(0) : nullptr;
+  r->fill = st.fill_params() > 0 ? st.fills() : nullptr;
+  r->fill_stride = st.fill_params();
+  r->weight = rec ? e.recovery.data() : nullptr;
+  r->dim = w;
   return true;
 }
 
@@ -218,11 +179,15 @@ void sparse_scores(const SideStore& k, const SideEncoding& e, int w, const float
   thread_local std::vector<int> ch, pc;
   thread_local std::vector<char> kept;
   const bool rec = qr != nullptr;
+  MaskedRows mview;
+  if (masked_view(k, e, w, /*keys=*/true, &mview)) {  // kept entries and recovery in one pass
+    masked_scores(mview, qs, G, w, b, nb, s, ld);
+    return;
+  }
   SparseRows view;
-  int64_t t0 = 0;
-  const bool kern = sparse_view(k, w, b, nb, &view, &t0);
+  const bool kern = sparse_view(k, w, &view);
   if (kern) {
-    kvtrim::kv::sparse_scores(view, qs, G, w, t0, nb, s, ld);
+    kvtrim::kv::sparse_scores(view, qs, G, w, b, nb, s, ld);
     if (!rec) return;
   }
   const int nf = k.fill_params();
@@ -321,15 +286,21 @@ void dense_accum(const SideStore& v, const float* p, int G, int64_t ldp, int64_t
   }
 }
 
-// Per-token value rows: acc[g, c] += p·v_tc for kept c; with fill, acc[g, w] (the fill sum) +=
-// p·fill_t and acc[g, c] -= p·fill_t for kept c (so that adding the fill sum to every coordinate
-// at the lift gives fill_t on the pruned ones).
-void sparse_accum(const SideStore& v, int w, bool fill, const float* p, int G, int64_t ldp,
+// Per-token value rows. Bitmask rows: acc[g, c] += p·ṽ_tc for every c (pruned: the fill or 0), the
+// fill sum acc[g, w] untouched. List rows: acc[g, c] += p·v_tc for kept c; with fill, acc[g, w]
+// (the fill sum) += p·fill_t and acc[g, c] -= p·fill_t for kept c (so that adding the fill sum to
+// every coordinate at the lift gives fill_t on the pruned ones).
+void sparse_accum(const SideStore& v, const SideEncoding& e, bool fill, const float* p, int G, int64_t ldp,
                   int64_t b, int64_t nb, float* acc, int aw) {
+  const int w = e.width();
+  MaskedRows mview;
+  if (masked_view(v, e, w, /*keys=*/false, &mview)) {  // every coordinate (pruned: the fill)
+    masked_accum(mview, p, G, ldp, b, nb, acc, aw);
+    return;
+  }
   SparseRows view;
-  int64_t t0 = 0;
-  if (!fill && sparse_view(v, w, b, nb, &view, &t0)) {
-    kvtrim::kv::sparse_accum(view, p, G, ldp, t0, nb, acc, aw);
+  if (!fill && sparse_view(v, w, &view)) {
+    kvtrim::kv::sparse_accum(view, p, G, ldp, b, nb, acc, aw);
     return;
   }
   thread_local std::vector<int32_t> ch;
@@ -390,7 +361,9 @@ void attend_rows(const SideStore& k, const SideStore& v, const SegmentEncoding& 
   // byte tables for the degenerate recovery when they pay off (long enough segments)
   thread_local RecoveryTables rt;
   rt.nbytes = 0;
-  if (rec && e.k.dist == RecoveryDist::kFill && kw <= 64 * kMaskWords && t1 - t0 >= 96) rt.build(qr.data(), G, kw);
+  // (list rows only: bitmask rows score their recovery inside masked_scores)
+  if (rec && e.k.dist == RecoveryDist::kFill && !k.bitmask() && kw <= 64 * kMaskWords && t1 - t0 >= 96)
+    rt.build(qr.data(), G, kw);
   std::fill(acc, acc + static_cast<int64_t>(G) * aw, 0.f);
   for (int g = 0; g < G; ++g) {
     m[g] = -std::numeric_limits<float>::infinity();
@@ -422,7 +395,7 @@ void attend_rows(const SideStore& k, const SideStore& v, const SegmentEncoding& 
     }
     // acc_g += Σ_t p[g, t] v_t
     if (v.sparse()) {
-      sparse_accum(v, e.v.width(), e.v.fill, s.data(), G, kBlock, b, nb, acc, aw);
+      sparse_accum(v, e.v, e.v.fill, s.data(), G, kBlock, b, nb, acc, aw);
     } else {
       dense_accum(v, s.data(), G, kBlock, b, nb, acc);
     }

@@ -199,7 +199,9 @@ void SideStore::realloc_to(int64_t cap, int64_t cap_ent, bool grow, const int32_
   // grow: the stored prefix is copied; else rows keep[0 .. n_keep) are gathered
   const int64_t rows = grow ? N.n_ : n_keep;
   if (sparse_) {
-    data_.alloc(elem_bytes(cap_ent) + 1);
+    // slack: the masked-row kernels load whole SIMD groups at a row's last values
+    data_.alloc(elem_bytes(cap_ent) + kMaskedSlack);
+    std::memset(data_.p.get() + elem_bytes(cap_ent), 0, kMaskedSlack);
     idx_.alloc(mask_ ? static_cast<size_t>(cap) * static_cast<size_t>(mb_)
                      : static_cast<size_t>(cap_ent) * static_cast<size_t>(isz_));
     if (has_row_scale(dtype_) || dtype_ == KvDtype::kQ4) scale_.alloc(static_cast<size_t>(cap) * 4);

@@ -10,8 +10,9 @@
 // Per-token rows (channels chosen per token, keys and values alike): row t keeps cnt_t entries
 //   (value, coordinate), packed row-major from entry off_t: vals [entries] in the dtype
 //   (q8 / fp8 / q4 codes with one f32 scale per row), idx [entries] uint8 (width <= 256) or
-//   uint16 — or, bitmask layout (fixed count, no recovery / fill), idx [n][ceil(w / 8)] with bit
-//   i of a row set for each kept coordinate i (the entries in increasing coordinate order) —,
+//   uint16 — or, bitmask layout, idx [n][ceil(w / 8)] with bit i of a row set for each kept
+//   coordinate i (the entries in increasing coordinate order) —; vals keeps kMaskedSlack bytes of
+//   readable slack after its capacity (the masked kernels' whole-vector loads), not counted —,
 //   off [n + 1] uint32 only for a variable count (fixed: off_t = t·T); fills [n] f32
 //   (keys with recovery: sqrt(μ_t), or μ_t[, σ_t] for a sampled recovery; values with fill: the fill value), signs (keys with
 //   recovery): one bit per coordinate of the row, bit i = 1 if coordinate i is negative (the

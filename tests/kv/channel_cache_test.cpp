@@ -421,8 +421,10 @@ TEST(ChannelCache, PerTokenBytesApplyTwiceTruncateAndBadPlans) {
       const size_t sc = t == KvDtype::kQ8 ? 4 : 0;
       const size_t isz = dk <= 256 ? 1 : 2;
       const size_t sb = static_cast<size_t>(dk + 7) / 8;  // recovery: a sign bit per coordinate
-      // head 1 (no recovery, a fixed count): a kept-coordinate bitmask where it is smaller
-      const size_t idx1 = sb < T * isz ? 60 * sb : 60 * T * isz;
+      // per-token rows keep a kept-coordinate bitmask where it is smaller than the list (with or
+      // without recovery): bytes of n rows of T entries
+      auto idx_bytes = [&](size_t n, size_t cnt) { return sb < cnt * isz ? n * sb : n * cnt * isz; };
+      const size_t idx1 = idx_bytes(60, T);  // head 1 (no recovery)
       auto c = make_kv_cache(make_cfg(1, nkv, dk, dv, t));
       fill(*c, 60, 0, rng);
       CompressionPlan p1(1, nkv);
@@ -452,7 +454,7 @@ TEST(ChannelCache, PerTokenBytesApplyTwiceTruncateAndBadPlans) {
       KvBytes b = c->bytes();
       EXPECT_EQ(b.keys, 2 * 60 * T * es);
       EXPECT_EQ(b.values, 2 * 60 * dv * es);
-      EXPECT_EQ(b.indices, 60 * T * isz + idx1);
+      EXPECT_EQ(b.indices, idx_bytes(60, T) + idx1);
       EXPECT_EQ(b.bitmasks, 60 * sb);                        // head 0 only (recovery)
       EXPECT_EQ(b.scales, 2 * 2 * 60 * sc + dk * 4u);  // q8; r[c] once
       EXPECT_EQ(b.fills, 60 * 4u);                     // head 0's recovery fill per token
@@ -495,7 +497,7 @@ TEST(ChannelCache, PerTokenBytesApplyTwiceTruncateAndBadPlans) {
       b = c->bytes();
       EXPECT_EQ(b.keys, (n_old * T + n_new * 2 * T + 60 * T + 20 * dk) * es);
       EXPECT_EQ(b.bitmasks, (n_old + n_new) * sb);  // one sign bit per coordinate, whatever T
-      EXPECT_EQ(b.indices, (n_old * T + n_new * 2 * T) * isz + idx1);
+      EXPECT_EQ(b.indices, idx_bytes(n_old, T) + idx_bytes(n_new, 2 * T) + idx1);
       ThreadPool pool(2);
       expect_attention(*c, 0, s2, 4, 1, 79, &pool, rng, 5e-5, kv_dtype_name(t));
       // truncate

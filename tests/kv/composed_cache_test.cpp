@@ -245,8 +245,13 @@ TEST(ComposedCache, ExactBytesPerPart) {
     if (t % 10 != 0) var_entries += static_cast<size_t>(h1.value.channels.token_counts[static_cast<size_t>(t)]);
   EXPECT_EQ(b.keys, n * T * 1u + 90 * dk * 1u + 10 * dk * 2u);
   EXPECT_EQ(b.values, n * (S / 2) + var_entries * 2 + 10 * dv * 2u);
-  // uint8 per-token indices; head 1 value offsets (n + 1 for its 90 rows); the subset (uint16)
-  EXPECT_EQ(b.indices, n * T * 1u + var_entries * 1 + 91 * 4u + S * 2u);
+  // kept coordinates as bitmasks (smaller than uint8 lists here: head 0 keys ceil(32 / 8) = 4
+  // bytes per row < T = 8 entries, head 1 values 6 bytes < the mean count of the plan's rows);
+  // head 1 value offsets (n + 1 for its 90 rows); the subset (uint16)
+  size_t all_counts = 0;
+  for (int32_t k : h1.value.channels.token_counts) all_counts += static_cast<size_t>(k);
+  ASSERT_LT(6u * n, all_counts);
+  EXPECT_EQ(b.indices, n * 4u + 90 * 6u + 91 * 4u + S * 2u);
   EXPECT_EQ(b.bitmasks, n * static_cast<size_t>((r + 7) / 8));  // recovery signs, one per coordinate
   // fp8 key rows: one f32 scale; recovery: r [32] once; q4 values: one f16 per block of 32
   // (S = 20: one block); q8 keys: one f32 per row

@@ -381,11 +381,10 @@ TEST(SwanCache, BadPlans) {
   g.buffer = 2;
   g.appends_dense = true;
   refused(g, "appends_dense");
-  HeadPlan v;  // a bitmask needs a fixed count
-  v.key.channels.token_counts.assign(10, 1);
-  v.key.channels.token_channels.assign(10, 0);
+  HeadPlan v;  // a bitmask indexes per-token rows (variable counts and recovery included)
+  v.key.channels.subset = {0, 1};
   v.key.channels.index = IndexLayout::kBitmask;
-  refused(v, "bitmask");
+  refused(v, "bitmask index needs per-token channels");
   EXPECT_EQ(c->n_tokens(0, 0), 10);
   EXPECT_EQ(c->head_layout(0, 0).current_epoch, -1);
 }

@@ -81,12 +81,15 @@ TEST_F(SwanPress, PrunedTokensKeepTheirTopKRotatedCoordinates) {
   const size_t nh = static_cast<size_t>(hp.n_layer * hp.n_head_kv), mb = static_cast<size_t>(d + 7) / 8;
   EXPECT_EQ(b.indices, nh * (kN + 5 - 8) * 2 * mb);  // auto: a bitmask is smaller than 5 or 9 indices
   EXPECT_EQ(b.keys, nh * ((kN + 5 - 8) * 5 * 2 + 8 * static_cast<size_t>(d) * 4));  // f16 entries, f32 buffer
-  // the paper's layout (a uint8 index per entry): other bytes, the same attention bit for bit
+  // the paper's layout (a uint8 index per entry): other bytes, the same attention up to the order
+  // of the float additions (the list and bitmask kernels sum the kept entries differently)
   auto l = prefilled("swan:k=5,kv=9,buffer=8,index=list", prompt);
   l->compress();
   for (int i = 0; i < 5; ++i) l->decode(3 + i);
   EXPECT_EQ(l->cache().bytes().indices, nh * (kN + 5 - 8) * (5 + 9));
-  EXPECT_EQ(l->decode(9), s->decode(9));
+  const std::vector<float> a = l->decode(9), bm = s->decode(9);
+  ASSERT_EQ(a.size(), bm.size());
+  for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], bm[i], 1e-4f * (1.f + std::fabs(a[i]))) << i;
 }
 
 // Retention 1 rotates without pruning: the same logits as the uncompressed cache (the rotation is

@@ -66,6 +66,7 @@ struct SparkOptions {
   double value_ratio = 0;
   channel::CountRule count = channel::CountRule::kCode;
   bool query_aware = false;
+  IndexLayout index = IndexLayout::kAuto;
 };
 
 // The per-token channel choice of one side: sal [d] -> kept channels (increasing).
@@ -173,6 +174,7 @@ class SparkPress : public Press {
 
   void plan_keys(const PressContext& ctx, const ObservedQueries& q, int ih, const HeadData& hd,
                  ChannelSpec* out) const {
+    out->index = o_.index;
     const int d = ctx.head_dim_k();
     const channel::WindowStats ws = channel::window_stats(q, ih, ctx.group(), ctx.n_head(), d);
     const bool code = o_.saliency == Saliency::kCode;
@@ -229,6 +231,7 @@ class SparkPress : public Press {
   }
 
   void plan_values(const PressContext& ctx, const HeadData& hd, ChannelSpec* out) const {
+    out->index = o_.index;
     const int d = ctx.head_dim_v();
     const int T = channel::kept_channels(o_.value_ratio, d, o_.count);
     out->topk = T;
@@ -270,6 +273,8 @@ PressInfo spark_press_info() {
                {"recovery", "degenerate", "pruned key channels read: degenerate (mean), gaussian, exponential, zero"},
                {"seed", "0", "seed of the gaussian / exponential draws"},
                {"value_ratio", "0", "fraction of value channels pruned per token by magnitude (0 = keys only)"},
+               {"index", "auto", "kept channels: list (a uint8 index per kept channel), bitmask (d/8 bytes per token), "
+                                 "auto (the smaller)"},
                channel::count_rule_option(), query_aware_option()};
   i.channel_axis = true;
   i.make = [](const PressArgs& a) -> std::unique_ptr<Press> {
@@ -290,6 +295,9 @@ PressInfo spark_press_info() {
     o.value_ratio = a.get_double_in("value_ratio", 0.0, 1.0, false);
     o.count = channel::parse_count_rule(a);
     o.query_aware = a.get_bool("query_aware");
+    o.index = a.get_choice<IndexLayout>("index", {{"auto", IndexLayout::kAuto},
+                                                 {"list", IndexLayout::kList},
+                                                 {"bitmask", IndexLayout::kBitmask}});
     return std::make_unique<SparkPress>(o);
   };
   return i;

@@ -1,0 +1,486 @@
+// SIMD kernels over masked rows (MaskedRows in attn_kernels.h: per-token channel subsets whose
+// kept coordinates are a bitmask, pruned coordinates read 0, a fill, or SPARK's signed recovery):
+//   scores:  s[g][t] = Σ_c q[g][c] · row_t[c]
+//   accum:   acc[g][c] += Σ_t p[g][t] · row_t[c]
+//   decode:  the rows as dense f32
+// One Highway translation unit compiled for every x86 target and dispatched at run time.
+//
+// Why this shape: the list kernels (attn_kernels_sparse.cpp) spend one q load per kept entry at a
+// data-dependent channel plus, for SPARK, a second pass over the pruned channels' signs; at the
+// head sizes of our models (d = 64 .. 256, T = d/5 .. d/2 kept) that costs more time than the
+// bytes it saves. A bitmask row instead expands to dense lanes: for each group of N = 8
+// coordinates (4 on 128-bit targets), the group's mask bits pick a permutation from a 256-entry
+// table that moves the next popcount(bits) packed values to their lanes (one unaligned load,
+// one conversion, one vpermps), the kept-lane mask (a second table) merges them with the pruned
+// lanes' value (zero, or ±fill · w_c: one multiply and one sign XOR), and every query head of
+// the group meets the 8 coordinates with one FMA, as the dense kernels do. Per token and group
+// that is ~8 operations plus one FMA per head, independent of how many coordinates are kept, and
+// no scattered loads: the work a dense row costs plus a fixed expansion, for the bytes of the
+// packed row. Scores end with one horizontal sum per (token, head).
+// Values take the same expansion into an f32 scratch block, summed by attn_accum_f32.
+#include <algorithm>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "core/fp16.h"
+#include "kv/attn_kernels.h"
+
+#ifndef KVTRIM_MASKED_TABLES_
+#define KVTRIM_MASKED_TABLES_
+namespace kvtrim::kv::masked {
+
+// Per mask byte v (8 lanes) and nibble v (4 lanes): perm[v][i] = the number of set bits of v
+// below bit i (the packed entry lane i reads when bit i is set; 0 otherwise), lanes[v][i] = -1
+// where bit i is set (a lane mask), cnt[v] = the set bits (a table: __builtin_popcount is a
+// library call without -mpopcnt).
+struct Tables {
+  alignas(32) int32_t perm8[256][8];
+  alignas(32) int32_t lanes8[256][8];
+  alignas(32) int32_t pl8[256][16];     // perm8[v] then lanes8[v]: one line per mask byte
+  alignas(32) uint32_t sign8[256][8];   // 0x80000000 where bit i of v is set (a sign flip)
+  alignas(16) int32_t perm4[16][4];
+  alignas(16) int32_t lanes4[16][4];
+  uint8_t cnt[256];
+};
+constexpr Tables make_tables() {
+  Tables t{};
+  for (int v = 0; v < 256; ++v) {
+    int k = 0;
+    for (int i = 0; i < 8; ++i) {
+      const bool on = (v >> i) & 1;
+      t.perm8[v][i] = on ? k : 0;
+      t.lanes8[v][i] = on ? -1 : 0;
+      t.pl8[v][i] = t.perm8[v][i];
+      t.pl8[v][8 + i] = t.lanes8[v][i];
+      t.sign8[v][i] = on ? 0x80000000u : 0u;
+      if (v < 16 && i < 4) {
+        t.perm4[v][i] = on ? k : 0;
+        t.lanes4[v][i] = on ? -1 : 0;
+      }
+      k += on;
+    }
+    t.cnt[v] = static_cast<uint8_t>(k);
+  }
+  return t;
+}
+inline constexpr Tables kTables = make_tables();
+constexpr uint8_t kZeroSigns[64] = {};  // the sign row of rows without signs (dim <= 512)
+constexpr int64_t kChunkRows = 64;      // rows expanded at once for the accumulation
+
+}  // namespace kvtrim::kv::masked
+#endif
+
+// foreach_target.h must come first: it re-includes this file once per target.
+// clang-format off
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kv/attn_kernels_masked.cpp"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+#include "kv/sparse_values-inl.h"
+// clang-format on
+
+HWY_BEFORE_NAMESPACE();
+namespace kvtrim::kv {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+using sv::Bf16;
+using sv::kValMul;
+using sv::Raw;
+using sv::scalar;
+
+#undef KVTRIM_MASKED_X86  // this file is compiled once per target
+#if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+#define KVTRIM_MASKED_X86 1  // x86 with 256-bit vectors: AVX2 intrinsics on CappedTag<float, 8>
+#endif
+
+constexpr int64_t kMaxDim = 512;  // largest dim on the SIMD path (staged q: 8 · 2 KiB)
+constexpr int kMaxG = 8;          // query heads per pass
+constexpr int64_t kPrefetchBytes = 512;  // how far ahead of a row its values are prefetched
+
+HWY_INLINE int64_t row_begin(const MaskedRows& r, int64_t t) {
+  return r.off ? static_cast<int64_t>(r.off[t]) : t * r.T;
+}
+HWY_INLINE int64_t mask_bytes(const MaskedRows& r) {
+  return (r.dim + 7) / 8;
+}
+HWY_INLINE float row_scale(const MaskedRows& r, int64_t t) {
+  return r.scale ? r.scale[t] : 1.f;
+}
+
+// Row t as dense f32 coordinates out [dim] (plain loops: the scalar target and dim > kMaxDim).
+template <typename V>
+void decode_row_scalar(const MaskedRows& r, int64_t t, float* out) {
+  const V* v = static_cast<const V*>(r.vals) + row_begin(r, t);
+  const int64_t mb = mask_bytes(r);
+  const uint8_t* m = r.mask + t * mb;
+  const uint8_t* sg = r.signs ? r.signs + t * mb : nullptr;
+  const float sc = row_scale(r, t) * kValMul<V>;
+  const float f = r.fill ? r.fill[t * r.fill_stride] : 0.f;
+  for (int64_t c = 0; c < r.dim; ++c) {
+    if ((m[c >> 3] >> (c & 7)) & 1) {
+      out[c] = sc * scalar(*v++);
+    } else {
+      const float x = r.fill ? f * (r.weight ? r.weight[c] : 1.f) : 0.f;
+      out[c] = sg && ((sg[c >> 3] >> (c & 7)) & 1) ? -x : x;
+    }
+  }
+}
+
+// The mask bits of lane group j (N lanes per group, N = 8 or 4).
+template <int64_t N>
+HWY_INLINE unsigned group_bits(const uint8_t* m, int64_t j) {
+  if constexpr (N == 8) {
+    return m[j];
+  } else {
+    static_assert(N == 4);
+    return (m[j >> 1] >> ((j & 1) * 4)) & 15u;
+  }
+}
+
+// Expands row groups: holds one row's cursor (next packed value) and the per-row constants, and
+// yields the N coordinates of group j as f32 (kept: scale · value; pruned: 0 or ±fill · w).
+template <class DF, typename V, bool kAlt>
+struct RowExpander {
+  using R = typename Raw<V>::T;
+  using VecF = hn::Vec<DF>;
+  static constexpr int64_t N = hn::MaxLanes(DF());
+  static constexpr bool kMul = sv::kScaled<V>;  // kept values need the row scale per group
+
+  const R* v;
+  const uint8_t* m;
+  const uint8_t* sg;
+  const float* w;  // staged weights [dimP] (kAlt)
+  VecF scv, fv;
+
+  HWY_INLINE void start(const MaskedRows& r, int64_t t, const float* wst, bool scale_kept) {
+    const DF df;
+    const int64_t mb = mask_bytes(r);
+    v = static_cast<const R*>(r.vals) + row_begin(r, t);
+    m = r.mask + t * mb;
+    sg = r.signs ? r.signs + t * mb : masked::kZeroSigns;
+    w = wst;
+    scv = hn::Set(df, scale_kept ? row_scale(r, t) * kValMul<V> : 1.f);
+    fv = hn::Set(df, kAlt ? r.fill[t * r.fill_stride] : 0.f);
+  }
+
+  // scale_kept: the kept values come out multiplied by the row scale (needed when they meet
+  // pruned values in real units; else the caller applies it once per row).
+  template <bool kScaleKept>
+  HWY_INLINE VecF group(int64_t j) {
+    const DF df;
+    const hn::RebindToSigned<DF> di;
+    const masked::Tables& tb = masked::kTables;
+    const unsigned bits = group_bits<N>(m, j);
+    const int32_t* perm = N == 8 ? tb.perm8[bits] : tb.perm4[bits];
+    const int32_t* lanes = N == 8 ? tb.lanes8[bits] : tb.lanes4[bits];
+    VecF e = hn::TableLookupLanes(sv::decode(df, reinterpret_cast<const V*>(v)), hn::SetTableIndices(df, perm));
+    v += tb.cnt[bits];
+    if constexpr (kScaleKept && (kMul || kValMul<V> != 1.f)) e = hn::Mul(e, scv);
+    const auto keep = hn::MaskFromVec(hn::BitCast(df, hn::LoadU(di, lanes)));
+    if constexpr (kAlt) {
+      const unsigned sb = group_bits<N>(sg, j);
+      const int32_t* sl = N == 8 ? tb.lanes8[sb] : tb.lanes4[sb];
+      const auto neg = hn::And(hn::LoadU(di, sl), hn::Set(di, static_cast<int32_t>(0x80000000u)));
+      const VecF alt = hn::Xor(hn::Mul(fv, hn::LoadU(df, w + j * N)), hn::BitCast(df, neg));
+      return hn::IfThenElse(keep, e, alt);
+    } else {
+      return hn::IfThenElseZero(keep, e);
+    }
+  }
+};
+
+// s[g · ld_s] = Σ lanes of acc[g] for g < ng (kG accumulators of one token).
+template <int kG, class DF>
+HWY_INLINE void store_sums(DF df, const hn::Vec<DF>* acc, int ng, float sc, float* s, int64_t ld_s) {
+#ifdef KVTRIM_MASKED_X86
+  if constexpr (hn::MaxLanes(df) == 8) {  // horizontal adds: 4 heads' sums in 3 hadds + 1 add
+    HWY_ALIGN float out[8];
+    for (int g0 = 0; g0 < kG; g0 += 4) {
+      const __m256 z = _mm256_setzero_ps();
+      const __m256 a0 = acc[g0].raw, a1 = g0 + 1 < kG ? acc[g0 + 1].raw : z;
+      const __m256 a2 = g0 + 2 < kG ? acc[g0 + 2].raw : z, a3 = g0 + 3 < kG ? acc[g0 + 3].raw : z;
+      const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+      const __m128 r = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+      _mm_store_ps(out + g0, _mm_mul_ps(r, _mm_set1_ps(sc)));
+    }
+    for (int g = 0; g < ng && g < kG; ++g) s[g * ld_s] = out[g];
+    return;
+  }
+#endif
+  for (int g = 0; g < ng; ++g) s[g * ld_s] = hn::GetLane(hn::SumOfLanes(df, acc[g])) * sc;
+}
+
+// Scores for ng <= kG query heads: qT [kG][dimP] staged (zero-padded), w [dimP] (kAlt). With few
+// heads each head keeps two accumulators (even / odd lane groups) so that the FMA chain of a
+// token is half as long (the chain, not the FMA count, bounds a row of 8 groups on Zen 2).
+template <int kG, bool kAlt, typename V>
+HWY_NOINLINE void scores_g(const MaskedRows& r, const float* HWY_RESTRICT qT, const float* w, int64_t dimP,
+                           int ng, int64_t t0, int64_t n_t, float* s, int64_t ld_s) {
+  const hn::CappedTag<float, 8> df;
+  using VecF = hn::Vec<decltype(df)>;
+  constexpr int64_t N = hn::MaxLanes(df);
+  constexpr int kSplit = kG <= 4 ? 2 : 1;
+  RowExpander<decltype(df), V, kAlt> ex;
+  const int64_t groups = dimP / N;
+  for (int64_t t = t0; t < t0 + n_t; ++t) {
+    ex.start(r, t, w, kAlt);
+    VecF acc[kSplit][kG];
+    for (int h = 0; h < kSplit; ++h)
+      for (int g = 0; g < kG; ++g) acc[h][g] = hn::Zero(df);
+    int64_t j = 0;
+    for (; j + kSplit <= groups; j += kSplit) {
+      for (int h = 0; h < kSplit; ++h) {
+        const VecF k = ex.template group<kAlt>(j + h);
+        for (int g = 0; g < kG; ++g)
+          acc[h][g] = hn::MulAdd(hn::Load(df, qT + g * dimP + (j + h) * N), k, acc[h][g]);
+      }
+    }
+    for (; j < groups; ++j) {
+      const VecF k = ex.template group<kAlt>(j);
+      for (int g = 0; g < kG; ++g) acc[0][g] = hn::MulAdd(hn::Load(df, qT + g * dimP + j * N), k, acc[0][g]);
+    }
+    if constexpr (kSplit == 2)
+      for (int g = 0; g < kG; ++g) acc[0][g] = hn::Add(acc[0][g], acc[1][g]);
+    const float sc = kAlt ? 1.f : row_scale(r, t) * kValMul<V>;
+    store_sums<kG>(df, acc[0], ng, sc, s + (t - t0), ld_s);
+  }
+}
+
+#ifdef KVTRIM_MASKED_X86
+// scores_g with AVX2 intrinsics (8 lanes): the same arithmetic in fewer instructions per group
+// (one table line holds a mask byte's permutation and lane mask, the sign flip XORs straight from
+// its table, the mask goes to vblendvps as loaded, the group loop is unrolled): the row is bound
+// by instruction throughput, not by its bytes.
+template <int kG, bool kAlt, typename V>
+HWY_NOINLINE void scores_x86(const MaskedRows& r, const float* HWY_RESTRICT qT, const float* w, int64_t dimP,
+                             int ng, int64_t t0, int64_t n_t, float* s, int64_t ld_s) {
+  const hn::CappedTag<float, 8> df;
+  using R = typename Raw<V>::T;
+  constexpr bool kMul = sv::kScaled<V> || kValMul<V> != 1.f;
+  constexpr int kSplit = kG <= 4 ? 2 : 1;
+  const masked::Tables& tb = masked::kTables;
+  const int64_t groups = dimP / 8, mb = mask_bytes(r);
+  const R* vals = static_cast<const R*>(r.vals);
+  for (int64_t t = t0; t < t0 + n_t; ++t) {
+    const R* v = vals + row_begin(r, t);
+    const uint8_t* m = r.mask + t * mb;
+    const uint8_t* sg = kAlt && r.signs ? r.signs + t * mb : masked::kZeroSigns;
+    // the row streams, a few rows ahead: a row is ~150 instructions at d = 64, too many for the
+    // out-of-order window to reach the next rows' loads by itself
+    __builtin_prefetch(reinterpret_cast<const uint8_t*>(v) + kPrefetchBytes);
+    __builtin_prefetch(m + 4 * mb);
+    if constexpr (kAlt) __builtin_prefetch(sg + 4 * mb);
+    const __m256 fv = _mm256_set1_ps(kAlt ? r.fill[t * r.fill_stride] : 0.f);
+    const __m256 scv = _mm256_set1_ps(row_scale(r, t) * kValMul<V>);
+    __m256 acc[kSplit][kG];
+    for (int h = 0; h < kSplit; ++h)
+      for (int g = 0; g < kG; ++g) acc[h][g] = _mm256_setzero_ps();
+    auto step = [&](int64_t j, __m256* a) HWY_ATTR {
+      const unsigned bits = m[j];
+      const int32_t* pl = tb.pl8[bits];
+      __m256 e = sv::decode(df, reinterpret_cast<const V*>(v)).raw;
+      e = _mm256_permutevar8x32_ps(e, _mm256_load_si256(reinterpret_cast<const __m256i*>(pl)));
+      v += tb.cnt[bits];
+      const __m256 keep = _mm256_castsi256_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(pl + 8)));
+      __m256 k;
+      if constexpr (kAlt) {
+        if constexpr (kMul) e = _mm256_mul_ps(e, scv);
+        const __m256 flip = _mm256_load_ps(reinterpret_cast<const float*>(tb.sign8[sg[j]]));
+        k = _mm256_blendv_ps(_mm256_xor_ps(_mm256_mul_ps(fv, _mm256_load_ps(w + j * 8)), flip), e, keep);
+      } else {
+        k = _mm256_and_ps(e, keep);
+      }
+      for (int g = 0; g < kG; ++g) a[g] = _mm256_fmadd_ps(_mm256_load_ps(qT + g * dimP + j * 8), k, a[g]);
+    };
+    int64_t j = 0;
+#pragma GCC unroll 4
+    for (; j + kSplit <= groups; j += kSplit) {
+      step(j, acc[0]);
+      if constexpr (kSplit == 2) step(j + 1, acc[1]);
+    }
+    if (j < groups) step(j, acc[0]);
+    if constexpr (kSplit == 2)
+      for (int g = 0; g < kG; ++g) acc[0][g] = _mm256_add_ps(acc[0][g], acc[1][g]);
+    hn::Vec<decltype(df)> out[kG];
+    for (int g = 0; g < kG; ++g) out[g].raw = acc[0][g];
+    store_sums<kG>(df, out, ng, kAlt ? 1.f : row_scale(r, t) * kValMul<V>, s + (t - t0), ld_s);
+  }
+}
+#endif
+
+template <bool kAlt, typename V>
+HWY_NOINLINE void decode_g(const MaskedRows& r, const float* w, int64_t dimP, int64_t t0, int64_t n_t,
+                           float* out, int64_t ld_out) {
+  const hn::CappedTag<float, 8> df;
+  constexpr int64_t N = hn::MaxLanes(df);
+  RowExpander<decltype(df), V, kAlt> ex;
+  const int64_t groups = dimP / N;
+  for (int64_t t = t0; t < t0 + n_t; ++t) {
+    ex.start(r, t, w, true);
+    float* o = out + (t - t0) * ld_out;
+    for (int64_t j = 0; j < groups; ++j) hn::StoreU(ex.template group<true>(j), df, o + j * N);
+  }
+}
+
+// Staged weights w [dimP]: weight (or 1) below dim, 0 above (so pruned padding lanes read 0).
+HWY_INLINE void stage_weight(const MaskedRows& r, int64_t dimP, float* w) {
+  for (int64_t c = 0; c < dimP; ++c) w[c] = c < r.dim ? (r.weight ? r.weight[c] : 1.f) : 0.f;
+}
+
+template <typename V>
+void scores_scalar(const MaskedRows& r, const float* q, int n_g, int64_t ldq, int64_t t0, int64_t n_t,
+                   float* s, int64_t ld_s) {
+  {
+    thread_local std::vector<float> row;
+    row.resize(static_cast<size_t>(r.dim));
+    for (int64_t t = t0; t < t0 + n_t; ++t) {
+      decode_row_scalar<V>(r, t, row.data());
+      for (int g = 0; g < n_g; ++g) {
+        float sum = 0;
+        for (int64_t c = 0; c < r.dim; ++c) sum += q[g * ldq + c] * row[static_cast<size_t>(c)];
+        s[g * ld_s + (t - t0)] = sum;
+      }
+    }
+  }
+}
+
+template <typename V>
+void scores_typed(const MaskedRows& r, const float* q, int n_g, int64_t ldq, int64_t t0, int64_t n_t,
+                  float* s, int64_t ld_s) {
+  if constexpr (HWY_TARGET == HWY_SCALAR) {
+    return scores_scalar<V>(r, q, n_g, ldq, t0, n_t, s, ld_s);
+  } else {
+  if (r.dim > kMaxDim) return scores_scalar<V>(r, q, n_g, ldq, t0, n_t, s, ld_s);
+  const hn::CappedTag<float, 8> df;
+  constexpr int64_t N = hn::MaxLanes(df);
+  const int64_t dimP = (r.dim + N - 1) / N * N;
+  HWY_ALIGN float qT[kMaxG * kMaxDim];
+  HWY_ALIGN float w[kMaxDim];
+  const bool alt = r.fill != nullptr;
+  if (alt) stage_weight(r, dimP, w);
+  for (int g0 = 0; g0 < n_g; g0 += kMaxG) {
+    const int ng = std::min(kMaxG, n_g - g0);
+    // head buckets: the pass's accumulators live in registers
+    const int kg = ng <= 4 ? ng : ng <= 6 ? 6 : 8;
+    for (int g = 0; g < kg; ++g)
+      for (int64_t c = 0; c < dimP; ++c)
+        qT[g * dimP + c] = g < ng && c < r.dim ? q[(g0 + g) * ldq + c] : 0.f;
+    float* sg = s + g0 * ld_s;
+#ifdef KVTRIM_MASKED_X86
+#define KVTRIM_MASKED_SCORES scores_x86
+#else
+#define KVTRIM_MASKED_SCORES scores_g
+#endif
+#define KVTRIM_MASKED_G(K)                                                              \
+  case K:                                                                               \
+    if (alt) {                                                                          \
+      KVTRIM_MASKED_SCORES<K, true, V>(r, qT, w, dimP, ng, t0, n_t, sg, ld_s);          \
+    } else {                                                                            \
+      KVTRIM_MASKED_SCORES<K, false, V>(r, qT, w, dimP, ng, t0, n_t, sg, ld_s);         \
+    }                                                                                   \
+    break;
+    switch (kg) {
+      KVTRIM_MASKED_G(1)
+      KVTRIM_MASKED_G(2)
+      KVTRIM_MASKED_G(3)
+      KVTRIM_MASKED_G(4)
+      KVTRIM_MASKED_G(6)
+      KVTRIM_MASKED_G(8)
+    }
+#undef KVTRIM_MASKED_G
+#undef KVTRIM_MASKED_SCORES
+  }
+  }
+}
+
+template <typename V>
+void decode_typed(const MaskedRows& r, int64_t t0, int64_t n_t, float* out, int64_t ld_out) {
+  if constexpr (HWY_TARGET == HWY_SCALAR) {
+    for (int64_t t = t0; t < t0 + n_t; ++t) decode_row_scalar<V>(r, t, out + (t - t0) * ld_out);
+  } else {
+  if (r.dim > kMaxDim) {
+    for (int64_t t = t0; t < t0 + n_t; ++t) decode_row_scalar<V>(r, t, out + (t - t0) * ld_out);
+    return;
+  }
+  const hn::CappedTag<float, 8> df;
+  constexpr int64_t N = hn::MaxLanes(df);
+  const int64_t dimP = (r.dim + N - 1) / N * N;
+  HWY_ALIGN float w[kMaxDim];
+  if (r.fill) {
+    stage_weight(r, dimP, w);
+    decode_g<true, V>(r, w, dimP, t0, n_t, out, ld_out);
+  } else {
+    decode_g<false, V>(r, w, dimP, t0, n_t, out, ld_out);
+  }
+  }
+}
+
+// Calls f.template operator()<V>() for the rows' value type.
+template <class F>
+HWY_INLINE void with_type(const MaskedRows& r, F&& f) {
+  switch (r.type) {
+    case SparseType::kF32:
+      return f.template operator()<float>();
+    case SparseType::kF16:
+      return f.template operator()<uint16_t>();
+    case SparseType::kBF16:
+      return f.template operator()<Bf16>();
+    case SparseType::kQ8:
+      return f.template operator()<int8_t>();
+    case SparseType::kFP8:
+      return f.template operator()<uint8_t>();
+  }
+}
+
+void MaskedScores(const MaskedRows& r, const float* q, int n_g, int64_t ldq, int64_t t0, int64_t n_t, float* s,
+                  int64_t ld_s) {
+  with_type(r, [&]<typename V>() { scores_typed<V>(r, q, n_g, ldq, t0, n_t, s, ld_s); });
+}
+void MaskedDecode(const MaskedRows& r, int64_t t0, int64_t n_t, float* out, int64_t ld_out) {
+  with_type(r, [&]<typename V>() { decode_typed<V>(r, t0, n_t, out, ld_out); });
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace kvtrim::kv
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace kvtrim::kv {
+
+HWY_EXPORT(MaskedScores);
+HWY_EXPORT(MaskedDecode);
+
+void masked_scores(const MaskedRows& r, const float* q, int n_g, int64_t ldq, int64_t t0, int64_t n_t, float* s,
+                   int64_t ld_s) {
+  HWY_DYNAMIC_DISPATCH(MaskedScores)(r, q, n_g, ldq, t0, n_t, s, ld_s);
+}
+void masked_decode(const MaskedRows& r, int64_t t0, int64_t n_t, float* out, int64_t ld_out) {
+  HWY_DYNAMIC_DISPATCH(MaskedDecode)(r, t0, n_t, out, ld_out);
+}
+
+void masked_accum(const MaskedRows& r, const float* p, int n_g, int64_t ld_p, int64_t t0, int64_t n_t, float* acc,
+                  int64_t ld_acc) {
+  const int64_t dim = r.dim;
+  thread_local std::vector<float> rows, a;
+  rows.resize(static_cast<size_t>(masked::kChunkRows * dim + 8));
+  // attn_accum_f32 sums into a contiguous [n_g, dim]; a strided acc goes through a copy
+  const bool strided = ld_acc != dim;
+  float* ac = acc;
+  if (strided) {
+    a.resize(static_cast<size_t>(n_g) * static_cast<size_t>(dim));
+    for (int g = 0; g < n_g; ++g) std::copy(acc + g * ld_acc, acc + g * ld_acc + dim, a.data() + g * dim);
+    ac = a.data();
+  }
+  for (int64_t c0 = 0; c0 < n_t; c0 += masked::kChunkRows) {
+    const int64_t nc = std::min(masked::kChunkRows, n_t - c0);
+    masked_decode(r, t0 + c0, nc, rows.data(), dim);
+    attn_accum_f32(p + c0, n_g, ld_p, rows.data(), nc, dim, ac);
+  }
+  if (strided) {
+    for (int g = 0; g < n_g; ++g) std::copy(a.data() + g * dim, a.data() + (g + 1) * dim, acc + g * ld_acc);
+  }
+}
+
+}  // namespace kvtrim::kv
+#endif  // HWY_ONCE
