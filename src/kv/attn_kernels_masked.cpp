@@ -37,7 +37,7 @@ namespace kvtrim::kv::masked {
 struct Tables {
   alignas(32) int32_t perm8[256][8];
   alignas(32) int32_t lanes8[256][8];
-  alignas(32) int32_t pl8[256][16];     // perm8[v] then lanes8[v]: one line per mask byte
+  alignas(32) int32_t permk8[256][8];   // perm8[v] | 0x80000000 on the kept lanes (x86: index + mask)
   alignas(32) uint32_t sign8[256][8];   // 0x80000000 where bit i of v is set (a sign flip)
   alignas(16) int32_t perm4[16][4];
   alignas(16) int32_t lanes4[16][4];
@@ -51,8 +51,7 @@ constexpr Tables make_tables() {
       const bool on = (v >> i) & 1;
       t.perm8[v][i] = on ? k : 0;
       t.lanes8[v][i] = on ? -1 : 0;
-      t.pl8[v][i] = t.perm8[v][i];
-      t.pl8[v][8 + i] = t.lanes8[v][i];
+      t.permk8[v][i] = on ? static_cast<int32_t>(static_cast<uint32_t>(k) | 0x80000000u) : 0;
       t.sign8[v][i] = on ? 0x80000000u : 0u;
       if (v < 16 && i < 4) {
         t.perm4[v][i] = on ? k : 0;
@@ -248,63 +247,113 @@ HWY_NOINLINE void scores_g(const MaskedRows& r, const float* HWY_RESTRICT qT, co
 }
 
 #ifdef KVTRIM_MASKED_X86
-// scores_g with AVX2 intrinsics (8 lanes): the same arithmetic in fewer instructions per group
-// (one table line holds a mask byte's permutation and lane mask, the sign flip XORs straight from
-// its table, the mask goes to vblendvps as loaded, the group loop is unrolled): the row is bound
-// by instruction throughput, not by its bytes.
-template <int kG, bool kAlt, typename V>
-HWY_NOINLINE void scores_x86(const MaskedRows& r, const float* HWY_RESTRICT qT, const float* w, int64_t dimP,
-                             int ng, int64_t t0, int64_t n_t, float* s, int64_t ld_s) {
-  const hn::CappedTag<float, 8> df;
+// scores_g with AVX2 intrinsics (8 lanes). A row is bound by loads (L1 ports), not by its bytes, so
+// the kernel counts them: the permutation table's kept lanes carry bit 31 (vpermps reads the low 3
+// bits, vblendvps the top one), so one table line is both the permutation and the lane mask; with
+// up to 4 query heads two rows go through each group together and share the group's q and w loads
+// (a q load feeds two FMAs). Per group and row: the mask byte, its permutation and count, the
+// packed values, and (recovery) the sign byte and its flip line, plus half of the shared loads.
+template <typename V, bool kAlt>
+struct X86Row {
   using R = typename Raw<V>::T;
-  constexpr bool kMul = sv::kScaled<V> || kValMul<V> != 1.f;
-  constexpr int kSplit = kG <= 4 ? 2 : 1;
-  const masked::Tables& tb = masked::kTables;
-  const int64_t groups = dimP / 8, mb = mask_bytes(r);
-  const R* vals = static_cast<const R*>(r.vals);
-  for (int64_t t = t0; t < t0 + n_t; ++t) {
-    const R* v = vals + row_begin(r, t);
-    const uint8_t* m = r.mask + t * mb;
-    const uint8_t* sg = kAlt && r.signs ? r.signs + t * mb : masked::kZeroSigns;
-    // the row streams, a few rows ahead: a row is ~150 instructions at d = 64, too many for the
+  static constexpr bool kMul = sv::kScaled<V> || kValMul<V> != 1.f;
+  const R* v;
+  const uint8_t* m;
+  const uint8_t* sg;
+  __m256 fv, scv;
+
+  HWY_INLINE HWY_ATTR void start(const MaskedRows& r, int64_t t, int64_t mb) {
+    v = static_cast<const R*>(r.vals) + row_begin(r, t);
+    m = r.mask + t * mb;
+    sg = kAlt && r.signs ? r.signs + t * mb : masked::kZeroSigns;
+    // the rows stream, a few rows ahead: a row is ~100 instructions at d = 64, too many for the
     // out-of-order window to reach the next rows' loads by itself
     __builtin_prefetch(reinterpret_cast<const uint8_t*>(v) + kPrefetchBytes);
     __builtin_prefetch(m + 4 * mb);
     if constexpr (kAlt) __builtin_prefetch(sg + 4 * mb);
-    const __m256 fv = _mm256_set1_ps(kAlt ? r.fill[t * r.fill_stride] : 0.f);
-    const __m256 scv = _mm256_set1_ps(row_scale(r, t) * kValMul<V>);
-    __m256 acc[kSplit][kG];
-    for (int h = 0; h < kSplit; ++h)
-      for (int g = 0; g < kG; ++g) acc[h][g] = _mm256_setzero_ps();
-    auto step = [&](int64_t j, __m256* a) HWY_ATTR {
-      const unsigned bits = m[j];
-      const int32_t* pl = tb.pl8[bits];
-      __m256 e = sv::decode(df, reinterpret_cast<const V*>(v)).raw;
-      e = _mm256_permutevar8x32_ps(e, _mm256_load_si256(reinterpret_cast<const __m256i*>(pl)));
-      v += tb.cnt[bits];
-      const __m256 keep = _mm256_castsi256_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(pl + 8)));
-      __m256 k;
-      if constexpr (kAlt) {
-        if constexpr (kMul) e = _mm256_mul_ps(e, scv);
-        const __m256 flip = _mm256_load_ps(reinterpret_cast<const float*>(tb.sign8[sg[j]]));
-        k = _mm256_blendv_ps(_mm256_xor_ps(_mm256_mul_ps(fv, _mm256_load_ps(w + j * 8)), flip), e, keep);
-      } else {
-        k = _mm256_and_ps(e, keep);
-      }
-      for (int g = 0; g < kG; ++g) a[g] = _mm256_fmadd_ps(_mm256_load_ps(qT + g * dimP + j * 8), k, a[g]);
-    };
-    int64_t j = 0;
-#pragma GCC unroll 4
-    for (; j + kSplit <= groups; j += kSplit) {
-      step(j, acc[0]);
-      if constexpr (kSplit == 2) step(j + 1, acc[1]);
+    fv = _mm256_set1_ps(kAlt ? r.fill[t * r.fill_stride] : 0.f);
+    scv = _mm256_set1_ps(row_scale(r, t) * kValMul<V>);
+  }
+  // Group j's 8 coordinates (kept: the values, times the row scale when kScale; pruned: 0 or
+  // ±fill · w); fw = the group's staged weights.
+  template <bool kScale>
+  HWY_INLINE HWY_ATTR __m256 group(int64_t j, __m256 fw) {
+    const hn::CappedTag<float, 8> df;
+    const masked::Tables& tb = masked::kTables;
+    const unsigned bits = m[j];
+    const __m256i pm = _mm256_load_si256(reinterpret_cast<const __m256i*>(tb.permk8[bits]));
+    __m256 e = _mm256_permutevar8x32_ps(sv::decode(df, reinterpret_cast<const V*>(v)).raw, pm);
+    v += tb.cnt[bits];
+    if constexpr (kScale && kMul) e = _mm256_mul_ps(e, scv);
+    if constexpr (kAlt) {
+      const __m256 flip = _mm256_load_ps(reinterpret_cast<const float*>(tb.sign8[sg[j]]));
+      return _mm256_blendv_ps(_mm256_xor_ps(_mm256_mul_ps(fv, fw), flip), e, _mm256_castsi256_ps(pm));
+    } else {
+      return _mm256_blendv_ps(_mm256_setzero_ps(), e, _mm256_castsi256_ps(pm));
     }
-    if (j < groups) step(j, acc[0]);
-    if constexpr (kSplit == 2)
-      for (int g = 0; g < kG; ++g) acc[0][g] = _mm256_add_ps(acc[0][g], acc[1][g]);
+  }
+};
+
+template <int kG, bool kAlt, typename V>
+HWY_NOINLINE void scores_x86(const MaskedRows& r, const float* HWY_RESTRICT qT, const float* w, int64_t dimP,
+                             int ng, int64_t t0, int64_t n_t, float* s, int64_t ld_s) {
+  const hn::CappedTag<float, 8> df;
+  constexpr bool kPairs = kG <= 4;  // two rows' accumulators fit the 16 registers
+  const int64_t groups = dimP / 8, mb = mask_bytes(r);
+  auto finish = [&](const __m256* acc, const X86Row<V, kAlt>& row, int64_t t) HWY_ATTR {
     hn::Vec<decltype(df)> out[kG];
-    for (int g = 0; g < kG; ++g) out[g].raw = acc[0][g];
-    store_sums<kG>(df, out, ng, kAlt ? 1.f : row_scale(r, t) * kValMul<V>, s + (t - t0), ld_s);
+    for (int g = 0; g < kG; ++g) out[g].raw = acc[g];
+    const float sc = kAlt ? 1.f : row_scale(r, t) * kValMul<V>;
+    store_sums<kG>(df, out, ng, sc, s + (t - t0), ld_s);
+  };
+  X86Row<V, kAlt> a, b;
+  int64_t t = t0;
+  if constexpr (kPairs) {
+    for (; t + 2 <= t0 + n_t; t += 2) {
+      a.start(r, t, mb);
+      b.start(r, t + 1, mb);
+      __m256 acc_a[kG], acc_b[kG];
+      for (int g = 0; g < kG; ++g) acc_a[g] = acc_b[g] = _mm256_setzero_ps();
+#pragma GCC unroll 4
+      for (int64_t j = 0; j < groups; ++j) {
+        const __m256 fw = kAlt ? _mm256_load_ps(w + j * 8) : _mm256_setzero_ps();
+        const __m256 ka = a.template group<kAlt>(j, fw), kb = b.template group<kAlt>(j, fw);
+        for (int g = 0; g < kG; ++g) {
+          const __m256 q = _mm256_load_ps(qT + g * dimP + j * 8);
+          acc_a[g] = _mm256_fmadd_ps(q, ka, acc_a[g]);
+          acc_b[g] = _mm256_fmadd_ps(q, kb, acc_b[g]);
+        }
+      }
+      finish(acc_a, a, t);
+      finish(acc_b, b, t + 1);
+    }
+  }
+  for (; t < t0 + n_t; ++t) {  // single rows (many heads: their FMAs already share each expansion)
+    a.start(r, t, mb);
+    __m256 acc[kG];
+    for (int g = 0; g < kG; ++g) acc[g] = _mm256_setzero_ps();
+#pragma GCC unroll 4
+    for (int64_t j = 0; j < groups; ++j) {
+      const __m256 k = a.template group<kAlt>(j, kAlt ? _mm256_load_ps(w + j * 8) : _mm256_setzero_ps());
+      for (int g = 0; g < kG; ++g) acc[g] = _mm256_fmadd_ps(_mm256_load_ps(qT + g * dimP + j * 8), k, acc[g]);
+    }
+    finish(acc, a, t);
+  }
+}
+#endif
+
+#ifdef KVTRIM_MASKED_X86
+template <bool kAlt, typename V>
+HWY_NOINLINE void decode_x86(const MaskedRows& r, const float* w, int64_t dimP, int64_t t0, int64_t n_t,
+                             float* out, int64_t ld_out) {
+  const int64_t groups = dimP / 8, mb = mask_bytes(r);
+  X86Row<V, kAlt> row;
+  for (int64_t t = t0; t < t0 + n_t; ++t) {
+    row.start(r, t, mb);
+    float* o = out + (t - t0) * ld_out;
+#pragma GCC unroll 4
+    for (int64_t j = 0; j < groups; ++j)
+      _mm256_storeu_ps(o + j * 8, row.template group<true>(j, kAlt ? _mm256_load_ps(w + j * 8) : _mm256_setzero_ps()));
   }
 }
 #endif
@@ -409,9 +458,15 @@ void decode_typed(const MaskedRows& r, int64_t t0, int64_t n_t, float* out, int6
   HWY_ALIGN float w[kMaxDim];
   if (r.fill) {
     stage_weight(r, dimP, w);
+#ifdef KVTRIM_MASKED_X86
+    decode_x86<true, V>(r, w, dimP, t0, n_t, out, ld_out);
+  } else {
+    decode_x86<false, V>(r, w, dimP, t0, n_t, out, ld_out);
+#else
     decode_g<true, V>(r, w, dimP, t0, n_t, out, ld_out);
   } else {
     decode_g<false, V>(r, w, dimP, t0, n_t, out, ld_out);
+#endif
   }
   }
 }
