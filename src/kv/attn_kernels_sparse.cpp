@@ -25,6 +25,9 @@
 // channel), so at d/4 entries the sparse kernels only win on bytes read, and only from d = 256
 // or n_g >= 6 on compute (bench/kv_kernels_bench.cpp).
 // Rows with dim > kMaxDim take a scalar loop. No kernel reads past a row's last entry.
+// The cache stores per-token rows as a kept-coordinate bitmask wherever that is smaller than the
+// list (T > dim / 8), and those take the masked kernels (attn_kernels_masked.cpp: no per-entry
+// loads at scattered channels); these list kernels serve rows with few kept entries.
 #include <algorithm>
 #include <cstring>
 #include <type_traits>

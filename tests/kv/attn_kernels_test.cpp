@@ -234,6 +234,26 @@ void fp8_and_q4_match_loops() {
   }
 }
 
+// n rows of kept channels below dim, each strictly increasing: T per row (fixed), or random counts
+// 0 .. dim with an empty row (1) and a full one (2); ch holds them packed, off [n + 1] the rows.
+void random_rows(int64_t n, int64_t dim, int64_t T, bool fixed, std::mt19937& rng, std::vector<uint32_t>* off,
+                 std::vector<int64_t>* ch) {
+  off->assign(static_cast<size_t>(n) + 1, 0);
+  ch->clear();
+  for (int64_t t = 0; t < n; ++t) {
+    int64_t cnt = fixed ? T : std::uniform_int_distribution<int64_t>(0, dim)(rng);
+    if (!fixed && t == 1) cnt = 0;
+    if (!fixed && t == 2) cnt = dim;
+    std::vector<int64_t> all(dim);
+    for (int64_t i = 0; i < dim; ++i) all[i] = i;
+    std::shuffle(all.begin(), all.end(), rng);
+    all.resize(cnt);
+    std::sort(all.begin(), all.end());
+    ch->insert(ch->end(), all.begin(), all.end());
+    (*off)[t + 1] = static_cast<uint32_t>(ch->size());
+  }
+}
+
 // Packed per-token entries (rows off[t] .. off[t + 1]) of random values encoded in a SparseType
 // (q8 / fp8: one scale per row), with kv::kMaskedSlack bytes of readable slack after the last
 // entry, and the values the kernels must read back (decoded, scales applied).
@@ -328,20 +348,9 @@ void sparse_matches_loops() {
         for (SparseType type : types) {
           const int64_t n = 45, T = std::max<int64_t>(1, dim / 4);
           // rows: channel lists and counts
-          std::vector<uint32_t> off(n + 1, 0);
+          std::vector<uint32_t> off;
           std::vector<int64_t> ch;
-          for (int64_t t = 0; t < n; ++t) {
-            int64_t cnt = fixed ? T : std::uniform_int_distribution<int64_t>(0, dim)(rng);
-            if (!fixed && t == 1) cnt = 0;
-            if (!fixed && t == 2) cnt = dim;
-            std::vector<int64_t> all(dim);
-            for (int64_t i = 0; i < dim; ++i) all[i] = i;
-            std::shuffle(all.begin(), all.end(), rng);
-            all.resize(cnt);
-            std::sort(all.begin(), all.end());
-            ch.insert(ch.end(), all.begin(), all.end());
-            off[t + 1] = static_cast<uint32_t>(ch.size());
-          }
+          random_rows(n, dim, T, fixed, rng, &off, &ch);
           const size_t nnz = ch.size();
           std::vector<uint8_t> i8(nnz);
           std::vector<uint16_t> i16(nnz);
@@ -417,22 +426,13 @@ void masked_matches_loops() {
     for (bool fixed : {true, false}) {
       for (SparseType type : types) {
         for (Pruned mode : {Pruned::kZero, Pruned::kFill, Pruned::kWeighted, Pruned::kSigned}) {
-          std::vector<uint32_t> off(n + 1, 0);
+          std::vector<uint32_t> off;
           std::vector<uint8_t> mask(n * mb, 0), signs(n * mb);
           std::vector<int64_t> ch;
-          for (int64_t t = 0; t < n; ++t) {
-            int64_t cnt = fixed ? T : std::uniform_int_distribution<int64_t>(0, dim)(rng);
-            if (!fixed && t == 1) cnt = 0;
-            if (!fixed && t == 2) cnt = dim;
-            std::vector<int64_t> all(dim);
-            for (int64_t i = 0; i < dim; ++i) all[i] = i;
-            std::shuffle(all.begin(), all.end(), rng);
-            all.resize(cnt);
-            std::sort(all.begin(), all.end());
-            for (int64_t c : all) mask[t * mb + c / 8] |= static_cast<uint8_t>(1u << (c % 8));
-            ch.insert(ch.end(), all.begin(), all.end());
-            off[t + 1] = static_cast<uint32_t>(ch.size());
-          }
+          random_rows(n, dim, T, fixed, rng, &off, &ch);
+          for (int64_t t = 0; t < n; ++t)
+            for (uint32_t j = off[t]; j < off[t + 1]; ++j)
+              mask[t * mb + ch[j] / 8] |= static_cast<uint8_t>(1u << (ch[j] % 8));
           for (uint8_t& b : signs) b = static_cast<uint8_t>(byte(rng));  // bits past dim too: ignored
           const Packed pk = pack(type, off, rng);
           std::vector<float> fill(n * 2), weight(dim), dense(n * dim, 0.f);
