@@ -210,9 +210,9 @@ HWY_INLINE void store_sums(DF df, const hn::Vec<DF>* acc, int ng, float sc, floa
   for (int g = 0; g < ng; ++g) s[g * ld_s] = hn::GetLane(hn::SumOfLanes(df, acc[g])) * sc;
 }
 
-// Scores for ng <= kG query heads: qT [kG][dimP] staged (zero-padded), w [dimP] (kAlt). With few
-// heads each head keeps two accumulators (even / odd lane groups) so that the FMA chain of a
-// token is half as long (the chain, not the FMA count, bounds a row of 8 groups on Zen 2).
+// Scores for ng <= kG query heads: qT [kG][dimP] staged (zero-padded), w [dimP] (kAlt); the
+// portable version (128-bit and emulated targets; x86 with AVX2 takes scores_x86). With few heads
+// each head keeps two accumulators (even / odd lane groups): two independent FMA chains per row.
 template <int kG, bool kAlt, typename V>
 HWY_NOINLINE void scores_g(const MaskedRows& r, const float* HWY_RESTRICT qT, const float* w, int64_t dimP,
                            int ng, int64_t t0, int64_t n_t, float* s, int64_t ld_s) {
