@@ -85,11 +85,12 @@ struct Head {
   std::vector<uint8_t> ksign;        // spark: sign bits [n, ceil(d/8)]
   std::vector<float> kfill, kw;      // spark: fill per token, recovery weights [d]
   size_t bytes() const {
-    return k.size() - (slack ? kv::kMaskedSlack : 0) + v.size() + 4 * (ks.size() + vs.size()) +
+    return k.size() - (slack ? kv::kMaskedSlack : 0) + v.size() - (vslack ? kv::kMaskedSlack : 0) +
+           4 * (ks.size() + vs.size()) +
            2 * (ks16.size() + vs16.size()) + kidx.size() + vidx.size() + ksign.size() +
            4 * (kfill.size() + kw.size());
   }
-  bool slack = false;  // k holds kv::kMaskedSlack bytes past its entries (not counted)
+  bool slack = false, vslack = false;  // k / v hold kv::kMaskedSlack bytes past their entries (not counted)
 };
 
 // Random rows in [-1, 1) (the data does not change the kernels' speed).
@@ -139,7 +140,7 @@ Head make_head(Fmt f, int64_t n, int64_t d, uint64_t seed) {
     case Fmt::kMkF16:
       h.k.resize(n * T * 2 + kv::kMaskedSlack), h.v.resize(n * T * 2 + kv::kMaskedSlack);
       h.kidx.resize(n * mb), h.vidx.resize(n * mb);
-      h.slack = true;
+      h.slack = h.vslack = true;
       break;
     case Fmt::kSpark:
       h.k.resize(n * Ts * 2 + kv::kMaskedSlack), h.v.resize(n * d * 2);

@@ -268,9 +268,13 @@ struct X86Row {
     sg = kAlt && r.signs ? r.signs + t * mb : masked::kZeroSigns;
     // the rows stream, a few rows ahead: a row is ~100 instructions at d = 64, too many for the
     // out-of-order window to reach the next rows' loads by itself
-    __builtin_prefetch(reinterpret_cast<const uint8_t*>(v) + kPrefetchBytes);
-    __builtin_prefetch(m + 4 * mb);
-    if constexpr (kAlt) __builtin_prefetch(sg + 4 * mb);
+    // (addresses as integers: they may lie past the arrays, which a prefetch may touch freely)
+    const auto ahead = [](const void* p, int64_t by) {
+      return reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(by));
+    };
+    __builtin_prefetch(ahead(v, kPrefetchBytes));
+    __builtin_prefetch(ahead(m, 4 * mb));
+    if constexpr (kAlt) __builtin_prefetch(ahead(sg, 4 * mb));
     fv = _mm256_set1_ps(kAlt ? r.fill[t * r.fill_stride] : 0.f);
     scv = _mm256_set1_ps(row_scale(r, t) * kValMul<V>);
   }

@@ -26,7 +26,7 @@
 // or n_g >= 6 on compute (bench/kv_kernels_bench.cpp).
 // Rows with dim > kMaxDim take a scalar loop. No kernel reads past a row's last entry.
 // The cache stores per-token rows as a kept-coordinate bitmask wherever that is smaller than the
-// list (T > dim / 8), and those take the masked kernels (attn_kernels_masked.cpp: no per-entry
+// list (T > dim / 8 with uint8 indices, dim / 16 with uint16), and those take the masked kernels (attn_kernels_masked.cpp: no per-entry
 // loads at scattered channels); these list kernels serve rows with few kept entries.
 #include <algorithm>
 #include <cstring>

@@ -42,8 +42,12 @@ SideEncoding make_side(const SideSpec& sp, int d, KvDtype dflt, bool keys) {
       for (int32_t n : c.token_counts) kept += n;
       rows = std::max<int64_t>(1, static_cast<int64_t>(c.token_counts.size()));
     }
+    // (auto keeps the list for sampled recoveries: the list kernel scores their kept entries, while
+    // bitmask rows with a drawn recovery take the generic per-row loop; q4 rows have no kernel in
+    // either layout, so they take the smaller)
+    const bool masked_kernel = !(keys && !c.recovery_scale.empty() && c.recovery_dist != RecoveryDist::kFill);
     s.bitmask = c.index == IndexLayout::kBitmask ||
-                (c.index == IndexLayout::kAuto && (w + 7) / 8 * rows < kept * isz);
+                (c.index == IndexLayout::kAuto && masked_kernel && (w + 7) / 8 * rows < kept * isz);
   }
   return s;
 }

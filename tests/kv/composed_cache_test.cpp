@@ -45,6 +45,7 @@ struct SideChoice {
   Basis b;
   Chan c;
   KvDtype t;
+  IndexLayout index = IndexLayout::kAuto;  // per-token rows: list, bitmask or the smaller
 };
 std::string name(const SideChoice& s) {
   return "basis" + std::to_string(static_cast<int>(s.b)) + "/chan" +
@@ -65,6 +66,7 @@ void set_side(SideSpec* sp, const SideChoice& ch, int d, size_t rows, bool keys,
   }
   sp->dtype = ch.t;
   ChannelSpec& c = sp->channels;
+  c.index = ch.index;
   std::uniform_int_distribution<int> cnt(1, w);
   std::uniform_real_distribution<float> u(0.1f, 1.f);
   auto pick = [&](int k) {  // k distinct sorted coordinates of [0, w)
@@ -203,10 +205,12 @@ TEST(ComposedCache, EveryCombinationAttendsLikeTheReference) {
   }
 }
 
-// The degenerate recovery's byte tables (segments of >= 96 tokens) over the real models' shapes:
-// SmolLM2 (9 / 3 heads, d 64), Qwen2.5-1.5B (12 / 2, d 128: two mask words, two chunks of
-// query heads), Gemma3-270M (4 / 1, d 256: four words), and a width that is not a multiple of 8.
-// Fixed and variable counts, f16 and q8 keys, against the reference over the reconstructed rows.
+// The degenerate recovery's byte tables (list rows, segments of >= 96 tokens) over the real models'
+// shapes: SmolLM2 (9 / 3 heads, d 64), Qwen2.5-1.5B (12 / 2, d 128: two mask words, two chunks
+// of query heads), Gemma3-270M (4 / 1, d 256: four words), and a width that is not a multiple of
+// 8. Fixed and variable counts, f16 and q8 keys, against the reference over the reconstructed
+// rows; then the same keys as bitmask rows (the masked kernels) with value rows that carry a fill
+// as a list (the fill column added at the lift).
 TEST(ComposedCache, RecoveryTablesOnWideHeadsAttendLikeTheReference) {
   const AttnCase cases[] = {{9, 3, 64, 64, 300, 1, 0, true},
                             {12, 2, 128, 128, 260, 1, 0, true},
@@ -216,7 +220,10 @@ TEST(ComposedCache, RecoveryTablesOnWideHeadsAttendLikeTheReference) {
   for (const AttnCase& ac : cases)
     for (Chan ch : {Chan::kRecovery, Chan::kRecoveryVar})
       for (KvDtype t : {KvDtype::kF16, KvDtype::kQ8}) {
-        run_combination({Basis::kNone, ch, t}, {Basis::kNone, Chan::kAll, KvDtype::kF16}, ac, rng);
+        run_combination({Basis::kNone, ch, t, IndexLayout::kList}, {Basis::kNone, Chan::kAll, KvDtype::kF16}, ac,
+                        rng);
+        run_combination({Basis::kNone, ch, t, IndexLayout::kBitmask},
+                        {Basis::kNone, Chan::kRecovery, KvDtype::kF16, IndexLayout::kList}, ac, rng);
         if (HasFatalFailure()) return;
       }
 }

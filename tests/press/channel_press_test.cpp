@@ -350,6 +350,31 @@ TEST_F(ChannelPress, AppliedBytesAndComposition) {
   test::expect_error([&] { s->compress(); }, "do not compose");
 }
 
+// spark:index=: the kept channels as a uint8 list (the list kernels, the recovery's byte tables,
+// the value fill's column) or a bitmask (the masked kernels): the same attention up to the order
+// of the float additions, different index bytes.
+TEST_F(ChannelPress, IndexLayoutsAttendAlike) {
+  const HParams& hp = model_->hparams();
+  const size_t nh = static_cast<size_t>(hp.n_layer * hp.n_head_kv), d = static_cast<size_t>(hp.head_dim_k);
+  const size_t T = d - static_cast<size_t>(0.5 * static_cast<double>(d)), Tv = T, mb = (d + 7) / 8;
+  std::vector<std::vector<float>> logits;
+  for (const char* layout : {"list", "bitmask"}) {
+    auto s = prefilled(std::string("spark:ratio=0.5,value_ratio=0.5,index=") + layout, tokens(kN));
+    s->compress();
+    const KvBytes b = s->cache().bytes();
+    EXPECT_EQ(b.indices, nh * kN * (layout[0] == 'l' ? T + Tv : 2 * mb)) << layout;
+    logits.push_back(s->decode(7));
+    logits.push_back(s->decode(9));
+  }
+  for (size_t k = 0; k < 2; ++k) {
+    const std::vector<float>& a = logits[k];
+    const std::vector<float>& bm = logits[k + 2];
+    ASSERT_EQ(a.size(), bm.size());
+    for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], bm[i], 1e-4f * (1.f + std::fabs(a[i]))) << "step " << k;
+  }
+  test::expect_error([&] { make_press("spark:index=tree"); }, "index");
+}
+
 // Bad options get errors naming them.
 TEST_F(ChannelPress, BadOptions) {
   for (const char* bad : {"spark:ratio=1", "spark:variant=q", "spark:groups=3", "spark:recovery=uniform",
