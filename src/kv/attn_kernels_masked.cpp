@@ -384,18 +384,29 @@ HWY_INLINE void stage_weight(const MaskedRows& r, int64_t dimP, float* w) {
 template <typename V>
 void scores_scalar(const MaskedRows& r, const float* q, int n_g, int64_t ldq, int64_t t0, int64_t n_t,
                    float* s, int64_t ld_s) {
-  {
-    thread_local std::vector<float> row;
-    row.resize(static_cast<size_t>(r.dim));
-    for (int64_t t = t0; t < t0 + n_t; ++t) {
-      decode_row_scalar<V>(r, t, row.data());
-      for (int g = 0; g < n_g; ++g) {
-        float sum = 0;
-        for (int64_t c = 0; c < r.dim; ++c) sum += q[g * ldq + c] * row[static_cast<size_t>(c)];
-        s[g * ld_s + (t - t0)] = sum;
-      }
+  thread_local std::vector<float> row;
+  row.resize(static_cast<size_t>(r.dim));
+  for (int64_t t = t0; t < t0 + n_t; ++t) {
+    decode_row_scalar<V>(r, t, row.data());
+    for (int g = 0; g < n_g; ++g) {
+      float sum = 0;
+      for (int64_t c = 0; c < r.dim; ++c) sum += q[g * ldq + c] * row[static_cast<size_t>(c)];
+      s[g * ld_s + (t - t0)] = sum;
     }
   }
+}
+
+// scores_x86 where it is compiled, else scores_g; alt: pruned coordinates read a fill.
+template <int kG, typename V>
+HWY_INLINE void scores_simd(bool alt, const MaskedRows& r, const float* qT, const float* w, int64_t dimP, int ng,
+                            int64_t t0, int64_t n_t, float* s, int64_t ld_s) {
+#ifdef KVTRIM_MASKED_X86
+  alt ? scores_x86<kG, true, V>(r, qT, w, dimP, ng, t0, n_t, s, ld_s)
+      : scores_x86<kG, false, V>(r, qT, w, dimP, ng, t0, n_t, s, ld_s);
+#else
+  alt ? scores_g<kG, true, V>(r, qT, w, dimP, ng, t0, n_t, s, ld_s)
+      : scores_g<kG, false, V>(r, qT, w, dimP, ng, t0, n_t, s, ld_s);
+#endif
 }
 
 template <typename V>
@@ -404,74 +415,77 @@ void scores_typed(const MaskedRows& r, const float* q, int n_g, int64_t ldq, int
   if constexpr (HWY_TARGET == HWY_SCALAR) {
     return scores_scalar<V>(r, q, n_g, ldq, t0, n_t, s, ld_s);
   } else {
-  if (r.dim > kMaxDim) return scores_scalar<V>(r, q, n_g, ldq, t0, n_t, s, ld_s);
-  const hn::CappedTag<float, 8> df;
-  constexpr int64_t N = hn::MaxLanes(df);
-  const int64_t dimP = (r.dim + N - 1) / N * N;
-  HWY_ALIGN float qT[kMaxG * kMaxDim];
-  HWY_ALIGN float w[kMaxDim];
-  const bool alt = r.fill != nullptr;
-  if (alt) stage_weight(r, dimP, w);
-  for (int g0 = 0; g0 < n_g; g0 += kMaxG) {
-    const int ng = std::min(kMaxG, n_g - g0);
-    // head buckets: the pass's accumulators live in registers
-    const int kg = ng <= 4 ? ng : ng <= 6 ? 6 : 8;
-    for (int g = 0; g < kg; ++g)
-      for (int64_t c = 0; c < dimP; ++c)
-        qT[g * dimP + c] = g < ng && c < r.dim ? q[(g0 + g) * ldq + c] : 0.f;
-    float* sg = s + g0 * ld_s;
-#ifdef KVTRIM_MASKED_X86
-#define KVTRIM_MASKED_SCORES scores_x86
-#else
-#define KVTRIM_MASKED_SCORES scores_g
-#endif
-#define KVTRIM_MASKED_G(K)                                                              \
-  case K:                                                                               \
-    if (alt) {                                                                          \
-      KVTRIM_MASKED_SCORES<K, true, V>(r, qT, w, dimP, ng, t0, n_t, sg, ld_s);          \
-    } else {                                                                            \
-      KVTRIM_MASKED_SCORES<K, false, V>(r, qT, w, dimP, ng, t0, n_t, sg, ld_s);         \
-    }                                                                                   \
-    break;
-    switch (kg) {
-      KVTRIM_MASKED_G(1)
-      KVTRIM_MASKED_G(2)
-      KVTRIM_MASKED_G(3)
-      KVTRIM_MASKED_G(4)
-      KVTRIM_MASKED_G(6)
-      KVTRIM_MASKED_G(8)
+    if (r.dim > kMaxDim) return scores_scalar<V>(r, q, n_g, ldq, t0, n_t, s, ld_s);
+    const hn::CappedTag<float, 8> df;
+    constexpr int64_t N = hn::MaxLanes(df);
+    const int64_t dimP = (r.dim + N - 1) / N * N;
+    HWY_ALIGN float qT[kMaxG * kMaxDim];
+    HWY_ALIGN float w[kMaxDim];
+    const bool alt = r.fill != nullptr;
+    if (alt) stage_weight(r, dimP, w);
+    for (int g0 = 0; g0 < n_g; g0 += kMaxG) {
+      const int ng = std::min(kMaxG, n_g - g0);
+      // head buckets: the pass's accumulators live in registers
+      const int kg = ng <= 4 ? ng : ng <= 6 ? 6 : 8;
+      for (int g = 0; g < kg; ++g)
+        for (int64_t c = 0; c < dimP; ++c) qT[g * dimP + c] = g < ng && c < r.dim ? q[(g0 + g) * ldq + c] : 0.f;
+      float* sg = s + g0 * ld_s;
+      switch (kg) {
+        case 1:
+          scores_simd<1, V>(alt, r, qT, w, dimP, ng, t0, n_t, sg, ld_s);
+          break;
+        case 2:
+          scores_simd<2, V>(alt, r, qT, w, dimP, ng, t0, n_t, sg, ld_s);
+          break;
+        case 3:
+          scores_simd<3, V>(alt, r, qT, w, dimP, ng, t0, n_t, sg, ld_s);
+          break;
+        case 4:
+          scores_simd<4, V>(alt, r, qT, w, dimP, ng, t0, n_t, sg, ld_s);
+          break;
+        case 6:
+          scores_simd<6, V>(alt, r, qT, w, dimP, ng, t0, n_t, sg, ld_s);
+          break;
+        default:
+          scores_simd<8, V>(alt, r, qT, w, dimP, ng, t0, n_t, sg, ld_s);
+          break;
+      }
     }
-#undef KVTRIM_MASKED_G
-#undef KVTRIM_MASKED_SCORES
   }
-  }
+}
+
+template <typename V>
+void decode_scalar(const MaskedRows& r, int64_t t0, int64_t n_t, float* out, int64_t ld_out) {
+  for (int64_t t = t0; t < t0 + n_t; ++t) decode_row_scalar<V>(r, t, out + (t - t0) * ld_out);
+}
+
+// decode_x86 where it is compiled, else decode_g.
+template <bool kAlt, typename V>
+HWY_INLINE void decode_simd(const MaskedRows& r, const float* w, int64_t dimP, int64_t t0, int64_t n_t,
+                            float* out, int64_t ld_out) {
+#ifdef KVTRIM_MASKED_X86
+  decode_x86<kAlt, V>(r, w, dimP, t0, n_t, out, ld_out);
+#else
+  decode_g<kAlt, V>(r, w, dimP, t0, n_t, out, ld_out);
+#endif
 }
 
 template <typename V>
 void decode_typed(const MaskedRows& r, int64_t t0, int64_t n_t, float* out, int64_t ld_out) {
   if constexpr (HWY_TARGET == HWY_SCALAR) {
-    for (int64_t t = t0; t < t0 + n_t; ++t) decode_row_scalar<V>(r, t, out + (t - t0) * ld_out);
+    return decode_scalar<V>(r, t0, n_t, out, ld_out);
   } else {
-  if (r.dim > kMaxDim) {
-    for (int64_t t = t0; t < t0 + n_t; ++t) decode_row_scalar<V>(r, t, out + (t - t0) * ld_out);
-    return;
-  }
-  const hn::CappedTag<float, 8> df;
-  constexpr int64_t N = hn::MaxLanes(df);
-  const int64_t dimP = (r.dim + N - 1) / N * N;
-  HWY_ALIGN float w[kMaxDim];
-  if (r.fill) {
-    stage_weight(r, dimP, w);
-#ifdef KVTRIM_MASKED_X86
-    decode_x86<true, V>(r, w, dimP, t0, n_t, out, ld_out);
-  } else {
-    decode_x86<false, V>(r, w, dimP, t0, n_t, out, ld_out);
-#else
-    decode_g<true, V>(r, w, dimP, t0, n_t, out, ld_out);
-  } else {
-    decode_g<false, V>(r, w, dimP, t0, n_t, out, ld_out);
-#endif
-  }
+    if (r.dim > kMaxDim) return decode_scalar<V>(r, t0, n_t, out, ld_out);
+    const hn::CappedTag<float, 8> df;
+    constexpr int64_t N = hn::MaxLanes(df);
+    const int64_t dimP = (r.dim + N - 1) / N * N;
+    HWY_ALIGN float w[kMaxDim];
+    if (r.fill) {
+      stage_weight(r, dimP, w);
+      decode_simd<true, V>(r, w, dimP, t0, n_t, out, ld_out);
+    } else {
+      decode_simd<false, V>(r, w, dimP, t0, n_t, out, ld_out);
+    }
   }
 }
 

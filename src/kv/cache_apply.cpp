@@ -45,9 +45,8 @@ SideEncoding make_side(const SideSpec& sp, int d, KvDtype dflt, bool keys) {
     // (auto keeps the list for sampled recoveries: the list kernel scores their kept entries, while
     // bitmask rows with a drawn recovery take the generic per-row loop; q4 rows have no kernel in
     // either layout, so they take the smaller)
-    const bool masked_kernel = !(keys && !c.recovery_scale.empty() && c.recovery_dist != RecoveryDist::kFill);
     s.bitmask = c.index == IndexLayout::kBitmask ||
-                (c.index == IndexLayout::kAuto && masked_kernel && (w + 7) / 8 * rows < kept * isz);
+                (c.index == IndexLayout::kAuto && !s.sampled_recovery() && (w + 7) / 8 * rows < kept * isz);
   }
   return s;
 }

@@ -65,6 +65,8 @@ struct SideEncoding {
   bool identity() const { return !basis && mode == ChannelMode::kAll; }
   bool per_token() const { return mode == ChannelMode::kPerToken; }
   bool recovers() const { return !recovery.empty(); }
+  // A recovery drawn per coordinate (Gaussian / exponential): no masked kernel reads it.
+  bool sampled_recovery() const { return recovers() && dist != RecoveryDist::kFill; }
   // Encodes tokens by itself: channels all, or per token by magnitude (no press choice needed).
   bool self_encoding() const { return mode == ChannelMode::kAll || (per_token() && by_magnitude); }
   // by_magnitude: the topk coordinates of c [width()] with the largest |c_j| (ties: the lower

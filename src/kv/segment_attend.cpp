@@ -63,6 +63,11 @@ SparseType sparse_type(KvDtype t) {
   return SparseType::kF16;  // (q4 rows have no kernel: callers check first)
 }
 
+// The per-row scales a kernel view carries (q8 / fp8 rows), else nullptr.
+const float* view_scales(const SideStore& st) {
+  return st.dtype() == KvDtype::kQ8 || st.dtype() == KvDtype::kFP8 ? st.row_scale() : nullptr;
+}
+
 // The list kernels' view of per-token list rows; false for q4 rows and bitmask rows.
 bool sparse_view(const SideStore& st, int w, SparseRows* r) {
   if (st.dtype() == KvDtype::kQ4 || st.bitmask()) return false;
@@ -72,7 +77,7 @@ bool sparse_view(const SideStore& st, int w, SparseRows* r) {
   r->idx_bytes = st.idx_bytes();
   r->off = st.offsets();
   r->T = st.topk();
-  r->scale = st.dtype() == KvDtype::kQ8 || st.dtype() == KvDtype::kFP8 ? st.row_scale() : nullptr;
+  r->scale = view_scales(st);
   r->dim = w;
   return true;
 }
@@ -83,13 +88,13 @@ bool sparse_view(const SideStore& st, int w, SparseRows* r) {
 bool masked_view(const SideStore& st, const SideEncoding& e, int w, bool keys, MaskedRows* r) {
   if (st.dtype() == KvDtype::kQ4 || !st.bitmask()) return false;
   const bool rec = keys && e.recovers();
-  if (rec && e.dist != RecoveryDist::kFill) return false;
+  if (keys && e.sampled_recovery()) return false;
   r->type = sparse_type(st.dtype());
   r->vals = st.data();
   r->mask = st.mask_row(0);
   r->off = st.offsets();
   r->T = st.topk();
-  r->scale = st.dtype() == KvDtype::kQ8 || st.dtype() == KvDtype::kFP8 ? st.row_scale() : nullptr;
+  r->scale = view_scales(st);
   r->signs = rec ? st.sign_row(0) : nullptr;
   r->fill = st.fill_params() > 0 ? st.fills() : nullptr;
   r->fill_stride = st.fill_params();
@@ -290,9 +295,10 @@ void dense_accum(const SideStore& v, const float* p, int G, int64_t ldp, int64_t
 // fill sum acc[g, w] untouched. List rows: acc[g, c] += p·v_tc for kept c; with fill, acc[g, w]
 // (the fill sum) += p·fill_t and acc[g, c] -= p·fill_t for kept c (so that adding the fill sum to
 // every coordinate at the lift gives fill_t on the pruned ones).
-void sparse_accum(const SideStore& v, const SideEncoding& e, bool fill, const float* p, int G, int64_t ldp,
-                  int64_t b, int64_t nb, float* acc, int aw) {
+void sparse_accum(const SideStore& v, const SideEncoding& e, const float* p, int G, int64_t ldp, int64_t b,
+                  int64_t nb, float* acc, int aw) {
   const int w = e.width();
+  const bool fill = e.fill;
   MaskedRows mview;
   if (masked_view(v, e, w, /*keys=*/false, &mview)) {  // every coordinate (pruned: the fill)
     masked_accum(mview, p, G, ldp, b, nb, acc, aw);
@@ -362,7 +368,7 @@ void attend_rows(const SideStore& k, const SideStore& v, const SegmentEncoding& 
   thread_local RecoveryTables rt;
   rt.nbytes = 0;
   // (list rows only: bitmask rows score their recovery inside masked_scores)
-  if (rec && e.k.dist == RecoveryDist::kFill && !k.bitmask() && kw <= 64 * kMaskWords && t1 - t0 >= 96)
+  if (rec && !e.k.sampled_recovery() && !k.bitmask() && kw <= 64 * kMaskWords && t1 - t0 >= 96)
     rt.build(qr.data(), G, kw);
   std::fill(acc, acc + static_cast<int64_t>(G) * aw, 0.f);
   for (int g = 0; g < G; ++g) {
@@ -395,7 +401,7 @@ void attend_rows(const SideStore& k, const SideStore& v, const SegmentEncoding& 
     }
     // acc_g += Σ_t p[g, t] v_t
     if (v.sparse()) {
-      sparse_accum(v, e.v, e.v.fill, s.data(), G, kBlock, b, nb, acc, aw);
+      sparse_accum(v, e.v, s.data(), G, kBlock, b, nb, acc, aw);
     } else {
       dense_accum(v, s.data(), G, kBlock, b, nb, acc);
     }
