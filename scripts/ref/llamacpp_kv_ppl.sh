@@ -54,8 +54,6 @@
 # Note: without --chunks-for, Qwen is keyed (and run) at --chunks 8, a separate entry.
 set -euo pipefail
 
-LLAMACPP_PY_VERSION="${LLAMACPP_PY_VERSION:-0.3.36}"
-CACHE_DIR="${KVTRIM_LLAMACPP_DIR:-$HOME/.cache/kvtrim/llamacpp}"
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 
 MODELS="smollm2 gemma3-270m qwen2.5-coder-1.5b"
@@ -95,74 +93,16 @@ fi
 [[ -n "$DATA" && -f "$DATA" ]] || die "WikiText-2 test.txt not found (use --data FILE)"
 
 # ---------------------------------------------------------------------------------------------
-# 1. sdist -> vendored llama.cpp -> llama-perplexity
-SRC="$CACHE_DIR/llama_cpp_python-$LLAMACPP_PY_VERSION"
-LCPP="$SRC/vendor/llama.cpp"
-BUILD="$CACHE_DIR/build"
+# 1. sdist -> vendored llama.cpp -> llama-perplexity (scripts/ref/llamacpp_build.sh)
+source "$REPO/scripts/ref/llamacpp_build.sh"
+llamacpp_build llama-perplexity || die "building llama-perplexity failed"
 BIN="$BUILD/bin/llama-perplexity"
-mkdir -p "$CACHE_DIR" "$CACHE_DIR/logs"
-
-if [[ ! -d "$LCPP/tools/perplexity" ]]; then
-  SDIST="$CACHE_DIR/llama_cpp_python-$LLAMACPP_PY_VERSION.tar.gz"
-  if [[ ! -f "$SDIST" ]]; then
-    log "downloading llama-cpp-python==$LLAMACPP_PY_VERSION (sdist) from PyPI"
-    nice -n 19 python3 -m pip download --no-deps --no-binary :all: \
-      "llama-cpp-python==$LLAMACPP_PY_VERSION" -d "$CACHE_DIR" >&2
-  fi
-  [[ -f "$SDIST" ]] || die "sdist $SDIST not downloaded"
-  log "unpacking $SDIST"
-  nice -n 19 tar -xzf "$SDIST" -C "$CACHE_DIR"
-  [[ -d "$LCPP/tools/perplexity" ]] || die "no vendor/llama.cpp/tools/perplexity in the sdist"
-fi
-
-# The sdist carries no git metadata, so llama.cpp prints "build: 0 (unknown)"; take the
-# upstream commit from llama-cpp-python's CHANGELOG entry for this version.
-LCPP_COMMIT="$(awk -v v="## [$LLAMACPP_PY_VERSION]" '
-    index($0, v) == 1 { on = 1; next }
-    on && /^## \[/ { exit }
-    on && match($0, /llama\.cpp@[0-9a-f]+/) { print substr($0, RSTART + 10, RLENGTH - 10); exit }
-  ' "$SRC/CHANGELOG.md" 2>/dev/null || true)"
-LCPP_COMMIT="${LCPP_COMMIT:-unknown}"
-
-if [[ ! -x "$BIN" ]]; then
-  log "configuring llama.cpp ($LCPP_COMMIT) in $BUILD"
-  nice -n 19 cmake -S "$LCPP" -B "$BUILD" \
-    -DCMAKE_BUILD_TYPE=Release \
-    -DBUILD_SHARED_LIBS=OFF \
-    -DGGML_NATIVE=OFF -DGGML_SSE42=ON -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_BMI2=ON \
-    -DGGML_FMA=ON -DGGML_F16C=ON \
-    -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF \
-    -DGGML_AVX_VNNI=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF \
-    -DGGML_OPENMP=OFF -DGGML_CCACHE=OFF -DGGML_BACKEND_DL=OFF -DGGML_CPU_ALL_VARIANTS=OFF \
-    -DLLAMA_OPENSSL=OFF \
-    -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_COMMON=ON \
-    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
-    -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF >&2
-  # (LLAMA_CURL is deprecated in this llama.cpp — LLAMA_OPENSSL=OFF is the no-network switch.)
-  log "building llama-perplexity (-j 2, nice 19)"
-  nice -n 19 cmake --build "$BUILD" --target llama-perplexity -j 2 >&2
-  [[ -x "$BIN" ]] || die "build finished but $BIN is missing"
-fi
 log "llama-perplexity: $BIN (llama-cpp-python $LLAMACPP_PY_VERSION, llama.cpp $LCPP_COMMIT)"
 [[ "$BUILD_ONLY" == 1 ]] && exit 0
 
 # ---------------------------------------------------------------------------------------------
 # 2. runs
-resolve_model() {  # kvtrim name/alias or file -> GGUF path (as src/engine/model_path.cpp)
-  local arg="$1" name
-  [[ -f "$arg" ]] && { echo "$arg"; return; }
-  case "$arg" in
-    smollm2|smollm2-135m) name=smollm2 ;;
-    qwen|qwen2.5|qwen2.5-1.5b|qwen2.5-coder-1.5b) name=qwen2.5-coder-1.5b ;;
-    gemma|gemma3|gemma3-270m) name=gemma3-270m ;;
-    *) name="$arg" ;;
-  esac
-  local d
-  for d in "${KVTRIM_MODELS_DIR:-}" "$REPO/models" "$HOME/.local/share/kvtrim/models"; do
-    [[ -n "$d" && -f "$d/$name.gguf" ]] && { echo "$d/$name.gguf"; return; }
-  done
-  return 1
-}
+resolve_model() { llamacpp_resolve_model "$@"; }
 
 mkdir -p "$(dirname "$OUT")"
 touch "$OUT"

@@ -5,6 +5,7 @@
 // that is resized per call (no allocation per layer, none at all for repeated sizes).
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <vector>
 
 #include "core/error.h"
@@ -66,6 +67,24 @@ RowGroups row_groups(const std::vector<ForwardSeq>& seqs, const std::vector<int6
 // project() over each group: y[r, :] = x[r, :] · Wᵀ for every row r.
 void project_groups(const WeightView& w, const float* x, const RowGroups& g, float* y, ThreadPool* pool) {
   for (const auto& [r0, r1] : g.ranges) project(w, x + r0 * w.n_cols, r1 - r0, y + r0 * w.n_rows, pool);
+}
+
+// project_groups for weights that read the same x (q/k/v, gate/up): each group's decode rows
+// go through all of them in one job of the pool (matmul_many).
+void project_groups_many(std::initializer_list<std::pair<const WeightView*, float*>> wy, const float* x,
+                         const RowGroups& g, ThreadPool* pool) {
+  const WeightView* w[8];
+  float* y[8];
+  int nw = 0;
+  for (const auto& [wi, yi] : wy) {
+    w[nw] = wi;
+    y[nw++] = yi;
+  }
+  for (const auto& [r0, r1] : g.ranges) {
+    float* yr[8];
+    for (int i = 0; i < nw; ++i) yr[i] = y[i] + r0 * w[i]->n_rows;
+    matmul_many(w, yr, nw, x + r0 * w[0]->n_cols, r1 - r0, pool);
+  }
 }
 
 // y[i, :] += b for each of the n rows of width d (b == nullptr: nothing).
@@ -176,9 +195,7 @@ void Model::forward_batch(const std::vector<ForwardSeq>& seqs, ThreadPool* pool)
     if (any_layer_io) ws.x_in.assign(x, x + n * n_embd);
     // --- attention: xb = rmsnorm(x); q, k, v = xb·Wqᵀ (+b), ...
     rms_norm_rows(x, w.attn_norm, xb, n, n_embd, hp.norm_eps);
-    project_groups(w.wq, xb, groups, ws.q.data(), pool);
-    project_groups(w.wk, xb, groups, ws.k.data(), pool);
-    project_groups(w.wv, xb, groups, ws.v.data(), pool);
+    project_groups_many({{&w.wq, ws.q.data()}, {&w.wk, ws.k.data()}, {&w.wv, ws.v.data()}}, xb, groups, pool);
     add_bias(w.bq, ws.q.data(), n, n_q);
     add_bias(w.bk, ws.k.data(), n, n_k);
     add_bias(w.bv, ws.v.data(), n, n_v);
@@ -227,8 +244,7 @@ void Model::forward_batch(const std::vector<ForwardSeq>& seqs, ThreadPool* pool)
 
     // --- feed-forward: x += [post_norm](W_down · (act(W_gate·xb) ⊙ (W_up·xb))), xb = rmsnorm(x)
     rms_norm_rows(x, w.ffn_norm, xb, n, n_embd, hp.norm_eps);
-    project_groups(w.ffn_gate, xb, groups, ws.gate.data(), pool);
-    project_groups(w.ffn_up, xb, groups, ws.up.data(), pool);
+    project_groups_many({{&w.ffn_gate, ws.gate.data()}, {&w.ffn_up, ws.up.data()}}, xb, groups, pool);
     if (ai.ffn_act == FfnAct::kSilu) {
       swiglu(ws.gate.data(), ws.up.data(), ws.gate.data(), n * n_ff);
     } else {

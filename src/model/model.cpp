@@ -227,6 +227,18 @@ std::unique_ptr<Model> Model::load(std::unique_ptr<GgufFile> file) {
   return m;
 }
 
+size_t Model::decode_weight_bytes() const {
+  auto b = [](const WeightView& w) { return w.data ? static_cast<size_t>(w.n_rows) * w.row_bytes : size_t{0}; };
+  size_t n = 0;
+  for (const LayerWeights& l : layers_) {
+    for (const WeightView* w : {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.bq, &l.bk, &l.bv, &l.q_norm, &l.k_norm, &l.wo,
+                                &l.post_attn_norm, &l.ffn_norm, &l.ffn_gate, &l.ffn_up, &l.ffn_down, &l.post_ffn_norm})
+      n += b(*w);
+  }
+  n += b(out_norm_) + b(output_) + (tok_embd_.data ? tok_embd_.row_bytes : 0);
+  return n;
+}
+
 KvCacheConfig Model::cache_config(int64_t n_ctx) const {
   KvCacheConfig c;
   c.n_layer = hp_.n_layer;

@@ -114,6 +114,12 @@ class Model {
   // A cache config matching this model (layers, kv heads, head dims, sliding windows).
   KvCacheConfig cache_config(int64_t n_ctx) const;
 
+  // Bytes of weights one decode step reads from memory: every layer tensor, the output norm
+  // and the output matrix whole, and one row of the token embedding (as stored in the file:
+  // quantized bytes, not the f32 they expand to). With the KV cache's bytes, the memory traffic
+  // of one decoded token, which bounds decode speed at the machine's read bandwidth.
+  size_t decode_weight_bytes() const;
+
   // Runs n tokens (positions pos0 .. pos0+n-1) through the model, appending their K/V to
   // `cache`. logits: [n, n_vocab] if all_logits, else [n_vocab] for the last token.
   // Throws Error if a position would reach the cache's n_ctx.

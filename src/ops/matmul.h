@@ -31,6 +31,14 @@ constexpr int64_t kMatmulGemmMinTokens = 16;
 // y[n_tok, n_rows] = x[n_tok, n_cols] · Wᵀ (prefill). pool may be nullptr.
 void matmul(const WeightView& w, const float* x, int64_t n_tok, float* y, ThreadPool* pool);
 
+// ys[i][n_tok, ws[i].n_rows] = x[n_tok, n_cols] · ws[i]ᵀ for several weights with the same
+// n_cols that read the same x (q/k/v, gate/up). Below kMatmulGemmMinTokens tokens (decode) the
+// rows of all the weights are split over the pool in one job, so the threads meet once instead
+// of once per weight; each y equals matmul's, bit for bit. From kMatmulGemmMinTokens on, it is
+// matmul per weight.
+void matmul_many(const WeightView* const* ws, float* const* ys, int n, const float* x, int64_t n_tok,
+                 ThreadPool* pool);
+
 // Copies row `row` of W dequantized into out[n_cols] (embedding lookup).
 void get_row(const WeightView& w, int64_t row, float* out);
 

@@ -282,21 +282,47 @@ KV_ATTR void dot_legacy_n(const uint8_t* wrow, const BlockQ8A* const* x, int64_t
   for (int t = 0; t < NT; ++t) out[t] = hsum_ps(_mm256_add_ps(acc0[t], acc1[t])) + corr_sum[t];
 }
 
-// Q4_K / Q5_K: x = d * sc_j * q - dmin * m_j per sub-block j of 32.
+// The 8 scales and 8 mins of a Q4_K / Q5_K super-block as bytes sc[0..7], m[0..7] (the 6-bit
+// fields of its 12 packed bytes moved into place with word operations; scale_min_k4 per field).
+inline __m128i scales_mins_k4(const uint8_t* q) {
+  uint32_t u[4];
+  std::memcpy(u, q, 12);
+  constexpr uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
+  u[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);  // m[4..7]
+  const uint32_t m03 = u[1] & k1;                          // m[0..3]
+  u[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);          // sc[4..7]
+  u[2] = m03;
+  u[0] &= k1;                                              // sc[0..3]
+  return _mm_set_epi32(static_cast<int>(u[3]), static_cast<int>(u[2]), static_cast<int>(u[1]),
+                       static_cast<int>(u[0]));
+}
+
+// Shuffle control broadcasting i16 lane `lo` of each 128-bit half to the low half's lanes and
+// i16 lane `hi` to the high half's.
+inline __m256i bcast16(int lo, int hi) {
+  return _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(((2 * hi + 1) << 8) | (2 * hi))),
+                          _mm_set1_epi16(static_cast<int16_t>(((2 * lo + 1) << 8) | (2 * lo))));
+}
+
+// Q4_K / Q5_K: x = d * sc_j * q - dmin * m_j per sub-block j of 32. The scales and mins stay in
+// vectors: the sub-block scales are broadcast by byte shuffles, and the min term sum_j m_j *
+// (sum of the activation's sub-block j) is one madd of the mins with the pairwise bsums.
 template <GgmlType kT>
 KV_ATTR float dot_q45k(const uint8_t* wrow, const BlockQ8_K* x, int64_t nb) {
   using Block = std::conditional_t<kT == GgmlType::Q4_K, BlockQ4_K, BlockQ5_K>;
   const auto* w = reinterpret_cast<const Block*>(wrow);
   const __m256i m4 = _mm256_set1_epi8(0x0F);
   __m256 acc = _mm256_setzero_ps();
-  float acc_min = 0.0f;
+  __m128 acc_min = _mm_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
     const Block& b = w[i];
     const BlockQ8_K& xb = x[i];
-    int sc[8], mn[8];
-    for (int j = 0; j < 8; ++j) scale_min_k4(j, b.scales, sc[j], mn[j]);
-    int32_t sum_min = 0;
-    for (int j = 0; j < 8; ++j) sum_min += mn[j] * (xb.bsums[2 * j] + xb.bsums[2 * j + 1]);
+    const __m256i sm16 = _mm256_cvtepu8_epi16(scales_mins_k4(b.scales));  // sc[0..7] | m[0..7]
+    const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.bsums));
+    const __m128i bs_pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+    const __m128i mins = _mm_madd_epi16(_mm256_extracti128_si256(sm16, 1), bs_pairs);
+    acc_min = _mm_fmadd_ps(_mm_set1_ps(half(b.dmin) * xb.d), _mm_cvtepi32_ps(mins), acc_min);
+    const __m256i scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(sm16));
     __m256i sumi = _mm256_setzero_si256();
     [[maybe_unused]] __m256i hbits;
     if constexpr (kT == GgmlType::Q5_K)
@@ -313,17 +339,18 @@ KV_ATTR float dot_q45k(const uint8_t* wrow, const BlockQ8_K* x, int64_t nb) {
       }
       const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs + 64 * j));
       const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs + 64 * j + 32));
-      sumi = mul_add_us8_scaled(sumi, lo, x0, _mm256_set1_epi16(static_cast<int16_t>(sc[2 * j])));
-      sumi =
-          mul_add_us8_scaled(sumi, hi, x1, _mm256_set1_epi16(static_cast<int16_t>(sc[2 * j + 1])));
+      sumi = mul_add_us8_scaled(sumi, lo, x0, _mm256_shuffle_epi8(scales, bcast16(2 * j, 2 * j)));
+      sumi = mul_add_us8_scaled(sumi, hi, x1, _mm256_shuffle_epi8(scales, bcast16(2 * j + 1, 2 * j + 1)));
     }
     acc = _mm256_fmadd_ps(_mm256_set1_ps(half(b.d) * xb.d), _mm256_cvtepi32_ps(sumi), acc);
-    acc_min += half(b.dmin) * xb.d * static_cast<float>(sum_min);
   }
-  return hsum_ps(acc) - acc_min;
+  const __m128 m = _mm_add_ps(acc_min, _mm_movehl_ps(acc_min, acc_min));
+  return hsum_ps(acc) - _mm_cvtss_f32(_mm_add_ss(m, _mm_movehdup_ps(m)));
 }
 
-// Q6_K: x = d * sc_g * (q - 32) per group g of 16, q = 4 low bits | 2 high bits << 4.
+// Q6_K: x = d * sc_g * (q - 32) per group g of 16, q = 4 low bits | 2 high bits << 4. The -32
+// offset is one madd of the 16 group scales with the activation's 16 bsums, the group scales
+// are broadcast by byte shuffles.
 KV_ATTR inline float dot_q6k(const uint8_t* wrow, const BlockQ8_K* x, int64_t nb) {
   const auto* w = reinterpret_cast<const BlockQ6_K*>(wrow);
   const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
@@ -331,13 +358,14 @@ KV_ATTR inline float dot_q6k(const uint8_t* wrow, const BlockQ8_K* x, int64_t nb
   for (int64_t i = 0; i < nb; ++i) {
     const BlockQ6_K& b = w[i];
     const BlockQ8_K& xb = x[i];
-    int32_t sum_off = 0;  // sum_g sc_g * bsum_g, for the -32 offset
-    for (int g = 0; g < 16; ++g) sum_off += b.scales[g] * xb.bsums[g];
+    const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales));
+    const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.bsums));
+    const __m256i off = _mm256_madd_epi16(_mm256_cvtepi8_epi16(sc8), bs);  // sum_g sc_g * bsum_g, in 8 parts
     __m256i sumi = _mm256_setzero_si256();
     for (int h = 0; h < 2; ++h) {
       const uint8_t* ql = b.ql + 64 * h;
-      const int8_t* sc = b.scales + 8 * h;
       const int8_t* xq = xb.qs + 128 * h;
+      const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(h ? _mm_srli_si128(sc8, 8) : sc8));
       const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qh + 32 * h));
       const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
       const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
@@ -352,12 +380,10 @@ KV_ATTR inline float dot_q6k(const uint8_t* wrow, const BlockQ8_K* x, int64_t nb
       };
       for (int k = 0; k < 4; ++k) {
         const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32 * k));
-        const __m256i scv =
-            _mm256_set_m128i(_mm_set1_epi16(sc[2 * k + 1]), _mm_set1_epi16(sc[2 * k]));
-        sumi = mul_add_us8_scaled(sumi, u[k], xv, scv);
+        sumi = mul_add_us8_scaled(sumi, u[k], xv, _mm256_shuffle_epi8(sc, bcast16(2 * k, 2 * k + 1)));
       }
     }
-    sumi = _mm256_sub_epi32(sumi, _mm256_setr_epi32(32 * sum_off, 0, 0, 0, 0, 0, 0, 0));
+    sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(off, 5));
     acc = _mm256_fmadd_ps(_mm256_set1_ps(fp16_to_fp32(b.d) * xb.d), _mm256_cvtepi32_ps(sumi), acc);
   }
   return hsum_ps(acc);

@@ -304,6 +304,47 @@ TEST(Matmul, SmallBatchesEqualMatvecBitForBit) {
 }
 
 // Each token of matmul equals ref::matvec of that token (ref::matmul's layout).
+// matmul_many (q/k/v and gate/up in one pool job) equals matmul per weight bit for bit: weights
+// of mixed types (so mixed activation formats: f32, 8-bit per 32, 8-bit per 256) and row
+// counts that do not fall on the row grain, for a single token, small batches and the sgemm path.
+TEST(Matmul, ManyWeightsEqualMatmulPerWeightBitForBit) {
+  ThreadPool pool2(2), pool3(3);
+  const int64_t n_cols = 512;
+  const std::vector<GgmlType> mix = {GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::F16, GgmlType::Q6_K,
+                                     GgmlType::Q4_0};
+  std::vector<TestWeight> w;
+  for (size_t i = 0; i < mix.size(); ++i)
+    w.push_back(make_weight(mix[i], 17 + 29 * static_cast<int64_t>(i), n_cols, false, 40 + static_cast<uint32_t>(i)));
+  for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &pool2, &pool3}) {
+    for (int64_t n_tok : {int64_t{1}, int64_t{3}, kMatmulGemmMinTokens - 1, kMatmulGemmMinTokens}) {
+      const auto x = make_x(n_tok * n_cols, 70 + static_cast<uint32_t>(n_tok));
+      for (int n : {1, 2, 5}) {
+        std::vector<const WeightView*> ws;
+        std::vector<std::vector<float>> ys, want;
+        for (int i = 0; i < n; ++i) {
+          ws.push_back(&w[static_cast<size_t>(i)].view);
+          ys.emplace_back(static_cast<size_t>(n_tok * ws.back()->n_rows), -1.f);
+          want.emplace_back(static_cast<size_t>(n_tok * ws.back()->n_rows));
+          matmul(*ws.back(), x.data(), n_tok, want.back().data(), pool);
+        }
+        std::vector<float*> yp;
+        for (auto& y : ys) yp.push_back(y.data());
+        matmul_many(ws.data(), yp.data(), n, x.data(), n_tok, pool);
+        for (int i = 0; i < n; ++i)
+          ASSERT_EQ(ys[static_cast<size_t>(i)], want[static_cast<size_t>(i)])
+              << "weight " << i << " (" << type_name(mix[static_cast<size_t>(i)]) << "), " << n << " weights, n_tok "
+              << n_tok << ", threads " << (pool ? pool->n_threads() : 1);
+      }
+    }
+  }
+  const TestWeight narrow = make_weight(GgmlType::Q8_0, 8, 256, false, 3);
+  const WeightView* bad[2] = {&w[0].view, &narrow.view};
+  std::vector<float> y0(64 * 1000), y1(64 * 1000);
+  float* yb[2] = {y0.data(), y1.data()};
+  const auto x = make_x(n_cols, 1);
+  EXPECT_THROW(matmul_many(bad, yb, 2, x.data(), 1, &pool2), Error);
+}
+
 TEST(Matmul, RefMatmulRowsAreRefMatvecs) {
   const TestWeight w = make_weight(GgmlType::Q4_1, 9, 64, false, 3);
   const auto x = make_x(3 * 64, 4);
