@@ -9,7 +9,10 @@
 // ctx - 1 attending over ctx stored positions, kept fraction f (0.5 = compression ratio 0.5,
 // 0.25 = ratio 0.75). Counters (medians over the iterations): dense_us, comp_us, ratio =
 // comp_us / dense_us (targets: <= 0.6 at keep 0.5, <= 0.35 at keep 0.25), comp_GBps = KV bytes
-// read per second by the compressed call. The reported time is the compressed call's.
+// read per second by the compressed call (dense_GBps: by the dense call). The reported time is
+// the compressed call's.
+// MemRead/threads:<t>: the machine's streaming read bandwidth in the same run (read_GBps, best
+// of 5 passes over 256 MiB: core/bandwidth.h), the roofline of the *_GBps counters.
 // KvAttnDtype/<model>/ctx:<n>/<dtype>_vs_f16/threads:1: the same with equal tokens (no
 // eviction), dtype storage against f16 (ratio = dtype_us / f16_us).
 // KvAttnChannel/<model>/ctx:<n>/<spark|think|swan>:<λ>/threads:1: the channel axis (ratio target:
@@ -38,6 +41,7 @@
 #include <string>
 #include <vector>
 
+#include "core/bandwidth.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "kv/kv_cache.h"
@@ -236,6 +240,7 @@ void run_pair(benchmark::State& state, const ModelShape& s, const KvCache& base,
   state.counters["comp_us"] = mt * 1e6;
   state.counters["ratio"] = mb > 0 ? mt / mb : 0;
   state.counters["comp_GBps"] = mt > 0 ? static_cast<double>(bt.total()) / n_layer / mt / 1e9 : 0;
+  state.counters["dense_GBps"] = mb > 0 ? static_cast<double>(base.bytes().total()) / n_layer / mb / 1e9 : 0;
   state.counters["kv_bytes_ratio"] =
       static_cast<double>(bt.total()) / static_cast<double>(base.bytes().total());
 }
@@ -256,6 +261,21 @@ struct CacheSlot {
 CacheSlot g_base, g_test;
 
 void register_all() {
+  for (int nth : {1, 2}) {
+    benchmark::RegisterBenchmark((std::string("MemRead/threads:") + std::to_string(nth)).c_str(),
+                                 [nth](benchmark::State& st) {
+                                   ThreadPool pool(nth);
+                                   for (auto _ : st) {
+                                     const Bandwidth bw = measure_read_bandwidth(&pool, size_t{256} << 20, 5);
+                                     st.counters["read_GBps"] = bw.gbps;
+                                     st.counters["read_GBps_median"] = bw.gbps_median;
+                                     st.SetIterationTime(static_cast<double>(bw.bytes) / (bw.gbps_median * 1e9));
+                                   }
+                                 })
+        ->Iterations(1)
+        ->UseManualTime()
+        ->Unit(benchmark::kMillisecond);
+  }
   for (const ModelShape& s : kShapes) {
     for (int64_t ctx : {4096, 8192}) {
       const int nl = n_layers_for(s, ctx, KvDtype::kF16);

@@ -227,31 +227,33 @@ def case_name(c):
     return f"pp{c['n']}" if c["kind"] == "pp" else f"tg{c['n']}@d{c['depth']}"
 
 
+def fmt(r):
+    return f"{r['tps_median']:.1f} ({r['tps_min']:.0f}–{r['tps_max']:.0f})"
+
+
 def make_table(done, a):
+    """One row per kvtrim configuration: medians (min–max over the repetitions)."""
     lines = ["| model | test | llama.cpp f16 (FA) | llama.cpp best | kvtrim config | kvtrim tok/s | "
-             "vs llama.cpp f16 | vs llama.cpp best | KV MiB |",
-             "|---|---|---:|---:|---|---:|---:|---:|---:|"]
-    models = a.models.split()
-    for model in models:
+             "vs llama.cpp f16 | vs llama.cpp best | KV MiB | kvtrim roofline |",
+             "|---|---|---:|---:|---|---:|---:|---:|---:|---:|"]
+    for model in a.models.split():
         for c in a.cases.split():
             rows = [r for r in done.values() if r["model"] == model and r["case"] == c
                     and r["threads"] == a.threads and r["reps"] == a.reps]
             lc = {r["config"]: r for r in rows if r["tool"] == "llama.cpp"}
             kv = [r for r in rows if r["tool"] == "kvtrim"]
-            if not lc or not kv:
-                continue
             f16 = lc.get("f16")
-            if not f16:
+            if not f16 or not kv:
                 continue
             best_cfg = max(lc, key=lambda k: lc[k]["tps_median"])
             best = lc[best_cfg]
             for r in sorted(kv, key=lambda r: (r["config"] != "f16", r["config"])):
                 kvmib = f"{r['kv_bytes'] / 2**20:.2f}" if r.get("kv_bytes") else ""
+                roof = f"{100 * r['roofline_fraction']:.0f} %" if r.get("roofline_fraction") else ""
                 lines.append(
-                    f"| {model} | {c} | {f16['tps_median']:.1f} | {best['tps_median']:.1f} ({best_cfg}) | "
-                    f"{r['config']} | {r['tps_median']:.1f} | "
+                    f"| {model} | {c} | {fmt(f16)} | {fmt(best)} {best_cfg} | {r['config']} | {fmt(r)} | "
                     f"{r['tps_median'] / f16['tps_median']:.2f}x | {r['tps_median'] / best['tps_median']:.2f}x | "
-                    f"{kvmib} |")
+                    f"{kvmib} | {roof} |")
     return "\n".join(lines)
 
 
