@@ -14,6 +14,8 @@ namespace kvtrim {
 
 namespace {
 
+volatile uint64_t g_sink = 0;
+
 uint64_t sum_words(const uint64_t* p, size_t n) {
   uint64_t a[8] = {};
   size_t i = 0;
@@ -60,7 +62,7 @@ Bandwidth measure_read_bandwidth(ThreadPool* pool, size_t bytes, int reps) {
   bw.bytes = n * sizeof(uint64_t);
   bw.threads = nth;
   bw.reps = static_cast<int>(g.size());
-  if (sink.load() == 42) bw.gbps += 0;  // keeps the sums observable
+  g_sink = sink.load();  // the sums are observable, so the reads cannot be elided
   return bw;
 }
 

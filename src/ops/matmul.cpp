@@ -231,27 +231,22 @@ void matmul_many(const WeightView* const* ws, float* const* ys, int n, const flo
                  static_cast<long long>(n_cols), static_cast<long long>(ws[i]->n_cols));
     row0[i + 1] = row0[i] + ws[i]->n_rows;
   }
-  thread_local std::vector<uint8_t> bufs[3];
+  thread_local std::vector<uint8_t> bufs[3];  // per activation format
+  const void* quantized[3] = {x, nullptr, nullptr};  // kF32 reads x itself
   const void* act[kMax];
   size_t stride[kMax];
   for (int i = 0; i < n; ++i) {
     const ActFormat f = detail::act_format(ws[i]->type);
+    const int fi = static_cast<int>(f);
     stride[i] = detail::act_row_bytes(f, n_cols);
-    if (f == ActFormat::kF32) {
-      act[i] = x;
-      continue;
+    if (!quantized[fi]) {
+      auto& buf = bufs[fi];
+      buf.resize(stride[i] * static_cast<size_t>(n_tok));
+      for (int64_t t = 0; t < n_tok; ++t)
+        detail::quantize_act(f, x + t * n_cols, buf.data() + static_cast<size_t>(t) * stride[i], n_cols);
+      quantized[fi] = buf.data();
     }
-    auto& buf = bufs[static_cast<int>(f)];
-    int j = 0;
-    while (j < i && detail::act_format(ws[j]->type) != f) ++j;
-    if (j < i) {
-      act[i] = act[j];
-      continue;
-    }
-    buf.resize(stride[i] * static_cast<size_t>(n_tok));
-    for (int64_t t = 0; t < n_tok; ++t)
-      detail::quantize_act(f, x + t * n_cols, buf.data() + static_cast<size_t>(t) * stride[i], n_cols);
-    act[i] = buf.data();
+    act[i] = quantized[fi];
   }
   for_rows(pool, row0[n], kRowGrain, [&](int64_t r0, int64_t r1) {
     for (int i = 0; i < n; ++i) {

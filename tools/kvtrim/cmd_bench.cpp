@@ -25,8 +25,8 @@
 
 #include "cli.h"
 #include "core/bandwidth.h"
-#include "core/memory.h"
 #include "core/error.h"
+#include "core/memory.h"
 #include "core/timer.h"
 #include "engine/session.h"
 #include <nlohmann/json.hpp>
@@ -88,8 +88,10 @@ void bench(const BenchOptions& o) {
   const double weight_bytes = static_cast<double>(model->decode_weight_bytes());
   std::fprintf(stderr, "read bandwidth: %.1f GB/s (best of %d; median %.1f) on %d threads; weights read per decode step: %s\n",
                bw.gbps, bw.reps, bw.gbps_median, bw.threads, format_bytes(static_cast<size_t>(weight_bytes)).c_str());
-  auto roofline = [&](Row& row, double kv_read) {
-    row.bytes_per_token = weight_bytes + kv_read;
+  // kv_read: KV bytes one step reads; a batched step of `streams` sessions reads the weights once
+  // for all of them, so per token they count 1/streams
+  auto roofline = [&](Row& row, double kv_read, int streams = 1) {
+    row.bytes_per_token = (weight_bytes + kv_read) / streams;
     row.roofline = row.tps.median / (bw.gbps * 1e9 / row.bytes_per_token);
   };
   for (int64_t n : o.prompts) {
@@ -178,10 +180,7 @@ void bench(const BenchOptions& o) {
       }
       Row row{strprintf("%sx%d", single.c_str(), n_s), "none", stats(tps), kv, 0};
       if (base > 0) row.ratio = row.tps.median / base;
-      // one batched step reads the weights once and every stream's cache: per token, the
-      // weights are shared by the S streams
-      row.bytes_per_token = weight_bytes / n_s + static_cast<double>(kv_start + kv) / 2 / n_s;
-      row.roofline = row.tps.median / (bw.gbps * 1e9 / row.bytes_per_token);
+      roofline(row, static_cast<double>(kv_start + kv) / 2, n_s);
       rows.push_back(row);
       std::fprintf(stderr, "  %-14s %d streams, batched %8.1f tokens/s in all%s\n", row.test.c_str(), n_s,
                    row.tps.median, base > 0 ? strprintf("  (%.3fx one stream)", row.ratio).c_str() : "");
