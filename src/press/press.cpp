@@ -8,6 +8,9 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "core/thread_pool.h"
+#include "ops/matmul.h"
+#include "ops/nn.h"
 
 namespace kvtrim {
 
@@ -289,39 +292,58 @@ void attention_probs(const PressContext& ctx, int il, int ih, const HeadData& he
                          : 0;
   const float scale = ctx.hparams().attn_scale > 0 ? ctx.hparams().attn_scale : 1.f / std::sqrt(static_cast<float>(d));
   KVTRIM_ASSERT(static_cast<int64_t>(head.k.size()) == n * d);
-  probs->assign(static_cast<size_t>(g) * static_cast<size_t>(q.n) * static_cast<size_t>(n), 0.f);
-  std::vector<double> s(static_cast<size_t>(n));
+  const size_t nq = static_cast<size_t>(q.n);
+  probs->assign(static_cast<size_t>(g) * nq * static_cast<size_t>(n), 0.f);
+  if (n == 0 || q.n == 0) return;
+  // Logits of every (query head, query) row as one sgemm against the head's keys, written
+  // straight into probs ([g, n_q] rows of n), then a masked softmax per row with the SIMD exp.
+  const WeightView kw{GgmlType::F32, head.k.data(), n, d, static_cast<size_t>(d) * sizeof(float)};
+  std::vector<float> qrows(static_cast<size_t>(g) * nq * static_cast<size_t>(d));
   for (int gi = 0; gi < g; ++gi) {
-    const int h = ih * g + gi;
-    for (int64_t i = 0; i < q.n; ++i) {
-      const float* qv = q.query(i, h, n_head, d);
-      const int32_t qp = q.pos[static_cast<size_t>(i)];
-      double mx = -INFINITY;
-      for (int64_t t = 0; t < n; ++t) {
-        const int32_t kp = head.pos[static_cast<size_t>(t)];
-        const bool vis = kp <= qp && (window <= 0 || qp - kp < window);
-        if (!vis) {
-          s[static_cast<size_t>(t)] = -INFINITY;
-          continue;
-        }
-        const float* kv = head.k.data() + static_cast<size_t>(t) * static_cast<size_t>(d);
-        double dot = 0;
-        for (int c = 0; c < d; ++c) dot += static_cast<double>(qv[c]) * kv[c];
-        s[static_cast<size_t>(t)] = dot * scale;
-        mx = std::max(mx, s[static_cast<size_t>(t)]);
-      }
-      if (mx == -INFINITY) continue;  // the query sees none of these tokens
-      double sum = 0;
-      for (int64_t t = 0; t < n; ++t) {
-        const double e = s[static_cast<size_t>(t)] == -INFINITY ? 0.0 : std::exp(s[static_cast<size_t>(t)] - mx);
-        s[static_cast<size_t>(t)] = e;
-        sum += e;
-      }
-      float* out = probs->data() + (static_cast<size_t>(gi) * static_cast<size_t>(q.n) + static_cast<size_t>(i)) *
-                                       static_cast<size_t>(n);
-      for (int64_t t = 0; t < n; ++t) out[t] = static_cast<float>(s[static_cast<size_t>(t)] / sum);
+    for (size_t i = 0; i < nq; ++i) {
+      const float* src = q.query(static_cast<int64_t>(i), ih * g + gi, n_head, d);
+      std::copy(src, src + d, qrows.data() + (static_cast<size_t>(gi) * nq + i) * static_cast<size_t>(d));
     }
   }
+  matmul(kw, qrows.data(), static_cast<int64_t>(g) * q.n, probs->data(), ctx.pool());
+  const bool sorted = std::is_sorted(head.pos.begin(), head.pos.end());
+  const int32_t* kpos = head.pos.data();
+  for_range(ctx.pool(), static_cast<int64_t>(g) * q.n, 4, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int32_t qp = q.pos[static_cast<size_t>(r) % nq];
+      float* row = probs->data() + static_cast<size_t>(r) * static_cast<size_t>(n);
+      auto visible = [&](int64_t t) { return kpos[t] <= qp && (window <= 0 || qp - kpos[t] < window); };
+      if (sorted) {  // one visible run [lo, hi)
+        const int64_t hi = std::upper_bound(kpos, kpos + n, qp) - kpos;
+        const int64_t lo = window > 0 ? std::min(hi, static_cast<int64_t>(std::lower_bound(kpos, kpos + n, qp - window + 1) - kpos)) : 0;
+        std::fill(row, row + lo, 0.f);
+        std::fill(row + hi, row + n, 0.f);
+        if (lo >= hi) continue;  // the query sees none of these tokens
+        float* v = row + lo;
+        const int64_t w = hi - lo;
+        for (int64_t c = 0; c < w; ++c) v[c] *= scale;
+        const float inv = 1.f / exp_sub_sum(v, w, max_of(v, w));
+        for (int64_t c = 0; c < w; ++c) v[c] *= inv;
+        continue;
+      }
+      float mx = -INFINITY;
+      for (int64_t t = 0; t < n; ++t) {
+        row[t] *= scale;
+        if (visible(t)) mx = std::max(mx, row[t]);
+      }
+      if (mx == -INFINITY) {
+        std::fill(row, row + n, 0.f);
+        continue;
+      }
+      float sum = 0.f;
+      for (int64_t t = 0; t < n; ++t) {
+        row[t] = visible(t) ? std::exp(row[t] - mx) : 0.f;
+        sum += row[t];
+      }
+      const float inv = 1.f / sum;
+      for (int64_t t = 0; t < n; ++t) row[t] *= inv;
+    }
+  });
 }
 
 // ---------------------------------------------------------------------------------------

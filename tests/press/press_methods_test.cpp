@@ -6,6 +6,7 @@
 #include <cmath>
 #include <set>
 
+#include "core/thread_pool.h"
 #include "ops/nn.h"
 #include "press_fixture.h"
 
@@ -83,6 +84,61 @@ TEST_F(PressMethods, SnapKVMatchesBruteForce) {
       for (int ih = 0; ih < p.n_head_kv; ++ih)
         expect_topk(bf_snapkv(c, hp, il, ih, 8, 5, maxpool), kept(p.at(il, ih), kN), kN / 2,
                     spec + " layer " + std::to_string(il) + " head " + std::to_string(ih));
+  }
+}
+
+// attention_probs (the sgemm + SIMD softmax helper SnapKV and TOVA score with) against a
+// double-precision softmax, with and without a sliding window, on 1 and 2 threads, with the
+// head's tokens in stored order and shuffled (the general masked path).
+TEST_F(PressMethods, AttentionProbsMatchDoubleSoftmax) {
+  auto s = prefilled("snapkv:ratio=0.5,window=8", tokens(kN));
+  ThreadPool pool2(2);
+  for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &pool2}) {
+    for (const int window : {0, 11}) {
+      HParams hp = model_->hparams();
+      hp.sliding_window.assign(static_cast<size_t>(hp.n_layer), window);
+      PressContext ctx(s->cache(), hp, s->observations(), pool);
+      const ObservedQueries q = last_queries(ctx.queries(1, false, "test"), 8);
+      ASSERT_EQ(q.n, 8);
+      const int g = ctx.group(), d = ctx.head_dim_k();
+      const float scale = hp.attn_scale > 0 ? hp.attn_scale : 1.f / std::sqrt(static_cast<float>(d));
+      for (const bool shuffled : {false, true}) {
+        HeadData hd;
+        ctx.read_head(1, 0, &hd, true, false);
+        if (shuffled) {  // reverse the token order: positions decreasing
+          std::reverse(hd.pos.begin(), hd.pos.end());
+          for (int64_t t = 0; t < hd.n / 2; ++t)
+            std::swap_ranges(hd.k.begin() + t * d, hd.k.begin() + (t + 1) * d, hd.k.begin() + (hd.n - 1 - t) * d);
+        }
+        std::vector<float> probs;
+        attention_probs(ctx, 1, 0, hd, q, &probs);
+        ASSERT_EQ(probs.size(), static_cast<size_t>(g * q.n * hd.n));
+        for (int gi = 0; gi < g; ++gi)
+          for (int64_t i = 0; i < q.n; ++i) {
+            const float* qv = q.query(i, gi, ctx.n_head(), d);
+            const int32_t qp = q.pos[static_cast<size_t>(i)];
+            std::vector<double> e(static_cast<size_t>(hd.n), 0.0);
+            double mx = -INFINITY, sum = 0;
+            for (int64_t t = 0; t < hd.n; ++t) {
+              const int32_t kp = hd.pos[static_cast<size_t>(t)];
+              if (kp > qp || (window > 0 && qp - kp >= window)) continue;
+              double dot = 0;
+              for (int c = 0; c < d; ++c) dot += static_cast<double>(qv[c]) * hd.k[static_cast<size_t>(t * d + c)];
+              e[static_cast<size_t>(t)] = dot * scale;
+              mx = std::max(mx, dot * scale);
+            }
+            for (int64_t t = 0; t < hd.n; ++t) {
+              const int32_t kp = hd.pos[static_cast<size_t>(t)];
+              const bool vis = kp <= qp && (window <= 0 || qp - kp < window);
+              e[static_cast<size_t>(t)] = vis ? std::exp(e[static_cast<size_t>(t)] - mx) : 0.0;
+              sum += e[static_cast<size_t>(t)];
+            }
+            for (int64_t t = 0; t < hd.n; ++t)
+              EXPECT_NEAR(probs[static_cast<size_t>((gi * q.n + i) * hd.n + t)], e[static_cast<size_t>(t)] / sum, 2e-6)
+                  << "window " << window << " shuffled " << shuffled << " query " << i << " token " << t;
+          }
+      }
+    }
   }
 }
 
