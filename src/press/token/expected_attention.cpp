@@ -19,6 +19,8 @@
 #include <limits>
 
 #include "core/error.h"
+#include "core/ggml_type.h"
+#include "ops/matmul.h"
 #include "ops/nn.h"
 #include "press/press.h"
 
@@ -105,7 +107,12 @@ void ExpectedAttentionPress::score_layer(const PressContext& ctx, int il, std::v
 
   const float inf = std::numeric_limits<float>::infinity();
   HeadData hd;
+  // Per query head: mu (double), then S and the token scores as sgemm products in f32:
+  //   S = Xcᵀ·Xc / nq with Xc the centred pre-RoPE queries (W = Xcᵀ [d, nq], x = Xcᵀ);
+  //   [K·Sr | K·mu'] = K · [Sr ; mu'ᵀ]ᵀ (W = [Sr ; mu'ᵀ] [d + 1, d], x = K), then
+  //   z_t = scale · (K·mu')_t + scale²/2 · Σ_a k_ta (K·Sr)_ta.
   std::vector<double> mu(du), mur(du), S(du * du), RS(du * du), Sr(du * du), z;
+  std::vector<float> xct, sf(du * du), wz((du + 1) * du), kz;
   for (int ih = 0; ih < ctx.n_head_kv(); ++ih) {
     ctx.read_head(il, ih, &hd, true, vnorm_);
     const int64_t n = hd.n;
@@ -126,14 +133,18 @@ void ExpectedAttentionPress::score_layer(const PressContext& ctx, int il, std::v
         mur[a] = acc;
       }
       if (cov_) {
-        std::fill(S.begin(), S.end(), 0.0);
+        xct.resize(du * nq);
         for (size_t r = 0; r < nq; ++r) {
           const double* x = pre.data() + (r * static_cast<size_t>(n_head) + h) * du;
-          for (size_t a = 0; a < du; ++a)
-            for (size_t b = 0; b < du; ++b) S[a * du + b] += (x[a] - mu[a]) * (x[b] - mu[b]);
+          for (size_t a = 0; a < du; ++a) xct[a * nq + r] = static_cast<float>(x[a] - mu[a]);
         }
-        for (auto& x : S) x /= static_cast<double>(std::max<size_t>(nq, 1));
-        // Sr = R S Rᵀ
+        std::fill(sf.begin(), sf.end(), 0.f);
+        if (nq > 0) {
+          const WeightView xw{GgmlType::F32, xct.data(), d, static_cast<int64_t>(nq), nq * sizeof(float)};
+          matmul(xw, xct.data(), d, sf.data(), ctx.pool());  // [d, d] = Xcᵀ·Xc
+        }
+        for (size_t i = 0; i < du * du; ++i) S[i] = static_cast<double>(sf[i]) / static_cast<double>(std::max<size_t>(nq, 1));
+        // Sr = R S Rᵀ (d³, double)
         for (size_t a = 0; a < du; ++a)
           for (size_t b = 0; b < du; ++b) {
             double acc = 0;
@@ -147,19 +158,26 @@ void ExpectedAttentionPress::score_layer(const PressContext& ctx, int il, std::v
             Sr[a * du + b] = acc;
           }
       }
+      // W rows 0..d-1: Sr (symmetric, so its rows are its columns; zero without cov), row d: mu'.
+      const size_t rows = cov_ ? du + 1 : 1;
+      for (size_t a = 0; a < du; ++a) {
+        if (cov_)
+          for (size_t b = 0; b < du; ++b) wz[a * du + b] = static_cast<float>(Sr[a * du + b]);
+        wz[(rows - 1) * du + a] = static_cast<float>(mur[a]);
+      }
+      const int64_t m = n - first;
+      if (m <= 0) continue;
+      kz.resize(static_cast<size_t>(m) * rows);
+      const WeightView ww{GgmlType::F32, wz.data(), static_cast<int64_t>(rows), d, du * sizeof(float)};
+      matmul(ww, hd.k.data() + static_cast<size_t>(first) * du, m, kz.data(), ctx.pool());
       double mx = -INFINITY;
       for (int64_t t = first; t < n; ++t) {
         const float* k = hd.k.data() + static_cast<size_t>(t) * du;
-        double s = 0;
-        for (size_t c = 0; c < du; ++c) s += mur[c] * k[c];
-        s *= scale;
+        const float* y = kz.data() + static_cast<size_t>(t - first) * rows;
+        double s = static_cast<double>(y[rows - 1]) * scale;
         if (cov_) {
           double quad = 0;
-          for (size_t a = 0; a < du; ++a) {
-            double row = 0;
-            for (size_t b = 0; b < du; ++b) row += Sr[a * du + b] * k[b];
-            quad += k[a] * row;
-          }
+          for (size_t a = 0; a < du; ++a) quad += static_cast<double>(k[a]) * y[a];
           s += static_cast<double>(scale) * scale / 2.0 * quad;
         }
         z[static_cast<size_t>(t)] = s;
