@@ -199,10 +199,8 @@ void matmul(const WeightView& w, const float* x, int64_t n_tok, float* y, Thread
       } else {
         auto& buf = tile_scratch();
         buf.resize(static_cast<size_t>(nr * n_cols));
-        for (int64_t r = 0; r < nr; ++r) {
-          dequantize_row(w.type, base + static_cast<size_t>(t0 + r) * w.row_bytes,
-                         buf.data() + r * n_cols, n_cols);
-        }
+        dequantize_rows_simd(w.type, base + static_cast<size_t>(t0) * w.row_bytes, w.row_bytes, buf.data(), nr,
+                             n_cols);
         tile = buf.data();
       }
       // y[:, t0:t0+nr] = x[n_tok, n_cols] · tile[nr, n_cols]ᵀ
