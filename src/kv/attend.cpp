@@ -10,6 +10,14 @@
 // and normalises. Splitting runs keeps every thread busy during decode (n_q = 1, few kv heads).
 // The query is projected once per (query, segment) — before the items when the runs are split,
 // else inside the item — and reused by consecutive segments that see the same projection.
+// Prefill (at least kTileMinQueries queries, every store dense): work items are tiles of
+// consecutive queries instead (flash-attention style): each block of kBlock stored rows is
+// scored and summed for the tile's ~kTileRows query rows in one kernel call, each row over its
+// own causal / sliding-window run, so the block is read from memory once per tile rather than
+// once per query; no n_q x n_kv scratch (a tile's scores are kTileRows x kBlock floats). Measured
+// on one 256-query chunk at position 3840 (2 threads, best of 7; f16 cache unless said):
+// SmolLM2 shape 126 -> 138 GFLOP/s, f32 cache 103 -> 132, Qwen2.5 shape 114 -> 155, Gemma3
+// shape 87 -> 150.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -90,7 +98,61 @@ struct AttendJob {
   const float* qproj = nullptr;      // split runs: projected queries, filled before the items
   const int64_t* qproj_at = nullptr; // [n_q * nkv] their offsets
 
+  int64_t n_q = 0, bq = 0;            // tiles (prefill): bq queries per item, 0 = per query
+
   const float* q_group(int64_t iq, int ih) const { return q + (iq * p.n_head + static_cast<int64_t>(ih) * G) * dk; }
+
+  // Tiles [b, e) of (block of bq queries, head): every segment's rows are scored and summed for
+  // the block's bq·G query rows at once (attend_rows_multi), each row over its own visible run,
+  // and the states land in the same slots as items() with one split would leave.
+  void tiles(int64_t b, int64_t e) const {
+    std::vector<float> qbuf, qk, acc, ml;
+    std::vector<const float*> qp, qpa;
+    std::vector<int64_t> lo, hi;
+    for (int64_t item = b; item < e; ++item) {
+      const int64_t i0 = item / nkv * bq;
+      const int ih = static_cast<int>(item % nkv);
+      const int64_t nq = std::min(bq, n_q - i0);
+      const int R = static_cast<int>(nq) * G;
+      const Head& H = L.heads[static_cast<size_t>(ih)];
+      const size_t n_seg = H.segs.size();
+      const int64_t qf = qproj_floats(H, G);
+      qbuf.resize(static_cast<size_t>(nq * qf));
+      qpa.resize(static_cast<size_t>(nq) * n_seg);
+      for (int64_t i = 0; i < nq; ++i) {
+        project_queries(H, q_group(i0 + i, ih), G, qbuf.data() + i * qf, true, &qp);
+        std::copy(qp.begin(), qp.end(), qpa.begin() + static_cast<std::ptrdiff_t>(i * static_cast<int64_t>(n_seg)));
+      }
+      lo.resize(static_cast<size_t>(R));
+      hi.resize(static_cast<size_t>(R));
+      int64_t off = 0;  // the segment's slot offset inside a part
+      for (size_t si = 0; si < n_seg; ++si) {
+        const Segment& S = H.segs[si];
+        const int kw = key_query_width(S.enc->k), aw = slot_width(*S.enc);
+        qk.resize(static_cast<size_t>(R) * kw);
+        for (int64_t i = 0; i < nq; ++i) {
+          const float* src = qpa[static_cast<size_t>(i * static_cast<int64_t>(n_seg)) + si];
+          std::copy(src, src + static_cast<int64_t>(G) * kw, qk.data() + i * G * kw);
+          const auto [l0, h0] = visible_run(segment_positions(L, H, si), S.n(), q_pos[i0 + i], p.sliding_window);
+          for (int g = 0; g < G; ++g) {
+            lo[static_cast<size_t>(i * G + g)] = l0;
+            hi[static_cast<size_t>(i * G + g)] = h0;
+          }
+        }
+        acc.resize(static_cast<size_t>(R) * aw);
+        ml.resize(2 * static_cast<size_t>(R));
+        attend_rows_multi(S.k, S.v, *S.enc, qk.data(), R, p.scale, p.softcap, lo.data(), hi.data(), acc.data(),
+                          ml.data(), ml.data() + R);
+        for (int64_t i = 0; i < nq; ++i) {  // query i's G rows into its slot
+          float* slot = parts + ((i0 + i) * nkv + ih) * part_stride + off;
+          std::copy_n(acc.data() + i * G * aw, static_cast<int64_t>(G) * aw, slot);
+          std::copy_n(ml.data() + i * G, G, slot + static_cast<int64_t>(G) * aw);
+          std::copy_n(ml.data() + R + i * G, G, slot + static_cast<int64_t>(G) * aw + G);
+        }
+        off += static_cast<int64_t>(G) * (aw + 2);
+      }
+    }
+  }
 
   // Items [b, e): split s of every segment's visible run of (query iq, head ih) into its slots.
   void items(int64_t b, int64_t e) const {
@@ -177,6 +239,20 @@ struct AttendJob {
   }
 };
 
+// Prefill tiles: at least this many queries in the call, about this many query rows per tile
+// (a block of kBlock stored rows is then read once per tile rather than once per query; the
+// scores of a tile, kTileRows x kBlock floats, stay in L2).
+constexpr int64_t kTileMinQueries = 4;
+constexpr int64_t kTileRows = 48;
+
+// True when every segment of every head stores its keys and values densely (the tiles' kernel).
+bool dense_layer(const Layer& L) {
+  for (const Head& H : L.heads)
+    for (const Segment& S : H.segs)
+      if (S.k.sparse() || S.v.sparse()) return false;
+  return true;
+}
+
 // Decode splits: when there are fewer (query, kv head) pairs than threads, each run is split
 // in pieces of at least kMinSplit tokens. max_len: a plain head's longest visible run, else
 // all its tokens.
@@ -238,8 +314,19 @@ void TokenCache::attend(int il, int64_t n_q, const float* q, const int32_t* q_po
   }
   parts.resize(static_cast<size_t>(n_base * job.n_split * job.part_stride));
   job.parts = parts.data();
-  const int64_t n_items = n_base * job.n_split;
-  for_range(pool, n_items, 1, [&](int64_t b, int64_t e) { job.items(b, e); });
+  const int nth = pool ? pool->n_threads() : 1;
+  if (job.n_split == 1 && n_q >= kTileMinQueries && dense_layer(L)) {
+    // prefill: tiles of about kTileRows query rows, halved while there are fewer than two
+    // tiles per thread
+    job.n_q = n_q;
+    job.bq = std::max<int64_t>(1, kTileRows / G);
+    while (job.bq > 1 && (n_q + job.bq - 1) / job.bq * nkv < 2 * nth) job.bq /= 2;
+    const int64_t n_tiles = (n_q + job.bq - 1) / job.bq * nkv;
+    for_range(pool, n_tiles, 1, [&](int64_t b, int64_t e) { job.tiles(b, e); });
+  } else {
+    const int64_t n_items = n_base * job.n_split;
+    for_range(pool, n_items, 1, [&](int64_t b, int64_t e) { job.items(b, e); });
+  }
   for_range(pool, n_base, 1, [&](int64_t b, int64_t e) { job.finish(b, e); });
 }
 

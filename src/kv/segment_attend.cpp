@@ -8,6 +8,7 @@
 #include <limits>
 #include <vector>
 
+#include "core/error.h"
 #include "kv/attn_kernels.h"
 #include "kv/quant_formats.h"
 #include "kv/token_cache.h"
@@ -405,6 +406,60 @@ void attend_rows(const SideStore& k, const SideStore& v, const SegmentEncoding& 
     } else {
       dense_accum(v, s.data(), G, kBlock, b, nb, acc);
     }
+  }
+}
+
+void attend_rows_multi(const SideStore& k, const SideStore& v, const SegmentEncoding& e, const float* qk,
+                       int R, float scale, float softcap, const int64_t* lo, const int64_t* hi, float* acc,
+                       float* m, float* l) {
+  KVTRIM_ASSERT(!k.sparse() && !v.sparse());
+  const int kw = key_query_width(e.k), aw = slot_width(e);
+  KVTRIM_ASSERT(aw == v.row_elems());
+  thread_local std::vector<float> qs, s;
+  qs.resize(static_cast<size_t>(R) * kw);
+  s.resize(static_cast<size_t>(R) * kBlock);
+  for (int64_t i = 0; i < static_cast<int64_t>(R) * kw; ++i) qs[static_cast<size_t>(i)] = qk[i] * scale;
+  std::fill(acc, acc + static_cast<int64_t>(R) * aw, 0.f);
+  int64_t t0 = std::numeric_limits<int64_t>::max(), t1 = 0;
+  for (int r = 0; r < R; ++r) {
+    m[r] = -std::numeric_limits<float>::infinity();
+    l[r] = 0;
+    if (lo[r] < hi[r]) {
+      t0 = std::min(t0, lo[r]);
+      t1 = std::max(t1, hi[r]);
+    }
+  }
+  for (int64_t b = t0; b < t1; b += kBlock) {
+    const int64_t nb = std::min(kBlock, t1 - b);
+    // s[r, t] = scale · q_r · k_t for every row, then each row's softmax step over its part
+    dense_scores(k, qs.data(), R, b, nb, s.data(), kBlock);
+    bool any = false;
+    for (int r = 0; r < R; ++r) {
+      float* sr = s.data() + static_cast<int64_t>(r) * kBlock;
+      const int64_t a = std::clamp<int64_t>(lo[r] - b, 0, nb), z = std::clamp<int64_t>(hi[r] - b, 0, nb);
+      if (a >= z) {  // nothing visible here: zero weights
+        std::fill(sr, sr + nb, 0.f);
+        continue;
+      }
+      any = true;
+      std::fill(sr, sr + a, 0.f);
+      std::fill(sr + z, sr + nb, 0.f);
+      float* sv = sr + a;
+      const int64_t w = z - a;
+      if (softcap > 0) {
+        for (int64_t t = 0; t < w; ++t) sv[t] = softcap * std::tanh(sv[t] / softcap);
+      }
+      const float mb = max_of(sv, w);
+      if (mb > m[r]) {
+        const float f = std::isinf(m[r]) ? 0.f : std::exp(m[r] - mb);
+        l[r] *= f;
+        float* ar = acc + static_cast<int64_t>(r) * aw;
+        for (int i = 0; i < aw; ++i) ar[i] *= f;
+        m[r] = mb;
+      }
+      l[r] += exp_sub_sum(sv, w, m[r]);
+    }
+    if (any) dense_accum(v, s.data(), R, kBlock, b, nb, acc);
   }
 }
 

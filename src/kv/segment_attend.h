@@ -31,6 +31,15 @@ void attend_rows(const SideStore& k, const SideStore& v, const SegmentEncoding& 
                  int G, float scale, float softcap, int64_t t0, int64_t t1, float* acc, float* m,
                  float* l);
 
+// The same for R query rows at once over dense key and value stores (neither sparse), each
+// row r over its own visible rows [lo[r], hi[r]) (empty when lo >= hi: m = -inf, acc = 0):
+// every block of kBlock stored rows is scored and accumulated for all R rows in one kernel
+// call, so a block is read from memory once per R rows instead of once per query (the prefill
+// tiles of attend.cpp). qk [R, key_query_width] (unscaled), acc [R, slot_width], m [R], l [R].
+void attend_rows_multi(const SideStore& k, const SideStore& v, const SegmentEncoding& e, const float* qk,
+                       int R, float scale, float softcap, const int64_t* lo, const int64_t* hi, float* acc,
+                       float* m, float* l);
+
 // out [G, dv] = the slot's accumulator acc [G, slot_width] in the output space.
 void lift_slot(const SegmentEncoding& e, const float* acc, int G, float* out);
 

@@ -96,6 +96,28 @@ TEST(DenseCache, PrefillMatchesReferenceF16AndF32) {
   }
 }
 
+// Long prefill chunks go through attend.cpp's tiles (about 48 query rows each, several per
+// call): every tile's rows must see their own causal and sliding-window runs, including rows
+// whose run starts or ends inside a block of the tile's span, on 1 and 3 threads.
+TEST(DenseCache, PrefillTilesMatchReference) {
+  ThreadPool pool(3);
+  for (KvDtype t : {KvDtype::kF16, KvDtype::kF32}) {
+    for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+      Case c;
+      c.dtype = t;
+      check_attention(c, 0, 300, p);    // one chunk from position 0: 13 tiles of 24 queries
+      check_attention(c, 600, 130, p);  // a chunk after 600 tokens (spans of several blocks)
+      c.window = 50;                    // window shorter than a tile's span
+      check_attention(c, 400, 90, p);
+      c.window = 0;
+      c.n_head = 12;  // qwen-like group of 6: tiles of 8 queries
+      c.n_head_kv = 2;
+      c.hdk = c.hdv = 128;
+      check_attention(c, 300, 77, p);
+    }
+  }
+}
+
 TEST(DenseCache, GqaGroupsAndHeadDims) {
   Case c;
   c.n_head = 9;  // smollm2-like: 3 groups of 3
