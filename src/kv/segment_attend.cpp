@@ -326,6 +326,23 @@ void sparse_accum(const SideStore& v, const SideEncoding& e, const float* p, int
   }
 }
 
+// One online-softmax step of one row over its scores sv[0..w) (softcap applied first): the
+// accumulator acc [aw] and l are rescaled when the running max m grows, then sv[t] = e^{s_t - m}
+// and l += Σ sv.
+void softmax_step(float* sv, int64_t w, float softcap, float* acc, int aw, float* m, float* l) {
+  if (softcap > 0) {
+    for (int64_t t = 0; t < w; ++t) sv[t] = softcap * std::tanh(sv[t] / softcap);
+  }
+  const float mb = max_of(sv, w);
+  if (mb > *m) {
+    const float f = std::isinf(*m) ? 0.f : std::exp(*m - mb);
+    *l *= f;
+    for (int i = 0; i < aw; ++i) acc[i] *= f;
+    *m = mb;
+  }
+  *l += exp_sub_sum(sv, w, *m);
+}
+
 }  // namespace
 
 int key_query_width(const SideEncoding& k) { return k.per_token() ? k.width() : k.stored(); }
@@ -386,19 +403,7 @@ void attend_rows(const SideStore& k, const SideStore& v, const SegmentEncoding& 
     }
     for (int g = 0; g < G; ++g) {
       float* sg = s.data() + static_cast<int64_t>(g) * kBlock;
-      if (softcap > 0) {
-        for (int64_t t = 0; t < nb; ++t) sg[t] = softcap * std::tanh(sg[t] / softcap);
-      }
-      // online softmax: rescale what was accumulated when the running max grows
-      const float mb = max_of(sg, nb);
-      if (mb > m[g]) {
-        const float f = std::isinf(m[g]) ? 0.f : std::exp(m[g] - mb);
-        l[g] *= f;
-        float* ag = acc + static_cast<int64_t>(g) * aw;
-        for (int i = 0; i < aw; ++i) ag[i] *= f;
-        m[g] = mb;
-      }
-      l[g] += exp_sub_sum(sg, nb, m[g]);  // sg[t] = e^{s_t - m}
+      softmax_step(sg, nb, softcap, acc + static_cast<int64_t>(g) * aw, aw, &m[g], &l[g]);
     }
     // acc_g += Σ_t p[g, t] v_t
     if (v.sparse()) {
@@ -446,18 +451,7 @@ void attend_rows_multi(const SideStore& k, const SideStore& v, const SegmentEnco
       std::fill(sr + z, sr + nb, 0.f);
       float* sv = sr + a;
       const int64_t w = z - a;
-      if (softcap > 0) {
-        for (int64_t t = 0; t < w; ++t) sv[t] = softcap * std::tanh(sv[t] / softcap);
-      }
-      const float mb = max_of(sv, w);
-      if (mb > m[r]) {
-        const float f = std::isinf(m[r]) ? 0.f : std::exp(m[r] - mb);
-        l[r] *= f;
-        float* ar = acc + static_cast<int64_t>(r) * aw;
-        for (int i = 0; i < aw; ++i) ar[i] *= f;
-        m[r] = mb;
-      }
-      l[r] += exp_sub_sum(sv, w, m[r]);
+      softmax_step(sv, w, softcap, acc + static_cast<int64_t>(r) * aw, aw, &m[r], &l[r]);
     }
     if (any) dense_accum(v, s.data(), R, kBlock, b, nb, acc);
   }
