@@ -42,4 +42,17 @@ static_assert(sizeof(BlockQ5_K) == 176);
 static_assert(sizeof(BlockQ6_K) == 210);
 static_assert(sizeof(BlockQ8_K) == 292);
 
+// 6-bit scale and min of sub-block j (0..7) of a Q4_K / Q5_K super-block from its 12 packed
+// bytes (ggml's get_scale_min_k4): j < 4: sc = q[j] & 63, m = q[j+4] & 63; j >= 4: low 4 bits
+// in q[j+4] (sc low nibble, m high nibble), high 2 bits in the top bits of q[j-4] (sc) / q[j] (m).
+inline void k4_scale_min(int j, const uint8_t* q, int* sc, int* m) {
+  if (j < 4) {
+    *sc = q[j] & 63;
+    *m = q[j + 4] & 63;
+  } else {
+    *sc = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
+    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
 }  // namespace kvtrim

@@ -100,19 +100,6 @@ void dequant_q8_0(const BlockQ8_0* b, float* y, int64_t nb) {
   }
 }
 
-// 6-bit scale and min of sub-block j (0..7) from the 12 packed bytes (ggml's
-// get_scale_min_k4): j < 4: sc = q[j] & 63, m = q[j+4] & 63; j >= 4: low 4 bits in q[j+4]
-// (sc low nibble, m high nibble), high 2 bits in the top bits of q[j-4] (sc) / q[j] (m).
-inline void k4_scale_min(int j, const uint8_t* q, int* sc, int* m) {
-  if (j < 4) {
-    *sc = q[j] & 63;
-    *m = q[j + 4] & 63;
-  } else {
-    *sc = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
-    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-  }
-}
-
 // Sub-block s (32 elements) of each 64: x = (d * sc_s) * q - (dmin * m_s); q is the low
 // nibble of qs[32*(s/2) + l] for even s, the high nibble for odd s.
 void dequant_q4_k(const BlockQ4_K* b, float* y, int64_t nb) {
@@ -318,7 +305,7 @@ void quant_k_affine(const float* x, uint16_t* d_out, uint16_t* dmin_out, uint8_t
     for (int l = 0; l < kLen; ++l)
       L[s * kLen + l] = clamp_int(std::lround((x[s * kLen + l] + ml) * idl), 0, kLevels - 1);
   }
-  // Pack (inverse of k4_scale_min).
+  // Pack (inverse of k4_scale_min, core/quant_blocks.h).
   std::memset(scales, 0, kKScaleBytes);
   for (int j = 0; j < kSub; ++j) {
     if (j < 4) {

@@ -85,14 +85,13 @@ void DequantRows(GgmlType type, const uint8_t* src, size_t row_bytes, float* dst
     switch (type) {
       case GgmlType::Q4_0: {
         const auto* b = reinterpret_cast<const BlockQ4_0*>(row);
+        const auto lo_mask = hn::Set(du8, uint8_t{0x0f});
+        const auto eight = hn::Set(df, 8.f);
         for (int64_t i = 0; i < n_cols / kQK; ++i, y += kQK) {
-          const float d = fp16_to_fp32(b[i].d);
           // (q − 8) · d as the reference: the subtraction is exact, then one product
-          const DU8 d8;
-          const auto lo_mask = hn::Set(d8, uint8_t{0x0f});
-          const auto vd = hn::Set(df, d), eight = hn::Set(df, 8.f);
+          const auto vd = hn::Set(df, fp16_to_fp32(b[i].d));
           for (size_t j = 0; j < 16; j += N) {
-            const auto q = hn::LoadU(d8, b[i].qs + j);
+            const auto q = hn::LoadU(du8, b[i].qs + j);
             hn::StoreU(hn::Mul(hn::Sub(u8_to_f32(hn::And(q, lo_mask)), eight), vd), df, y + j);
             hn::StoreU(hn::Mul(hn::Sub(u8_to_f32(hn::ShiftRight<4>(q)), eight), vd), df, y + 16 + j);
           }
@@ -131,16 +130,8 @@ void DequantRows(GgmlType type, const uint8_t* src, size_t row_bytes, float* dst
           const uint8_t* ql = blk + 4 + kKScaleBytes + (q5 ? kQK_K / 8 : 0);
           for (int j = 0; j < 8; j += 2, ql += 32) {
             int sc[2], m[2];
-            for (int h = 0; h < 2; ++h) {
-              const int s = j + h;
-              if (s < 4) {
-                sc[h] = scales[s] & 63;
-                m[h] = scales[s + 4] & 63;
-              } else {
-                sc[h] = (scales[s + 4] & 0x0f) | ((scales[s - 4] >> 6) << 4);
-                m[h] = (scales[s + 4] >> 4) | ((scales[s] >> 6) << 4);
-              }
-            }
+            k4_scale_min(j, scales, &sc[0], &m[0]);
+            k4_scale_min(j + 1, scales, &sc[1], &m[1]);
             const float d1 = d * static_cast<float>(sc[0]), m1 = dmin * static_cast<float>(m[0]);
             const float d2 = d * static_cast<float>(sc[1]), m2 = dmin * static_cast<float>(m[1]);
             if (q5) {

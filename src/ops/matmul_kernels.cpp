@@ -80,17 +80,6 @@ namespace hn = hwy::HWY_NAMESPACE;
 #define KV_ATTR
 #endif
 
-// 6-bit scale and min of sub-block j of a Q4_K / Q5_K super-block (ggml get_scale_min_k4).
-inline void scale_min_k4(int j, const uint8_t* q, int& sc, int& m) {
-  if (j < 4) {
-    sc = q[j] & 63;
-    m = q[j + 4] & 63;
-  } else {
-    sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-    m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-  }
-}
-
 // ---------------------------------------------------------------------------------------
 // f32 / f16 / bf16 weights (portable Highway).
 
@@ -283,7 +272,7 @@ KV_ATTR void dot_legacy_n(const uint8_t* wrow, const BlockQ8A* const* x, int64_t
 }
 
 // The 8 scales and 8 mins of a Q4_K / Q5_K super-block as bytes sc[0..7], m[0..7] (the 6-bit
-// fields of its 12 packed bytes moved into place with word operations; scale_min_k4 per field).
+// fields of its 12 packed bytes moved into place with word operations; k4_scale_min per field).
 inline __m128i scales_mins_k4(const uint8_t* q) {
   uint32_t u[4];
   std::memcpy(u, q, 12);
@@ -456,7 +445,7 @@ float dot_q45k(const uint8_t* wrow, const BlockQ8_K* x, int64_t nb) {
     int32_t sumi = 0, sum_min = 0;
     for (int j = 0; j < 8; ++j) {
       int sc, mn;
-      scale_min_k4(j, b.scales, sc, mn);
+      k4_scale_min(j, b.scales, &sc, &mn);
       sum_min += mn * (xb.bsums[2 * j] + xb.bsums[2 * j + 1]);
       const uint8_t* qs = b.qs + 32 * (j / 2);
       int32_t p = 0;

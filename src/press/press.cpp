@@ -319,11 +319,8 @@ void attention_probs(const PressContext& ctx, int il, int ih, const HeadData& he
         std::fill(row, row + lo, 0.f);
         std::fill(row + hi, row + n, 0.f);
         if (lo >= hi) continue;  // the query sees none of these tokens
-        float* v = row + lo;
-        const int64_t w = hi - lo;
-        for (int64_t c = 0; c < w; ++c) v[c] *= scale;
-        const float inv = 1.f / exp_sub_sum(v, w, max_of(v, w));
-        for (int64_t c = 0; c < w; ++c) v[c] *= inv;
+        kvtrim::scale(row + lo, scale, hi - lo);  // (ops/nn.h; the local `scale` is the factor)
+        softmax(row + lo, hi - lo);
         continue;
       }
       float mx = -INFINITY;
