@@ -7,11 +7,13 @@
 //   blk.<il>.stats.<gram_k|gram_q|gram_v|gram_k_pre|gram_q_pre|gram_vo>  [n_head_kv, d, d]
 //   blk.<il>.stats.<sum_k|sum_v|sum_k_pre>                              [n_head_kv, d]
 //   blk.<il>.io.{x_in,x_out}        [R, n_embd]
+//   blk.<il>.stief.*, blk.<il>.lexico.*  (stief_fits.h, lexico.h)
 // A 64-bit checksum of every tensor's bytes (in file order) is stored as a key, so a bit flip
 // inside tensor data, which the GGUF structure cannot notice, is reported as damage.
 #include "calib/calibration.h"
 
 #include "calib/hash.h"
+#include "calib/lexico.h"
 #include "calib/stief_fits.h"
 
 #include <algorithm>
@@ -239,6 +241,22 @@ const StiefFits& Calibration::stief() const {
   return *stief_;
 }
 
+const LexicoDicts& Calibration::lexico() const {
+  KVTRIM_CHECK(lexico_, "the calibration holds no Lexico dictionaries (run `kvtrim calibrate --lexico`; see "
+               "docs/presses-lexico.md)");
+  return *lexico_;
+}
+
+void Calibration::set_lexico(std::shared_ptr<const LexicoDicts> d) {
+  if (d) {
+    d->validate(n_layer_);
+    KVTRIM_CHECK(d->dk == fp_.head_dim_k && d->dv == fp_.head_dim_v,
+                 "Lexico dictionaries of head dims %d / %d for a model with %d / %d", d->dk, d->dv,
+                 fp_.head_dim_k, fp_.head_dim_v);
+  }
+  lexico_ = std::move(d);
+}
+
 void Calibration::set_stief(std::shared_ptr<const StiefFits> s) {
   if (s) s->validate(n_layer_);
   stief_ = std::move(s);
@@ -352,6 +370,7 @@ void Calibration::save(const std::string& path) const {
     }
   }
   if (stief_) stief_write(*stief_, w, &ts);
+  if (lexico_) lexico_write(*lexico_, w, &ts);
   Hasher h;
   for (const T& t : ts) h.bytes(t.data.data(), t.data.size() * sizeof(float));
   w.set_string(std::string(kPrefix) + "checksum", hex64(h.finish()));
@@ -501,6 +520,8 @@ Calibration Calibration::from_gguf(const GgufFile& f, const Model* model, bool v
     if (version >= 2 && stief_present(f))
       c.set_stief(std::make_shared<StiefFits>(
           stief_read(f, path, L, H, mf.head_dim_k, mf.head_dim_v)));
+    if (version >= 3 && lexico_present(f))
+      c.set_lexico(std::make_shared<LexicoDicts>(lexico_read(f, path, L, mf.head_dim_k, mf.head_dim_v)));
     const std::string mp = kMetaPrefix;
     for (const auto& [k, v] : f.metadata())
       if (k.starts_with(mp) && v.type == GgufValueType::STRING)

@@ -25,6 +25,7 @@ class GgufFile;
 
 class Model;
 struct StiefFits;
+struct LexicoDicts;
 
 enum class BasisMethod { kKSvd, kEigenAttention, kKqSvd, kStaticPca, kSwan };
 // "ksvd", "eigenattention", "kqsvd", "staticpca", "swan"
@@ -89,8 +90,9 @@ ModelFingerprint model_fingerprint(const Model& model);
 
 class Calibration {
  public:
-  // Version 2 added StiefAttention's section (src/calib/stief_fits.h); version 1 files load.
-  static constexpr int kFormatVersion = 2;
+  // Version 2 added StiefAttention's section (src/calib/stief_fits.h), version 3 Lexico's
+  // dictionaries (src/calib/lexico.h); version 1 and 2 files load.
+  static constexpr int kFormatVersion = 3;
   static constexpr int kOldestFormatVersion = 1;
 
   Calibration() = default;
@@ -136,6 +138,12 @@ class Calibration {
   const StiefFits& stief() const;
   void set_stief(std::shared_ptr<const StiefFits> s);
 
+  // Lexico's per-layer dictionaries (`kvtrim calibrate --lexico`).
+  bool has_lexico() const { return lexico_ != nullptr; }
+  // Throws Error naming the `kvtrim calibrate --lexico` command when the file holds none.
+  const LexicoDicts& lexico() const;
+  void set_lexico(std::shared_ptr<const LexicoDicts> d);
+
   // Free-form provenance: calibration text, sequences x length, kvtrim version, date.
   std::map<std::string, std::string> meta;
 
@@ -146,6 +154,7 @@ class Calibration {
   std::vector<HeadStats> stats_;
   std::vector<LayerIoSample> layer_io_;
   std::shared_ptr<const StiefFits> stief_;
+  std::shared_ptr<const LexicoDicts> lexico_;
 };
 
 }  // namespace kvtrim

@@ -46,8 +46,9 @@ void add_sum(const float* a, int64_t n, int d, int64_t lda, std::vector<double>&
 
 }  // namespace
 
-CalibCapture::CalibCapture(const Model& model, int layer_io_rows, uint64_t seed)
-    : model_(model), layer_io_rows_(layer_io_rows), seed_(seed) {
+CalibCapture::CalibCapture(const Model& model, int layer_io_rows, uint64_t seed, int kv_rows)
+    : model_(model), layer_io_rows_(layer_io_rows), seed_(seed), kv_rows_(kv_rows) {
+  KVTRIM_CHECK(kv_rows >= 0, "key/value sample rows must be >= 0 (got %d)", kv_rows);
   const HParams& hp = model.hparams();
   KVTRIM_CHECK(layer_io_rows >= 0, "layer io rows must be >= 0 (got %d)", layer_io_rows);
   n_layer_ = hp.n_layer;
@@ -80,6 +81,16 @@ CalibCapture::CalibCapture(const Model& model, int layer_io_rows, uint64_t seed)
     }
   }
   tmp_.resize(std::max(kk, vv));
+  if (kv_rows_ > 0) {
+    kr_.resize(n_layer_);
+    vr_.resize(n_layer_);
+    kv_seen_.assign(n_layer_, 0);
+    kv_rng_.resize(n_layer_);
+    for (int il = 0; il < n_layer_; ++il) {
+      uint64_t st = seed_ ^ (0x2545f4914f6cdd1dULL * static_cast<uint64_t>(il + 1));
+      kv_rng_[il] = splitmix64(st);
+    }
+  }
 }
 
 void CalibCapture::on_qk_pre_rope(int il, int64_t n, const float* q, const float* k) {
@@ -116,6 +127,28 @@ void CalibCapture::on_qkv(int il, int64_t n, const float* q, const float* k, con
     add_sum(v + ih * dv_, n, dv_, ldv, s.sum_v);
     s.n_tokens += n;
   }
+  if (kv_rows_ <= 0) return;
+  // Reservoir sampling (Algorithm R) over the layer's (token, kv head) rows, keys and values paired.
+  std::vector<float>& K = kr_[il];
+  std::vector<float>& V = vr_[il];
+  for (int64_t t = 0; t < n; ++t)
+    for (int ih = 0; ih < n_head_kv_; ++ih) {
+      const int64_t seen = kv_seen_[il]++;
+      int64_t slot = -1;
+      if (seen < kv_rows_) {
+        slot = seen;
+        K.resize(static_cast<size_t>(seen + 1) * dk_);
+        V.resize(static_cast<size_t>(seen + 1) * dv_);
+      } else {
+        const uint64_t j = splitmix64(kv_rng_[il]) % static_cast<uint64_t>(seen + 1);
+        if (j < static_cast<uint64_t>(kv_rows_)) slot = static_cast<int64_t>(j);
+      }
+      if (slot < 0) continue;
+      const float* kr = k + t * ldk + ih * dk_;
+      const float* vr = v + t * ldv + ih * dv_;
+      std::copy(kr, kr + dk_, K.begin() + slot * dk_);
+      std::copy(vr, vr + dv_, V.begin() + slot * dv_);
+    }
 }
 
 void CalibCapture::on_layer_io(int il, int64_t n, const float* x_in, const float* x_out) {

@@ -17,8 +17,10 @@ class ThreadPool;
 
 class CalibCapture : public ForwardObserver {
  public:
-  // layer_io_rows: rows kept per layer (0 = none); seed: the reservoir's random stream.
-  CalibCapture(const Model& model, int layer_io_rows = 0, uint64_t seed = 42);
+  // layer_io_rows: rows kept per layer (0 = none); seed: the reservoirs' random stream;
+  // kv_rows: post-RoPE key and value rows kept per layer (each (token, kv head) one row, keys and
+  // values paired; 0 = none; Lexico's dictionary learning).
+  CalibCapture(const Model& model, int layer_io_rows = 0, uint64_t seed = 42, int kv_rows = 0);
 
   void on_qkv(int il, int64_t n, const float* q, const float* k, const float* v,
               const int32_t* pos) override;
@@ -31,6 +33,9 @@ class CalibCapture : public ForwardObserver {
   std::vector<HeadStats> stats() const;
   // Layer io samples, [n_layer] (rows in reservoir order; empty vector if layer_io_rows == 0).
   std::vector<LayerIoSample> layer_io() const;
+  // Key rows [n_layer][n, head_dim_k] and value rows [n_layer][n, head_dim_v] (n <= kv_rows).
+  const std::vector<std::vector<float>>& key_rows() const { return kr_; }
+  const std::vector<std::vector<float>>& value_rows() const { return vr_; }
   int64_t n_tokens() const;
 
  private:
@@ -43,6 +48,10 @@ class CalibCapture : public ForwardObserver {
   std::vector<int64_t> io_seen_;   // [n_layer] rows offered to each reservoir
   std::vector<uint64_t> io_rng_;   // [n_layer] splitmix64 states
   std::vector<float> tmp_;         // [d, d] per-chunk f32 Gram
+  int kv_rows_;
+  std::vector<std::vector<float>> kr_, vr_;  // [n_layer] key / value row reservoirs
+  std::vector<int64_t> kv_seen_;
+  std::vector<uint64_t> kv_rng_;
 };
 
 // Σ_{h in group ih} W_O^h W_O^hᵀ [dv, dv] of layer il (W_O dequantized; head h owns columns

@@ -140,9 +140,11 @@ PplWindow score_ppl_window(Session& s, const std::vector<int32_t>& win, int64_t 
     // bytes while row j is evaluated: the compressed prefix plus rows P..j, linear in j.
     const double b_end = static_cast<double>(s.cache().bytes().total());  // rows P..C-1 appended
     const double per_tok = (b_end - static_cast<double>(st.bytes_after)) / static_cast<double>(C - P);
+    const double bases = static_cast<double>(s.cache().bytes().bases);  // fixed once compressed
     for (int64_t j = P; j < C - 1; ++j) {
       r.kv_bytes += static_cast<double>(st.bytes_after) + per_tok * static_cast<double>(j - P + 1);
       r.kv_dense += dense_per_token * static_cast<double>(j + 1);
+      r.kv_bases += bases;
     }
   } else if (s.press()->plans_after_append()) {
     // Low-rank presses: the window runs through the session in its batches (--batch tokens per
@@ -156,12 +158,14 @@ PplWindow score_ppl_window(Session& s, const std::vector<int32_t>& win, int64_t 
       const int64_t m = std::min<int64_t>(chunk, C - i);
       s.eval_all(win.data() + i, m, logits.data());
       ++r.n_compress;
-      const double held = static_cast<double>(s.cache().bytes().total());
+      const KvBytes kb = s.cache().bytes();
+      const double held = static_cast<double>(kb.total());
       for (int64_t j = std::max(i, P); j < std::min(i + m, C - 1); ++j) {
         press[static_cast<size_t>(j - P)] =
             token_nll(logits.data() + static_cast<size_t>(j - i) * n_vocab, n_vocab, win[static_cast<size_t>(j + 1)]);
         r.kv_bytes += held;
         r.kv_dense += dense_per_token * static_cast<double>(i + m);
+        r.kv_bases += static_cast<double>(kb.bases);
       }
     }
   } else {
@@ -171,12 +175,14 @@ PplWindow score_ppl_window(Session& s, const std::vector<int32_t>& win, int64_t 
     for (int64_t i = 0; i < C; i += c.chunk) {
       const int64_t m = std::min<int64_t>(c.chunk, C - i);
       s.eval_all(win.data() + i, m, logits.data());
-      const double held = static_cast<double>(s.cache().bytes().total());
+      const KvBytes kb = s.cache().bytes();
+      const double held = static_cast<double>(kb.total());
       for (int64_t j = std::max(i, P); j < std::min(i + m, C - 1); ++j) {
         press[static_cast<size_t>(j - P)] =
             token_nll(logits.data() + static_cast<size_t>(j - i) * n_vocab, n_vocab, win[static_cast<size_t>(j + 1)]);
         r.kv_bytes += held;
         r.kv_dense += dense_per_token * static_cast<double>(i + m);
+        r.kv_bases += static_cast<double>(kb.bases);
       }
       if (i + m >= C) break;  // nothing reads the cache after the last chunk
       Budget b;
@@ -202,7 +208,8 @@ json ppl_window_json(const PplWindow& r) {
   return json{{"window", r.index},         {"tokens_hash", r.tokens_hash}, {"n_scored", r.n_scored},
               {"nll_press", r.nll_press},  {"nll2_press", r.nll2_press},   {"nll_full", r.nll_full},
               {"nll2_full", r.nll2_full},  {"nll_cross", r.nll_cross},     {"kv_bytes", r.kv_bytes},
-              {"kv_dense", r.kv_dense},    {"n_compress", r.n_compress},   {"seconds", r.seconds}};
+              {"kv_dense", r.kv_dense},    {"kv_bases", r.kv_bases},       {"n_compress", r.n_compress},
+              {"seconds", r.seconds}};
 }
 
 PplWindow ppl_window_from_json(const json& j) {
@@ -217,6 +224,7 @@ PplWindow ppl_window_from_json(const json& j) {
   r.nll_cross = j.at("nll_cross").get<double>();
   r.kv_bytes = j.at("kv_bytes").get<double>();
   r.kv_dense = j.at("kv_dense").get<double>();
+  r.kv_bases = j.contains("kv_bases") ? j.at("kv_bases").get<double>() : -1.0;
   r.n_compress = j.at("n_compress").get<int64_t>();
   r.seconds = j.at("seconds").get<double>();
   return r;
@@ -255,12 +263,15 @@ void PplResultsFile::append(const PplWindow& r) {
 
 PplSummary summarize_ppl(const std::vector<PplWindow>& rows) {
   PplSummary s;
-  double sp = 0, sp2 = 0, sf = 0, sf2 = 0, spf = 0, kb = 0, kd = 0;
+  double sp = 0, sp2 = 0, sf = 0, sf2 = 0, spf = 0, kb = 0, kd = 0, kbase = 0;
+  bool bases_known = true;
   for (const auto& r : rows) {
     ++s.n_windows;
     s.n_scored += r.n_scored;
     sp += r.nll_press, sp2 += r.nll2_press, sf += r.nll_full, sf2 += r.nll2_full, spf += r.nll_cross;
     kb += r.kv_bytes, kd += r.kv_dense;
+    bases_known = bases_known && r.kv_bases >= 0;
+    kbase += r.kv_bases;
   }
   if (s.n_scored == 0) return s;
   const double n = static_cast<double>(s.n_scored), dof = static_cast<double>(std::max<int64_t>(1, s.n_scored - 1));
@@ -275,6 +286,7 @@ PplSummary summarize_ppl(const std::vector<PplWindow>& rows) {
   s.se_delta = std::sqrt(std::max(0.0, s.ppl_press * s.ppl_press * vp + s.ppl_full * s.ppl_full * vf -
                                            2 * s.ppl_press * s.ppl_full * cpf));
   s.kv_ratio = kd > 0 ? kb / kd : 0;
+  if (bases_known) s.kv_ratio_rows = kd > 0 ? (kb - kbase) / kd : 0;
   s.mean_kv_bytes = kb / n;
   return s;
 }

@@ -51,6 +51,9 @@ struct PplWindow {
   int64_t n_scored = 0;
   double nll_press = 0, nll2_press = 0, nll_full = 0, nll2_full = 0, nll_cross = 0;  // cross: sum nll_press * nll_full
   double kv_bytes = 0, kv_dense = 0;  // summed over the scored tokens
+  // the part of kv_bytes held by shared bases (rotations, dictionaries, low-rank bases), summed
+  // likewise; -1 = not recorded (rows written before it was)
+  double kv_bases = 0;
   int64_t n_compress = 0;             // compress calls in the press pass
   double seconds = 0;
 };
@@ -95,6 +98,7 @@ struct PplSummary {
   double ppl_press = 0, se_press = 0, ppl_full = 0, se_full = 0;
   double delta = 0, se_delta = 0;  // paired (same tokens), delta method
   double kv_ratio = 0;             // sum kv_bytes / sum kv_dense
+  double kv_ratio_rows = -1;       // the same without the shared bases (-1: not recorded)
   double mean_kv_bytes = 0;        // per scored token
 };
 PplSummary summarize_ppl(const std::vector<PplWindow>& rows);

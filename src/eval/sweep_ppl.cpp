@@ -250,22 +250,23 @@ std::string sweep_ppl_summary_markdown(const std::vector<PplSweepPoint>& points,
   for (const std::string& m : models) {
     out += "\n## " + m +
            "\n\n| press | ratio | windows | tokens | PPL | ΔPPL vs full | PPL / full | KV / f16 | "
-           "KV MiB held |\n"
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+           "KV / f16 w/o bases | KV MiB held |\n"
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
     for (const PplSweepPoint& p : points) {
       if (p.model != m) continue;
       const PplSummary& s = p.s;
       if (p.press == "none") {
-        out += strprintf("| full cache | 0.00 | %lld | %lld | %.4f ± %.4f | — | 1.000 | — | — |\n",
+        out += strprintf("| full cache | 0.00 | %lld | %lld | %.4f ± %.4f | — | 1.000 | — | — | — |\n",
                          static_cast<long long>(s.n_windows), static_cast<long long>(s.n_scored),
                          s.ppl_full, s.se_full);
         continue;
       }
       out += strprintf(
-          "| %s | %.2f | %lld | %lld | %.4f ± %.4f | %+.4f ± %.4f | %.3f | %.3f | %.2f |\n",
+          "| %s | %.2f | %lld | %lld | %.4f ± %.4f | %+.4f ± %.4f | %.3f | %.3f | %s | %.2f |\n",
           p.press.c_str(), p.ratio, static_cast<long long>(s.n_windows),
           static_cast<long long>(s.n_scored), s.ppl_press, s.se_press, s.delta, s.se_delta,
-          p.ppl_ratio(), s.kv_ratio, s.mean_kv_bytes / kSweepMiB);
+          p.ppl_ratio(), s.kv_ratio, s.kv_ratio_rows >= 0 ? strprintf("%.3f", s.kv_ratio_rows).c_str() : "—",
+          s.mean_kv_bytes / kSweepMiB);
     }
     bool any = false;
     for (const PplSweepCurve& c : curves) any = any || c.model == m;
@@ -293,8 +294,10 @@ std::string sweep_ppl_summary_markdown(const std::vector<PplSweepPoint>& points,
       "/ f16: cache "
       "bytes held while each scored token is evaluated over the uncompressed f16 size of the same "
       "positions "
-      "(measured: low-rank bases and full-rank anchors count); KV MiB held: the mean of those "
-      "bytes. Curves are on the measured axis, the KV saving 1 - KV / f16. Mean ΔPPL: ΔPPL "
+      "(measured: low-rank bases and full-rank anchors count); KV / f16 w/o bases: the same "
+      "without the bases, rotations and dictionaries shared by every head, session and context "
+      "length (what each token costs; '—' for rows recorded before it was); KV MiB held: the mean "
+      "of the bytes held. Curves are on the measured axis, the KV saving 1 - KV / f16. Mean ΔPPL: ΔPPL "
       "piecewise linear through the cells sorted by saving, from 0 at saving 0, averaged over "
       "savings up to the largest the press reached (capped at the sweep's largest ratio; '—' when "
       "it saved nothing). KV saving within t: the largest saving up to which PPL <= (1 + t) x the "

@@ -24,7 +24,9 @@
 // each, the bound), whatever the value type. Dense f16 costs n_g/16 FMA cycles per (token,
 // channel), so at d/4 entries the sparse kernels only win on bytes read, and only from d = 256
 // or n_g >= 6 on compute (bench/kv_kernels_bench.cpp).
-// Rows with dim > kMaxDim take a scalar loop. No kernel reads past a row's last entry.
+// The staged q / acc live in per-thread aligned scratch sized to the row width, so wide rows
+// (Lexico's dictionaries of 1024+ atoms) take the same kernels. No kernel reads past a row's last
+// entry.
 // The cache stores per-token rows as a kept-coordinate bitmask wherever that is smaller than the
 // list (T > dim / 8 with uint8 indices, dim / 16 with uint16), and those take the masked kernels (attn_kernels_masked.cpp: no per-entry
 // loads at scattered channels); these list kernels serve rows with few kept entries.
@@ -33,6 +35,7 @@
 #include <type_traits>
 
 #include "core/fp16.h"
+#include "hwy/aligned_allocator.h"
 #include "kv/attn_kernels.h"
 
 // foreach_target.h must come first: it re-includes this file once per target.
@@ -49,7 +52,6 @@ namespace kvtrim::kv {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-constexpr int64_t kMaxDim = 512;  // largest dim with staged q / acc (16 KiB per copy at L = 8)
 constexpr int64_t kChunk = 64;    // tokens whose weights are staged at once (accum)
 
 using sv::Bf16;
@@ -119,6 +121,18 @@ HWY_INLINE hn::Vec<D> row_dot(D d, const float* HWY_RESTRICT qT, const I* ix, co
                  hn::Add(hn::Add(a4, a5), hn::Add(a6, a7)));
 }
 
+// Per-thread aligned scratch: slot k holds at least n floats (grows, never shrinks). Slots: 0 the
+// staged q or the even tokens' acc, 1 and 2 decoded values, 3 the odd tokens' acc.
+HWY_INLINE float* scratch(int slot, int64_t n) {
+  thread_local hwy::AlignedFreeUniquePtr<float[]> buf[4];
+  thread_local int64_t cap[4] = {0, 0, 0, 0};
+  if (cap[slot] < n) {
+    buf[slot] = hwy::AllocateAligned<float>(static_cast<size_t>(n));
+    cap[slot] = n;
+  }
+  return buf[slot].get();
+}
+
 // qT [dim, L] = q [ng, ldq] transposed, zero in lanes >= ng.
 template <int64_t L>
 HWY_INLINE void stage_q(const float* q, int ng, int64_t ldq, int64_t dim, float* HWY_RESTRICT qT) {
@@ -134,8 +148,8 @@ HWY_NOINLINE void scores_lanes(D d, const SparseRows& r, const float* q, int ng,
   constexpr int64_t L = hn::MaxLanes(d);
   const V* vals = static_cast<const V*>(r.vals);
   const I* idx = static_cast<const I*>(r.idx);
-  HWY_ALIGN float qT[kMaxDim * L];
-  HWY_ALIGN float vf[kMaxDim + 8];
+  float* HWY_RESTRICT qT = scratch(0, r.dim * L);
+  float* HWY_RESTRICT vf = scratch(1, r.dim + 8);
   HWY_ALIGN float out[L];
   stage_q<L>(q, ng, ldq, r.dim, qT);
   for (int64_t t = t0; t < t0 + n_t; ++t) {
@@ -167,8 +181,9 @@ HWY_NOINLINE void scores_pairs(const SparseRows& r, const float* q, int ng, int6
   const R* vals = static_cast<const R*>(r.vals);
   const I* idx = static_cast<const I*>(r.idx);
   constexpr int64_t kOut = 64;  // token pairs whose scores are staged before the transpose
-  HWY_ALIGN float qT[kMaxDim * 4];
-  HWY_ALIGN float vfa[kMaxDim + 8], vfb[kMaxDim + 8];
+  float* HWY_RESTRICT qT = scratch(0, r.dim * 4);
+  float* HWY_RESTRICT vfa = scratch(1, r.dim + 8);
+  float* HWY_RESTRICT vfb = scratch(2, r.dim + 8);
   HWY_ALIGN float out[kOut][8];
   stage_q<4>(q, ng, ldq, r.dim, qT);
   const int64_t n_pair = n_t / 2;
@@ -256,8 +271,8 @@ HWY_NOINLINE void accum_lanes(D d, const SparseRows& r, const float* p, int ng, 
   const hn::Rebind<R, D> dr;
   const R* vals = static_cast<const R*>(r.vals);
   const I* idx = static_cast<const I*>(r.idx);
-  HWY_ALIGN float aT[2][kMaxDim * L];  // two copies: even and odd tokens
-  HWY_ALIGN float vf[kMaxDim + 8];
+  float* aT[2] = {scratch(0, r.dim * L), scratch(3, r.dim * L)};  // two copies: even and odd tokens
+  float* HWY_RESTRICT vf = scratch(1, r.dim + 8);
   HWY_ALIGN float pw[kChunk * L];  // [token of the chunk][lane]: p · scale_t · kValMul
   for (int64_t i = 0; i < r.dim; ++i) {
     for (int64_t g = 0; g < L; ++g) {
@@ -311,7 +326,7 @@ HWY_NOINLINE void accum_lanes(D d, const SparseRows& r, const float* p, int ng, 
   }
 }
 
-// Plain loops for dim > kMaxDim.
+// Plain loops (the scalar target).
 template <typename V, typename I>
 void scores_scalar(const SparseRows& r, const float* q, int n_g, int64_t ldq, int64_t t0,
                    int64_t n_t, float* s, int64_t ld_s) {
@@ -385,7 +400,6 @@ void scores_typed(const SparseRows& r, const float* q, int n_g, int64_t ldq, int
   if constexpr (HWY_TARGET == HWY_SCALAR) {
     return scores_scalar<V, I>(r, q, n_g, ldq, t0, n_t, s, ld_s);
   } else {
-    if (r.dim > kMaxDim) return scores_scalar<V, I>(r, q, n_g, ldq, t0, n_t, s, ld_s);
     scores_simd<V, I>(r, q, n_g, ldq, t0, n_t, s, ld_s);
   }
 }
@@ -396,7 +410,6 @@ void accum_typed(const SparseRows& r, const float* p, int n_g, int64_t ld_p, int
   if constexpr (HWY_TARGET == HWY_SCALAR) {
     return accum_scalar<V, I>(r, p, n_g, ld_p, t0, n_t, acc, ld_acc);
   } else {
-    if (r.dim > kMaxDim) return accum_scalar<V, I>(r, p, n_g, ld_p, t0, n_t, acc, ld_acc);
     accum_simd<V, I>(r, p, n_g, ld_p, t0, n_t, acc, ld_acc);
   }
 }

@@ -26,6 +26,7 @@ SideEncoding make_side(const SideSpec& sp, int d, KvDtype dflt, bool keys) {
     s.mode = ChannelMode::kPerToken;
     s.topk = c.topk;
     s.by_magnitude = c.by_magnitude;
+    s.sparse_code = c.sparse_code;
     if (keys) {
       s.recovery = c.recovery_scale;
       s.dist = c.recovery_dist;
@@ -45,15 +46,17 @@ SideEncoding make_side(const SideSpec& sp, int d, KvDtype dflt, bool keys) {
     // (auto keeps the list for sampled recoveries: the list kernel scores their kept entries, while
     // bitmask rows with a drawn recovery take the generic per-row loop; q4 rows have no kernel in
     // either layout, so they take the smaller)
+    // (sparse codes keep the list: a dictionary's width is large, and no masked kernel reads it)
     s.bitmask = c.index == IndexLayout::kBitmask ||
-                (c.index == IndexLayout::kAuto && !s.sampled_recovery() && (w + 7) / 8 * rows < kept * isz);
+                (c.index == IndexLayout::kAuto && !s.sampled_recovery() && !s.sparse_code &&
+                 (w + 7) / 8 * rows < kept * isz);
   }
   return s;
 }
 
 bool same_side(const SideEncoding& a, const SideEncoding& b) {
   return a.d == b.d && a.basis == b.basis && a.mode == b.mode && a.subset == b.subset &&
-         a.topk == b.topk && a.by_magnitude == b.by_magnitude && a.bitmask == b.bitmask && a.recovery == b.recovery && a.fill == b.fill && a.dtype == b.dtype && a.dist == b.dist &&
+         a.topk == b.topk && a.by_magnitude == b.by_magnitude && a.sparse_code == b.sparse_code && a.bitmask == b.bitmask && a.recovery == b.recovery && a.fill == b.fill && a.dtype == b.dtype && a.dist == b.dist &&
          a.seed == b.seed && a.rec_sqrt == b.rec_sqrt;
 }
 
@@ -98,6 +101,35 @@ void push_side(SideStore& st, const SideEncoding& e, const float* c, const Rows&
     return;
   }
   st.push_dense(c);
+}
+
+// Encodes the rows x [n, d] of one side (rows ldx apart) into st: through the basis and the
+// channel stage (plan_rows[j]: row j's row in the plan's per-token arrays; nullptr = none), or,
+// sparse-coded, by OMP over the dictionary, all rows in one batch.
+void push_rows(SideStore& st, const SideEncoding& e, const float* x, int64_t n, int64_t ldx,
+               const Rows& rows, const int32_t* plan_rows) {
+  const int w = e.width();
+  thread_local std::vector<float> c;
+  if (e.sparse_code) {
+    const int T = e.topk;
+    thread_local std::vector<int32_t> idx;
+    thread_local std::vector<float> coef;
+    idx.resize(static_cast<size_t>(n * T));
+    coef.resize(static_cast<size_t>(n * T));
+    e.sparse_encode(x, n, ldx, idx.data(), coef.data());
+    c.assign(static_cast<size_t>(w), 0.f);
+    for (int64_t j = 0; j < n; ++j) {
+      const int32_t* ch = idx.data() + j * T;
+      for (int i = 0; i < T; ++i) c[static_cast<size_t>(ch[i])] = coef[static_cast<size_t>(j * T + i)];
+      st.push_sparse(c.data(), ch, T, nullptr);
+      for (int i = 0; i < T; ++i) c[static_cast<size_t>(ch[i])] = 0.f;
+    }
+    return;
+  }
+  c.resize(static_cast<size_t>(n * w));
+  e.to_coords(x, n, ldx, c.data());
+  for (int64_t j = 0; j < n; ++j)
+    push_side(st, e, c.data() + j * w, rows, plan_rows ? static_cast<size_t>(plan_rows[j]) : 0);
 }
 
 }  // namespace
@@ -232,20 +264,17 @@ void TokenCache::apply_head(Layer& L, Head& H, const HeadPlan& hp) {
     const int64_t n = static_cast<int64_t>(reenc.size());
     ns.k.reserve(n, ent_k, 1, n);
     ns.v.reserve(n, ent_v, 1, n);
-    std::vector<float> kf(static_cast<size_t>(dk)), vf(static_cast<size_t>(dv)),
-        ck(static_cast<size_t>(e.k.width())), cv(static_cast<size_t>(e.v.width()));
+    // the dense rows, back in head coordinates, then each side encoded in one batch
+    std::vector<float> kf(static_cast<size_t>(n * dk)), vf(static_cast<size_t>(n * dv));
     const Segment& D = H.segs[0];
     ns.pos.resize(static_cast<size_t>(n));
     for (int64_t r = 0; r < n; ++r) {
       const int64_t j = reenc[static_cast<size_t>(r)];
-      read_row(H, 0, j, kf.data(), vf.data());  // the dense row, back in head coordinates
-      e.k.to_coords(kf.data(), 1, dk, ck.data());
-      e.v.to_coords(vf.data(), 1, dv, cv.data());
-      const size_t pr = static_cast<size_t>(reenc_row[static_cast<size_t>(r)]);
-      push_side(ns.k, e.k, ck.data(), rk, pr);
-      push_side(ns.v, e.v, cv.data(), rv, pr);
+      read_row(H, 0, j, kf.data() + r * dk, vf.data() + r * dv);
       ns.pos[static_cast<size_t>(r)] = D.pos[static_cast<size_t>(j)];
     }
+    push_rows(ns.k, e.k, kf.data(), n, dk, rk, reenc_row.data());
+    push_rows(ns.v, e.v, vf.data(), n, dv, rv, reenc_row.data());
   }
   for (size_t sg = 0; sg < H.segs.size(); ++sg) {
     Segment& S = H.segs[sg];
@@ -276,19 +305,12 @@ Segment& TokenCache::current_segment(Head& H) const {
 void TokenCache::encode_into(Segment& S, int64_t n, const float* k, int64_t ldk, const float* v,
                              int64_t ldv) const {
   const SegmentEncoding& e = *S.enc;
-  thread_local std::vector<float> ck, cv;
-  ck.resize(static_cast<size_t>(n * e.k.width()));
-  cv.resize(static_cast<size_t>(n * e.v.width()));
-  e.k.to_coords(k, n, ldk, ck.data());
-  e.v.to_coords(v, n, ldv, cv.data());
   const int64_t rows = S.n() + n;
   reserve(S, rows, e.k.per_token() ? rows * e.k.topk : 0, e.v.per_token() ? rows * e.v.topk : 0);
   static const ChannelSpec none;
   const Rows no_rows(none);
-  for (int64_t j = 0; j < n; ++j) {
-    push_side(S.k, e.k, ck.data() + j * e.k.width(), no_rows, 0);
-    push_side(S.v, e.v, cv.data() + j * e.v.width(), no_rows, 0);
-  }
+  push_rows(S.k, e.k, k, n, ldk, no_rows, nullptr);
+  push_rows(S.v, e.v, v, n, ldv, no_rows, nullptr);
 }
 
 void TokenCache::spill_buffer(Head& H, int64_t keep) const {

@@ -10,6 +10,7 @@
 #include <mutex>
 
 #include "kv/attn_kernels.h"
+#include "kv/sparse_code.h"
 
 namespace kvtrim::kv {
 namespace {
@@ -48,6 +49,10 @@ std::shared_ptr<const BasisMat> intern_basis(int d, int r, const std::vector<flo
   m->dec = dec;
   table.emplace(h, m);
   return m;
+}
+
+void SideEncoding::sparse_encode(const float* x, int64_t n, int64_t ldx, int32_t* idx, float* coef) const {
+  omp_encode(basis->enc.data(), d, basis->r, x, n, ldx, topk, idx, coef);
 }
 
 std::shared_ptr<const BasisMat> hadamard_basis(int d) {

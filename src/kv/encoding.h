@@ -21,6 +21,7 @@ namespace kvtrim::kv {
 
 // A basis matrix, stored once however many heads, epochs, caches or sessions use it
 // (intern_basis): encoder U [d, r] row-major f32 and, for oblique bases, decoder D [d, r].
+// A dictionary (sparse-coded sides) is a basis with r = N atoms, possibly more than d.
 struct BasisMat {
   int d = 0, r = 0;
   std::vector<float> enc;  // [d, r]
@@ -47,6 +48,8 @@ struct SideEncoding {
   std::vector<uint16_t> subset;  // kSubset: kept coordinates (increasing, < width())
   int topk = 0;                  // kPerToken: fixed count; 0 = a variable count per token
   bool by_magnitude = false;     // kPerToken: the cache keeps each token's topk largest |c_j|
+  bool sparse_code = false;      // kPerToken: the cache codes each token over the basis (a
+                                 // dictionary) by OMP, topk atoms (kv/sparse_code.h)
   bool bitmask = false;          // kPerToken: kept coordinates as a bitmask (else a list)
   std::vector<float> recovery;   // keys, kPerToken: r [width()] (empty: pruned read zero)
   bool fill = false;             // values, kPerToken: a per-token fill for pruned coordinates
@@ -68,7 +71,9 @@ struct SideEncoding {
   // A recovery drawn per coordinate (Gaussian / exponential): no masked kernel reads it.
   bool sampled_recovery() const { return recovers() && dist != RecoveryDist::kFill; }
   // Encodes tokens by itself: channels all, or per token by magnitude (no press choice needed).
-  bool self_encoding() const { return mode == ChannelMode::kAll || (per_token() && by_magnitude); }
+  bool self_encoding() const {
+    return mode == ChannelMode::kAll || (per_token() && (by_magnitude || sparse_code));
+  }
   // by_magnitude: the topk coordinates of c [width()] with the largest |c_j| (ties: the lower
   // index), increasing, into ch [topk].
   void magnitude_channels(const float* c, int32_t* ch) const;
@@ -82,6 +87,9 @@ struct SideEncoding {
   size_t subset_bytes() const { return subset.size() * sizeof(uint16_t); }
   size_t recovery_bytes() const { return recovery.size() * sizeof(float); }
 
+  // sparse_code: the OMP codes of x [n, d] (rows ldx apart) over the basis's atoms: idx [n, topk]
+  // (increasing) and coef [n, topk].
+  void sparse_encode(const float* x, int64_t n, int64_t ldx, int32_t* idx, float* coef) const;
   // c [n, width()] = x [n, d] (rows ldx apart) through the basis.
   void to_coords(const float* x, int64_t n, int64_t ldx, float* c) const;
   // The query seen by stored coordinates: qc [n, width()] = q [n, d] · D (D = decoder or U).

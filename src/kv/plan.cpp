@@ -33,6 +33,21 @@ void check_basis(const SideSpec& sp, int d, const char* side, const HeadShape& s
   PLAN_CHECK(D.empty() || !U.empty(), "%s decoder given without a %s basis (the encoder)", side,
              side);
   if (r == 0 && U.empty()) return;
+  if (sp.channels.sparse_code) {  // a dictionary: N unit-norm atoms, N may exceed d
+    PLAN_CHECK(D.empty(), "%s dictionary (sparse-coded channels) cannot have a decoder", side);
+    PLAN_CHECK(r >= 1 && r <= 65535, "%s dictionary size %d is out of range [1, 65535]", side, r);
+    PLAN_CHECK(U.size() == static_cast<size_t>(d) * static_cast<size_t>(r),
+               "%s dictionary holds %zu floats, expected head_dim %d x atoms %d = %lld", side, U.size(), d,
+               r, static_cast<long long>(d) * r);
+    for (int j = 0; j < r; ++j) {
+      double nn = 0;
+      for (int i = 0; i < d; ++i) nn += static_cast<double>(U[static_cast<size_t>(i) * r + j]) * U[static_cast<size_t>(i) * r + j];
+      PLAN_CHECK(std::fabs(std::sqrt(nn) - 1.0) <= 1e-3,
+                 "%s dictionary atom %d has norm %g (atoms must have unit norm, tolerance 1e-3)", side, j,
+                 std::sqrt(nn));
+    }
+    return;
+  }
   PLAN_CHECK(r >= 1 && r <= d, "%s basis rank %d is out of range [1, %d]", side, r, d);
   PLAN_CHECK(U.size() == static_cast<size_t>(d) * static_cast<size_t>(r),
              "%s basis holds %zu floats, expected head_dim %d x rank %d = %d", side, U.size(), d, r,
@@ -66,8 +81,8 @@ void check_basis(const SideSpec& sp, int d, const char* side, const HeadShape& s
 }
 
 // The channel stage of one side, in the coordinates after the basis (width w).
-void check_channels(const ChannelSpec& c, int w, bool keys, size_t rows, const char* side,
-                    const HeadShape& s) {
+void check_channels(const ChannelSpec& c, int w, int d, bool has_basis, bool keys, size_t rows,
+                    const char* side, const HeadShape& s) {
   if (c.index == IndexLayout::kBitmask)
     PLAN_CHECK(c.per_token(), "%s channels: a bitmask index needs per-token channels", side);
   if (!c.set()) return;
@@ -79,6 +94,20 @@ void check_channels(const ChannelSpec& c, int w, bool keys, size_t rows, const c
                c.subset.size(), side, w);
     check_indices(c.subset, w, keys ? "key_channels" : "value_channels", s,
                   "coordinates after the basis");
+    return;
+  }
+  if (c.sparse_code) {
+    PLAN_CHECK(has_basis, "%s channels by sparse coding need a dictionary (the side's basis)", side);
+    PLAN_CHECK(!c.by_magnitude, "%s channels: sparse coding and by-magnitude cannot be combined", side);
+    PLAN_CHECK(c.topk >= 1 && c.topk <= std::min(w, d),
+               "%s channels by sparse coding: %d atoms per token is out of range [1, %d] (atoms, head dim)",
+               side, c.topk, std::min(w, d));
+    PLAN_CHECK(c.token_channels.empty() && c.token_counts.empty() && c.recovery_scale.empty() &&
+                   c.token_fill.empty() && c.token_spread.empty() &&
+                   c.recovery_dist == RecoveryDist::kFill && c.index != IndexLayout::kBitmask,
+               "%s channels by sparse coding: the cache codes each token itself, so token_channels / "
+               "token_counts / recovery / fills / a bitmask index cannot be given",
+               side);
     return;
   }
   if (c.by_magnitude) {
@@ -162,10 +191,10 @@ void validate_head_plan(const HeadPlan& hp, const HeadShape& s) {
   check_basis(hp.key, s.head_dim_k, "key", s);
   check_basis(hp.value, s.head_dim_v, "value", s);
   const size_t rows = hp.keep_all ? static_cast<size_t>(n) : hp.keep.size();
-  check_channels(hp.key.channels, hp.key.rank > 0 ? hp.key.rank : s.head_dim_k, true, rows, "key",
-                 s);
-  check_channels(hp.value.channels, hp.value.rank > 0 ? hp.value.rank : s.head_dim_v, false, rows,
-                 "value", s);
+  check_channels(hp.key.channels, hp.key.rank > 0 ? hp.key.rank : s.head_dim_k, s.head_dim_k,
+                 hp.key.has_basis(), true, rows, "key", s);
+  check_channels(hp.value.channels, hp.value.rank > 0 ? hp.value.rank : s.head_dim_v, s.head_dim_v,
+                 hp.value.has_basis(), false, rows, "value", s);
   PLAN_CHECK(!hp.appends_dense || hp.has_epoch(),
              "appends_dense is given without a basis or channels (it says how tokens appended "
              "after the plan's epoch are stored)");
@@ -179,9 +208,9 @@ void validate_head_plan(const HeadPlan& hp, const HeadShape& s) {
                "a dense buffer and appends_dense cannot be combined (the buffer encodes the "
                "tokens that leave it; appends_dense leaves them to a later plan)");
     for (const ChannelSpec* c : {&hp.key.channels, &hp.value.channels})
-      PLAN_CHECK(!c->set() || (c->by_magnitude && c->subset.empty()),
-                 "a dense buffer needs an epoch that encodes tokens by itself (channels all or "
-                 "by magnitude), not channels chosen by a press");
+      PLAN_CHECK(!c->set() || ((c->by_magnitude || c->sparse_code) && c->subset.empty()),
+                 "a dense buffer needs an epoch that encodes tokens by itself (channels all, by "
+                 "magnitude or by sparse coding), not channels chosen by a press");
   }
   if (!hp.anchors.empty()) {
     PLAN_CHECK(hp.has_epoch(),

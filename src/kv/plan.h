@@ -35,6 +35,11 @@ namespace kvtrim {
 //    itself keeps each token's T coordinates of largest |c_j| (ties: the lower index), for the
 //    tokens the plan re-encodes and for every token the epoch encodes later (appends, tokens
 //    leaving the dense buffer); pruned coordinates read zero.
+//  - per-token sparse codes (Lexico): sparse_code with topk = s (1..min(w, d)) and nothing else,
+//    over a basis that is a dictionary (SideSpec::basis = D [d, N], N atoms of unit norm, N may
+//    exceed d, no decoder): the cache codes each token it encodes by orthogonal matching pursuit
+//    (kv/sparse_code.h), x ≈ Σ_j c_j D[:, j] over s atoms, and stores (c_j, j); the attention
+//    reads the stored vector as D·c. Like by_magnitude, tokens appended later are coded too.
 //  Per-token rows record their kept coordinates as a list or a bitmask (`index`, kv_types.h
 //  IndexLayout; kAuto: whichever is smaller).
 struct ChannelSpec {
@@ -49,11 +54,14 @@ struct ChannelSpec {
   uint32_t recovery_seed = 0;
   bool recovery_sqrt = false;
   bool by_magnitude = false;
+  bool sparse_code = false;
   IndexLayout index = IndexLayout::kAuto;  // per-token rows: kept-coordinate list or bitmask
-  bool per_token() const { return topk != 0 || !token_channels.empty() || !token_counts.empty(); }
+  bool per_token() const {
+    return topk != 0 || !token_channels.empty() || !token_counts.empty() || sparse_code;
+  }
   bool set() const {
     return !subset.empty() || per_token() || !recovery_scale.empty() || !token_fill.empty() ||
-           !token_spread.empty() || recovery_dist != RecoveryDist::kFill || by_magnitude;
+           !token_spread.empty() || recovery_dist != RecoveryDist::kFill || by_magnitude || sparse_code;
   }
 };
 
@@ -61,6 +69,8 @@ struct ChannelSpec {
 //  basis [d, rank] row-major (tokens are stored as coefficients c = basisᵀ x), orthonormal
 //  columns (|UᵀU - I| <= 1e-4) unless an oblique decoder [d, rank] is given (KQ-SVD: the
 //  attention then sees decoder·c; both must be finite). rank 0 with no matrix = identity.
+//  With sparse-coded channels the basis is a dictionary: rank = N atoms (any N >= 1, more than d
+//  allowed), columns of unit norm (| |D_j| - 1 | <= 1e-3), no decoder.
 //  dtype: the precision of this epoch's stored elements (default: the cache's type for the side).
 struct SideSpec {
   int rank = 0;

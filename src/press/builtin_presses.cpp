@@ -25,6 +25,7 @@ std::vector<PressInfo> builtin_press_infos() {
   v.push_back(think_press_info());
   v.push_back(spark_press_info());
   v.push_back(swan_press_info());
+  v.push_back(lexico_press_info());
   return v;
 }
 

@@ -27,6 +27,7 @@ PressInfo ojakv_press_info();          // basis/ojakv.cpp
 PressInfo think_press_info();          // channel/think.cpp
 PressInfo spark_press_info();          // channel/spark.cpp
 PressInfo swan_press_info();           // channel/swan.cpp
+PressInfo lexico_press_info();         // channel/lexico.cpp
 
 std::vector<PressInfo> builtin_press_infos();
 

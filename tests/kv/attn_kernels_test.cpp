@@ -334,14 +334,15 @@ Packed pack(kv::SparseType type, const std::vector<uint32_t>& off, std::mt19937&
 
 // Sparse rows (per-token channel subsets) of every value type, uint8 / uint16 indices, fixed
 // and variable counts (rows with no entry and with every channel), against the same rows
-// decoded to dense [n, dim] with zeros in the dropped channels. dim > 512 takes the scalar path.
+// decoded to dense [n, dim] with zeros in the dropped channels; wide rows (600, 1100: Lexico's
+// dictionaries) take the same SIMD kernels.
 void sparse_matches_loops() {
   using kv::SparseType;
   std::mt19937 rng(23);
   std::normal_distribution<float> nd;
   const SparseType types[] = {SparseType::kF32, SparseType::kF16, SparseType::kBF16,
                               SparseType::kQ8, SparseType::kFP8};
-  for (int64_t dim : {1, 7, 16, 33, 64, 128, 256, 300, 600}) {
+  for (int64_t dim : {1, 7, 16, 33, 64, 128, 256, 300, 600, 1100}) {
     for (int idx_bytes : {1, 2}) {
       if (idx_bytes == 1 && dim > 256) continue;
       for (bool fixed : {true, false}) {

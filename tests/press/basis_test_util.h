@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "calib/calibration.h"
+#include "calib/lexico.h"
 #include "calib/lowrank.h"
 #include "calib/stief_fits.h"
 #include "ops/dequant.h"
@@ -41,6 +42,39 @@ inline SideFit oblique_of(const SideFit& o) {
       f.dec[i * o.d + j] /= s;
     }
   return f;
+}
+
+// Lexico dictionaries for the tiny model: kTinyAtoms random unit atoms per layer and side (seeded;
+// the OMP codes are what the tests check, not how good the dictionaries are).
+inline constexpr int kTinyAtoms = 40;
+inline std::shared_ptr<LexicoDicts> tiny_lexico(int n_layer, int dk, int dv) {
+  auto d = std::make_shared<LexicoDicts>();
+  d->dk = dk;
+  d->dv = dv;
+  d->n_atoms = kTinyAtoms;
+  d->sparsity_k = d->sparsity_v = 4;
+  std::mt19937 rng(17);
+  std::normal_distribution<double> nd(0, 1);
+  auto dict = [&](int dim) {
+    std::vector<float> D(static_cast<size_t>(dim) * kTinyAtoms);
+    for (int j = 0; j < kTinyAtoms; ++j) {
+      std::vector<double> a(static_cast<size_t>(dim));
+      double nn = 0;
+      for (double& x : a) {
+        x = nd(rng);
+        nn += x * x;
+      }
+      for (int i = 0; i < dim; ++i) D[static_cast<size_t>(i) * kTinyAtoms + j] = static_cast<float>(a[static_cast<size_t>(i)] / std::sqrt(nn));
+    }
+    return D;
+  };
+  for (int il = 0; il < n_layer; ++il) {
+    d->k.push_back(dict(dk));
+    d->v.push_back(dict(dv));
+    d->k_err.push_back(0.5);
+    d->v_err.push_back(0.5);
+  }
+  return d;
 }
 
 // Fits of every method from a capture of `prompt` through the tiny model. ksvd / staticpca:
@@ -86,6 +120,7 @@ inline std::shared_ptr<Calibration> tiny_calibration(const Model& model, const C
   cal->set_fits(BasisMethod::kEigenAttention, ea);
   cal->set_fits(BasisMethod::kKqSvd, kq);
   cal->set_fits(BasisMethod::kSwan, swan);
+  cal->set_lexico(tiny_lexico(nl, hp.head_dim_k, hp.head_dim_v));
   return cal;
 }
 

@@ -16,6 +16,7 @@
 #include "calib/calibration.h"
 #include "calib/capture.h"
 #include "calib/fit.h"
+#include "calib/lexico.h"
 #include "cli.h"
 #include "cmd_calibrate_stief.h"
 #include "core/error.h"
@@ -44,6 +45,9 @@ struct CalibrateOptions {
   double ratio = 0;
   double energy = 0;
   StiefCliOptions stief;
+  bool lexico = false;  // --lexico: learn Lexico's dictionaries (calib/lexico.h)
+  LexicoTrainOptions lex;
+  int lexico_rows = 16384;
 };
 
 std::vector<BasisMethod> parse_methods(const std::string& s) {
@@ -92,12 +96,13 @@ std::string utc_now() {
 struct Captured {
   std::vector<HeadStats> stats;
   std::vector<LayerIoSample> io;
+  std::vector<std::vector<float>> k_rows, v_rows;  // --lexico's samples
   int64_t n_seqs = 0, n_tokens = 0;
   double seconds = 0;
 };
 
 Captured capture_text(const Model& model, const std::string& path, const CalibrateOptions& o,
-                      int layer_io_rows, ThreadPool& pool) {
+                      int layer_io_rows, ThreadPool& pool, int kv_rows = 0) {
   const std::string text = load_text(path);
   const Tokenizer& tok = model.tokenizer();
   const std::vector<int32_t> tokens = tok.encode(text, tok.add_bos(), false);
@@ -113,7 +118,7 @@ Captured capture_text(const Model& model, const std::string& path, const Calibra
                  static_cast<long long>(o.seqs));
   std::fprintf(stderr, "capturing %zu sequences x %lld tokens of %s\n", seqs.size(),
                static_cast<long long>(o.seq_len), path.c_str());
-  CalibCapture cap(model, layer_io_rows, o.seed);
+  CalibCapture cap(model, layer_io_rows, o.seed, kv_rows);
   const double t0 = now_seconds();
   ProgressBar bar("calibrate", static_cast<int64_t>(seqs.size()), "seq");
   run_capture(model, seqs, cap, &pool, [&](int64_t done, int64_t) { bar.update(done); });
@@ -121,38 +126,81 @@ Captured capture_text(const Model& model, const std::string& path, const Calibra
   Captured c;
   c.stats = cap.stats();
   c.io = cap.layer_io();
+  c.k_rows = cap.key_rows();
+  c.v_rows = cap.value_rows();
   c.n_seqs = static_cast<int64_t>(seqs.size());
   c.n_tokens = cap.n_tokens();
   c.seconds = now_seconds() - t0;
   return c;
 }
 
+// --lexico: learns the dictionaries from the captured key / value rows into c.
+void run_lexico(const Model& model, Calibration& c, const Captured& cap, const CalibrateOptions& o, ThreadPool& pool) {
+  const HParams& hp = model.hparams();
+  KVTRIM_CHECK(!cap.k_rows.empty() && cap.k_rows[0].size() / static_cast<size_t>(hp.head_dim_k) >=
+                                          static_cast<size_t>(o.lex.n_atoms),
+               "--lexico: %zu sampled rows per layer cannot train %d atoms (raise --lexico-rows or the "
+               "calibration tokens, or lower --lexico-atoms)",
+               cap.k_rows.empty() ? size_t{0} : cap.k_rows[0].size() / static_cast<size_t>(hp.head_dim_k),
+               o.lex.n_atoms);
+  const double t0 = now_seconds();
+  ProgressBar bar("lexico", hp.n_layer, "layer");
+  auto d = std::make_shared<LexicoDicts>(train_lexico(cap.k_rows, cap.v_rows, hp.head_dim_k, hp.head_dim_v, o.lex,
+                                                      &pool, [&](int64_t done, int64_t) { bar.update(done); }));
+  bar.finish();
+  double ek = 0, ev = 0;
+  for (int il = 0; il < d->n_layer(); ++il) {
+    ek += d->k_err[static_cast<size_t>(il)] / d->n_layer();
+    ev += d->v_err[static_cast<size_t>(il)] / d->n_layer();
+  }
+  std::printf("lexico: %d atoms per layer and side from %zu rows, training sparsity %d / %d, %d iterations: "
+              "mean relative error keys %.4f, values %.4f (%.1f s)\n",
+              d->n_atoms, cap.k_rows[0].size() / static_cast<size_t>(hp.head_dim_k), d->sparsity_k, d->sparsity_v,
+              o.lex.iters, ek, ev, now_seconds() - t0);
+  c.set_lexico(std::move(d));
+  c.meta["lexico_rows"] = std::to_string(cap.k_rows[0].size() / static_cast<size_t>(hp.head_dim_k));
+  c.meta["lexico_iters"] = std::to_string(o.lex.iters);
+}
+
+// --lexico --calib FILE: adds Lexico's dictionaries to an existing calibration of the same model
+// (captures the calibration text again for the key / value rows).
+void add_lexico_to(const CalibrateOptions& o, Calibration& c, const Model& model, const std::string& tpath,
+                   ThreadPool& pool) {
+  Captured cap = capture_text(model, tpath, o, 0, pool, o.lexico_rows);
+  run_lexico(model, c, cap, o, pool);
+  c.meta["lexico_text"] = fs::path(tpath).filename().string();
+}
+
 // --stief --calib FILE: adds StiefAttention to an existing calibration of the same model (its
 // statistics and EigenAttention fits), without capturing again.
-void add_stief_to(const CalibrateOptions& o) {
+void add_to(const CalibrateOptions& o) {
   const std::string tpath = text_path(o);
   load_text(tpath);
   Calibration c = Calibration::load(o.calib);
-  check_stief_options(o.stief, c.methods());
+  if (o.stief.enabled) check_stief_options(o.stief, c.methods());
   auto model = load_model(o.common);
   c.check_model(*model, o.calib);
   ThreadPool pool(o.common.threads);
   const double t0 = now_seconds();
   const std::string out = o.out.empty() ? o.calib : o.out;
-  const Tokenizer& tok = model->tokenizer();
-  int64_t captured = 0;
-  if (c.meta.count("sequences") && c.meta.count("seq_len"))
-    captured = std::atoll(c.meta["sequences"].c_str()) * std::atoll(c.meta["seq_len"].c_str());
-  run_stief(*model, c, tok.encode(load_text(tpath), tok.add_bos(), false),
-            tok.add_bos() ? tok.bos() : -1, captured, o.stief, pool, out);
-  c.meta["stief_text"] = fs::path(tpath).filename().string();
+  if (o.lexico) add_lexico_to(o, c, *model, tpath, pool);
+  if (o.stief.enabled) {
+    const Tokenizer& tok = model->tokenizer();
+    int64_t captured = 0;
+    if (c.meta.count("sequences") && c.meta.count("seq_len"))
+      captured = std::atoll(c.meta["sequences"].c_str()) * std::atoll(c.meta["seq_len"].c_str());
+    run_stief(*model, c, tok.encode(load_text(tpath), tok.add_bos(), false),
+              tok.add_bos() ? tok.bos() : -1, captured, o.stief, pool, out);
+    c.meta["stief_text"] = fs::path(tpath).filename().string();
+  }
   c.meta["date"] = utc_now();
   c.save(out);
   remove_stief_checkpoint(out);
   std::error_code ec;
   const auto size = fs::file_size(out, ec);
-  std::printf("wrote %s (%s): %s plus StiefAttention; total %.1f s\n", out.c_str(),
-              human_bytes(ec ? 0 : size).c_str(), o.calib.c_str(), now_seconds() - t0);
+  std::printf("wrote %s (%s): %s plus%s%s; total %.1f s\n", out.c_str(), human_bytes(ec ? 0 : size).c_str(),
+              o.calib.c_str(), o.stief.enabled ? " StiefAttention" : "", o.lexico ? " Lexico" : "",
+              now_seconds() - t0);
 }
 
 void calibrate(const CalibrateOptions& o) {
@@ -165,12 +213,13 @@ void calibrate(const CalibrateOptions& o) {
   auto model = load_model(o.common);
   ThreadPool pool(o.common.threads);
   const double t0 = now_seconds();
-  Captured cap = capture_text(*model, tpath, o, o.layer_io_rows, pool);
+  Captured cap = capture_text(*model, tpath, o, o.layer_io_rows, pool, o.lexico ? o.lexico_rows : 0);
   const double t_fit = now_seconds();
   const HParams& hp = model->hparams();
   Calibration c(model_fingerprint(*model), hp.n_layer, hp.n_head_kv);
   for (BasisMethod m : methods) c.set_fits(m, fit_all(m, cap.stats));
   const double fit_s = now_seconds() - t_fit;
+  if (o.lexico) run_lexico(*model, c, cap, o, pool);
   c.set_stats(std::move(cap.stats));
   if (o.layer_io_rows > 0) c.set_layer_io(std::move(cap.io));
   c.meta["text"] = fs::path(tpath).filename().string();
@@ -344,6 +393,23 @@ void register_calibrate(CLI::App& app) {
   c->add_option("-o,--out", o->out, "output file (default: next to the model, <model>.kvcalib)");
   c->add_option("--seed", o->seed, "seed of the layer-io reservoir sample")->capture_default_str();
   add_stief_options(c, o->stief);
+  c->add_flag("--lexico", o->lexico,
+              "also learn Lexico's per-layer key / value dictionaries (docs/presses-lexico.md); with --calib: "
+              "add them to that file");
+  c->add_option("--lexico-atoms", o->lex.n_atoms, "Lexico: atoms per dictionary (N)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 65535));
+  c->add_option("--lexico-sparsity", o->lex.sparsity,
+                "Lexico: atoms per row while learning (0 = max(4, head_dim / 8))")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  c->add_option("--lexico-iters", o->lex.iters, "Lexico: dictionary-learning iterations (OMP codes + MOD update)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1000));
+  c->add_option("--lexico-rows", o->lexico_rows,
+                "Lexico: key / value rows sampled per layer (each (token, kv head) one row) to learn from")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 24));
   c->add_flag("--report", o->report,
               "print RER / subspace-overlap diagnostics instead of writing a file");
   c->add_option("--calib", o->calib,
@@ -357,14 +423,15 @@ void register_calibrate(CLI::App& app) {
       ->check(CLI::Range(0.0, 1.0));
   c->callback([o] {
     if (o->report) {
-      KVTRIM_CHECK(!o->stief.enabled, "--stief writes a calibration file: it does not go with --report");
+      KVTRIM_CHECK(!o->stief.enabled && !o->lexico,
+                   "--stief and --lexico write a calibration file: they do not go with --report");
       report(*o);
     } else {
       KVTRIM_CHECK(o->ratio == 0 && o->energy == 0, "--ratio and --energy need --report");
       if (!o->calib.empty()) {
-        KVTRIM_CHECK(o->stief.enabled, "--calib needs --report, or --stief (to add StiefAttention "
-                     "to that file)");
-        add_stief_to(*o);
+        KVTRIM_CHECK(o->stief.enabled || o->lexico, "--calib needs --report, or --stief / --lexico (to add "
+                     "StiefAttention / Lexico to that file)");
+        add_to(*o);
         return;
       }
       calibrate(*o);
