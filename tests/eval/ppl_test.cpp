@@ -80,9 +80,13 @@ TEST(EvalPpl, RatioZeroEqualsFullCacheInBothModes) {
       c.chunk = mode == PplMode::kThroughout ? 3 : 1;
       const PplSummary sm = summarize_ppl(run_all(s, toks, c));
       EXPECT_EQ(sm.n_scored, ref.n_scored);
-      EXPECT_NEAR(sm.ppl_full / ref.ppl, 1.0, 1e-6) << spec << " " << ppl_mode_name(mode);
-      EXPECT_NEAR(sm.ppl_press / ref.ppl, 1.0, 1e-6) << spec << " " << ppl_mode_name(mode);
-      EXPECT_NEAR(sm.delta, 0.0, 1e-6 * ref.ppl);
+      // In log space, relative to the mean NLL (~44 nats for this random model): chunked passes
+      // (3 tokens) and whole-window passes take different attention paths (tiled prefill from 4
+      // queries on), equal up to f32 rounding, which differs with the SIMD width of the machine.
+      const double tol = 1e-7 * (1.0 + std::log(ref.ppl));
+      EXPECT_NEAR(std::log(sm.ppl_full / ref.ppl), 0.0, tol) << spec << " " << ppl_mode_name(mode);
+      EXPECT_NEAR(std::log(sm.ppl_press / ref.ppl), 0.0, tol) << spec << " " << ppl_mode_name(mode);
+      EXPECT_NEAR(sm.delta, 0.0, tol * ref.ppl);
       EXPECT_NEAR(sm.kv_ratio, 2.0, 0.05);  // f32 holds twice the f16 bytes (plus positions), nothing dropped
     }
   }
