@@ -93,9 +93,16 @@ void omp_block(const float* D, int d, int N, const float* x, int64_t nb, int64_t
     bool any = false;
     for (const RowState& q : st) any = any || !q.done;
     if (!any) break;
-    // C [nb, N] = R [nb, d] · D
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(nb), N, d, 1.f, R.data(), d, D, N,
-                0.f, C.data(), N);
+    // C [nb, N] = R [nb, d] · D: one sgemm for a block; a few rows (a decode step's token
+    // leaving the buffer) take sgemv, which reads D in place instead of packing it first
+    if (nb <= 2) {
+      for (int64_t r = 0; r < nb; ++r)
+        if (!st[static_cast<size_t>(r)].done)
+          cblas_sgemv(CblasRowMajor, CblasTrans, d, N, 1.f, D, N, R.data() + r * d, 1, 0.f, C.data() + r * N, 1);
+    } else {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(nb), N, d, 1.f, R.data(), d, D, N,
+                  0.f, C.data(), N);
+    }
     for (int64_t r = 0; r < nb; ++r) {
       RowState& q = st[static_cast<size_t>(r)];
       if (q.done) continue;
