@@ -19,26 +19,11 @@
 namespace kvtrim {
 namespace {
 
-std::vector<float> unit_columns(int d, int N, std::mt19937& rng) {
-  std::normal_distribution<double> nd(0, 1);
-  std::vector<float> D(static_cast<size_t>(d) * N);
-  for (int j = 0; j < N; ++j) {
-    std::vector<double> a(static_cast<size_t>(d));
-    double nn = 0;
-    for (double& x : a) {
-      x = nd(rng);
-      nn += x * x;
-    }
-    for (int i = 0; i < d; ++i) D[static_cast<size_t>(i) * N + j] = static_cast<float>(a[static_cast<size_t>(i)] / std::sqrt(nn));
-  }
-  return D;
-}
-
 TEST(LexicoTrain, RecoversAPlantedDictionary) {
   std::mt19937 rng(4);
   const int d = 16, N = 24, s = 2;
   const int64_t n = 3000;
-  const std::vector<float> Dt = unit_columns(d, N, rng);
+  const std::vector<float> Dt = test::random_dictionary(d, N, rng);
   std::vector<float> X(static_cast<size_t>(n * d), 0.f);
   std::uniform_int_distribution<int> pick(0, N - 1);
   std::normal_distribution<float> coef(0.f, 1.f);

@@ -16,6 +16,7 @@
 #include "kv/kv_cache.h"
 #include "kv/sparse_code.h"
 #include "kv_test_util.h"
+#include "test_util.h"
 
 namespace kvtrim {
 namespace {
@@ -26,21 +27,7 @@ using kvtest::randn;
 
 constexpr int kLayers = 2, kHeads = 2, kD = 32;
 
-// A dictionary [d, N] (row-major, column j = atom j) of random unit atoms.
-std::vector<float> dictionary(int d, int N, std::mt19937& rng) {
-  std::vector<float> D(static_cast<size_t>(d) * N);
-  std::normal_distribution<double> nd(0, 1);
-  for (int j = 0; j < N; ++j) {
-    std::vector<double> a(static_cast<size_t>(d));
-    double nn = 0;
-    for (double& x : a) {
-      x = nd(rng);
-      nn += x * x;
-    }
-    for (int i = 0; i < d; ++i) D[static_cast<size_t>(i) * N + j] = static_cast<float>(a[static_cast<size_t>(i)] / std::sqrt(nn));
-  }
-  return D;
-}
+std::vector<float> dictionary(int d, int N, std::mt19937& rng) { return test::random_dictionary(d, N, rng); }
 
 std::vector<float> atoms_of(const std::vector<float>& D, int d, int N) {
   std::vector<float> A(D.size());

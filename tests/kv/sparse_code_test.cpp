@@ -11,23 +11,17 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "kv/sparse_code.h"
+#include "test_util.h"
 
 namespace kvtrim::kv {
 namespace {
 
 // N random unit atoms of dimension d, atom-major [N, d].
 std::vector<float> random_atoms(int d, int N, std::mt19937& rng) {
-  std::normal_distribution<double> nd(0, 1);
-  std::vector<float> A(static_cast<size_t>(N) * d);
-  for (int j = 0; j < N; ++j) {
-    std::vector<double> a(static_cast<size_t>(d));
-    double nn = 0;
-    for (double& x : a) {
-      x = nd(rng);
-      nn += x * x;
-    }
-    for (int i = 0; i < d; ++i) A[static_cast<size_t>(j) * d + i] = static_cast<float>(a[static_cast<size_t>(i)] / std::sqrt(nn));
-  }
+  const std::vector<float> D = test::random_dictionary(d, N, rng);
+  std::vector<float> A(D.size());
+  for (int i = 0; i < d; ++i)
+    for (int j = 0; j < N; ++j) A[static_cast<size_t>(j) * d + i] = D[static_cast<size_t>(i) * N + j];
   return A;
 }
 

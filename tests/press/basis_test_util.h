@@ -54,20 +54,7 @@ inline std::shared_ptr<LexicoDicts> tiny_lexico(int n_layer, int dk, int dv) {
   d->n_atoms = kTinyAtoms;
   d->sparsity_k = d->sparsity_v = 4;
   std::mt19937 rng(17);
-  std::normal_distribution<double> nd(0, 1);
-  auto dict = [&](int dim) {
-    std::vector<float> D(static_cast<size_t>(dim) * kTinyAtoms);
-    for (int j = 0; j < kTinyAtoms; ++j) {
-      std::vector<double> a(static_cast<size_t>(dim));
-      double nn = 0;
-      for (double& x : a) {
-        x = nd(rng);
-        nn += x * x;
-      }
-      for (int i = 0; i < dim; ++i) D[static_cast<size_t>(i) * kTinyAtoms + j] = static_cast<float>(a[static_cast<size_t>(i)] / std::sqrt(nn));
-    }
-    return D;
-  };
+  auto dict = [&](int dim) { return random_dictionary(dim, kTinyAtoms, rng); };
   for (int il = 0; il < n_layer; ++il) {
     d->k.push_back(dict(dk));
     d->v.push_back(dict(dv));
