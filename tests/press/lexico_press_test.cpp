@@ -97,6 +97,23 @@ TEST_F(LexicoPress, ComposesWithEvictionAndBytesMultiply) {
   for (float v : x) ASSERT_TRUE(std::isfinite(v));
 }
 
+// prefill=throughout: each layer starts its epoch after the first forward call, so the prompt's
+// own later chunks already read coded tokens; the buffer keeps the newest dense.
+TEST_F(LexicoPress, ThroughoutCodesDuringThePrefill) {
+  test::CalibrationScope scope(test::tiny_calibration(*model_, capture(test::calib_tokens())));
+  const HParams& hp = model_->hparams();
+  auto s = prefilled("lexico:s=4,buffer=4,prefill=throughout", tokens(kN));  // chunks of 16
+  for (int il = 0; il < hp.n_layer; ++il)
+    for (int ih = 0; ih < hp.n_head_kv; ++ih) {
+      const KvCache::HeadLayout lay = s->cache().head_layout(il, ih);
+      ASSERT_EQ(lay.epoch.size(), static_cast<size_t>(kN));
+      // after the last chunk (8 tokens) the buffer holds 4 + 8 - 1: the rest is coded already
+      for (int t = 0; t < kN; ++t) EXPECT_EQ(lay.epoch[static_cast<size_t>(t)] < 0, t >= kN - 11) << t;
+    }
+  const std::vector<float> x = s->decode(7);
+  for (float v : x) ASSERT_TRUE(std::isfinite(v));
+}
+
 TEST_F(LexicoPress, ClearErrors) {
   const HParams& hp = model_->hparams();
   {
