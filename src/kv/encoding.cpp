@@ -10,6 +10,7 @@
 #include <mutex>
 
 #include "kv/attn_kernels.h"
+#include "kv/quant_formats.h"
 #include "kv/sparse_code.h"
 
 namespace kvtrim::kv {
@@ -53,6 +54,10 @@ std::shared_ptr<const BasisMat> intern_basis(int d, int r, const std::vector<flo
 
 void SideEncoding::sparse_encode(const float* x, int64_t n, int64_t ldx, int32_t* idx, float* coef) const {
   omp_encode(basis->enc.data(), d, basis->r, x, n, ldx, topk, idx, coef);
+  // fp8 entries: coefficients fitted to the grid they are stored on (a 3-bit mantissa's rounding
+  // of one large coefficient would otherwise stay in the vector; see refit_rounded)
+  if (dtype == KvDtype::kFP8)
+    refit_rounded(basis->enc.data(), d, basis->r, x, n, ldx, topk, idx, coef, fp8_grid_round, kFp8E4M3Max);
 }
 
 std::shared_ptr<const BasisMat> hadamard_basis(int d) {

@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "kv/quant_formats.h"
 
 namespace kvtrim::kv {
 namespace {
@@ -180,6 +181,81 @@ void omp_encode(const float* D, int d, int n_atoms, const float* x, int64_t n, i
       omp_block(D, d, n_atoms, x + r0 * ldx, nb, ldx, s, idx + r0 * s, coef + r0 * s);
     }
   });
+}
+
+float fp8_grid_round(float v, float scale) {
+  return scale > 0 ? scale * fp8_e4m3_to_f32(fp8_e4m3_from_f32(v / scale)) : 0.f;
+}
+
+void refit_rounded(const float* D, int d, int N, const float* x, int64_t n, int64_t ldx, int s,
+                   const int32_t* idx, float* coef, GridRound round, float grid_max) {
+  std::vector<double> G(static_cast<size_t>(s) * s), b(static_cast<size_t>(s)), r(static_cast<size_t>(d));
+  std::vector<double> M, L, rhs, g;
+  std::vector<int> free_at;
+  for (int64_t row = 0; row < n; ++row) {
+    const float* xr = x + row * ldx;
+    const int32_t* ix = idx + row * s;
+    float* cf = coef + row * s;
+    float mx = 0;
+    for (int e = 0; e < s; ++e) mx = std::max(mx, std::fabs(cf[e]));
+    if (!(mx > 0)) continue;
+    const float scale = mx / grid_max;
+    auto atom = [&](int e, int i) { return static_cast<double>(D[static_cast<int64_t>(i) * N + ix[e]]); };
+    for (int a = 0; a < s; ++a)
+      for (int c = 0; c <= a; ++c) {
+        double v = 0;
+        for (int i = 0; i < d; ++i) v += atom(a, i) * atom(c, i);
+        G[static_cast<size_t>(a) * s + c] = G[static_cast<size_t>(c) * s + a] = v;
+      }
+    for (int i = 0; i < d; ++i) r[static_cast<size_t>(i)] = xr[i];
+    std::vector<char> fixed(static_cast<size_t>(s), 0);
+    std::vector<double> cur(cf, cf + s);
+    for (int step = 0; step < s; ++step) {
+      // the largest free coefficient (of the current fit) is rounded and fixed
+      int pick = -1;
+      for (int e = 0; e < s; ++e)
+        if (!fixed[static_cast<size_t>(e)] && (pick < 0 || std::fabs(cur[static_cast<size_t>(e)]) > std::fabs(cur[static_cast<size_t>(pick)])))
+          pick = e;
+      const float q = round(static_cast<float>(cur[static_cast<size_t>(pick)]), scale);
+      cf[pick] = q;
+      fixed[static_cast<size_t>(pick)] = 1;
+      for (int i = 0; i < d; ++i) r[static_cast<size_t>(i)] -= static_cast<double>(q) * atom(pick, i);
+      // refit the free ones to r: (A_Fᵀ A_F) γ = A_Fᵀ r, Cholesky (skipped when dependent)
+      free_at.clear();
+      for (int e = 0; e < s; ++e)
+        if (!fixed[static_cast<size_t>(e)]) free_at.push_back(e);
+      const int k = static_cast<int>(free_at.size());
+      if (k == 0) break;
+      M.assign(static_cast<size_t>(k) * k, 0.0);
+      L.assign(static_cast<size_t>(k) * k, 0.0);
+      rhs.assign(static_cast<size_t>(k), 0.0);
+      g.assign(static_cast<size_t>(k), 0.0);
+      for (int a = 0; a < k; ++a) {
+        for (int c = 0; c < k; ++c) M[static_cast<size_t>(a) * k + c] = G[static_cast<size_t>(free_at[a]) * s + free_at[c]];
+        double v = 0;
+        for (int i = 0; i < d; ++i) v += atom(free_at[a], i) * r[static_cast<size_t>(i)];
+        rhs[static_cast<size_t>(a)] = v;
+      }
+      bool ok = true;
+      for (int a = 0; a < k && ok; ++a)
+        for (int c = 0; c <= a; ++c) {
+          double v = M[static_cast<size_t>(a) * k + c];
+          for (int j = 0; j < c; ++j) v -= L[static_cast<size_t>(a) * k + j] * L[static_cast<size_t>(c) * k + j];
+          if (a == c) {
+            if (!(v > kPivotTol)) {
+              ok = false;
+              break;
+            }
+            L[static_cast<size_t>(a) * k + a] = std::sqrt(v);
+          } else {
+            L[static_cast<size_t>(a) * k + c] = v / L[static_cast<size_t>(c) * k + c];
+          }
+        }
+      if (!ok) continue;  // keep the previous fit of the free ones
+      chol_solve(L.data(), k, k, rhs.data(), g.data());
+      for (int a = 0; a < k; ++a) cur[static_cast<size_t>(free_at[a])] = g[static_cast<size_t>(a)];
+    }
+  }
 }
 
 void omp_encode_reference(const float* D, int d, int n_atoms, const float* x, int64_t n, int64_t ldx,

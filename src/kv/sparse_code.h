@@ -24,6 +24,19 @@ namespace kvtrim::kv {
 void omp_encode(const float* D, int d, int n_atoms, const float* x, int64_t n, int64_t ldx,
                 int s, int32_t* idx, float* coef, ThreadPool* pool = nullptr);
 
+// Rounding-aware coefficients for a store that keeps each row's entries on a coarse grid (fp8:
+// one scale per row, scale = max|c| / 448, 3 mantissa bits): for each row's code (idx, coef from
+// omp_encode, the support kept), the coefficients are fixed one at a time, largest first, each
+// rounded to the grid and the still-free ones refitted by least squares to what the fixed ones
+// leave of x. Rounding one coefficient then no longer leaves its error in x: the later ones
+// absorb it. On return coef holds values on the grid (re-encoding them is exact up to the
+// division by the scale). round(v, scale) gives the grid value nearest v.
+using GridRound = float (*)(float v, float scale);
+void refit_rounded(const float* D, int d, int n_atoms, const float* x, int64_t n, int64_t ldx, int s,
+                   const int32_t* idx, float* coef, GridRound round, float grid_max);
+// fp8 E4M3's grid with a row scale (for refit_rounded): scale · fp8(v / scale).
+float fp8_grid_round(float v, float scale);
+
 // The same algorithm in double precision, one row at a time, correlations recomputed from the
 // residual by plain loops, the least-squares fit solved from scratch each step (tests).
 void omp_encode_reference(const float* D, int d, int n_atoms, const float* x, int64_t n,

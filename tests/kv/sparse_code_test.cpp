@@ -164,6 +164,56 @@ TEST(SparseCode, EarlyStopsPadWithUnusedAtoms) {
   }
 }
 
+// fp8 storage: refitting the free coefficients after rounding each one (largest first) adds less
+// error to the exact fit than rounding the least-squares coefficients directly (coherent atoms and
+// a large common component, as Qwen's keys have), and every coefficient lands on the fp8 grid.
+TEST(SparseCode, RefitRoundedBeatsPlainRoundingOnFp8) {
+  std::mt19937 rng(21);
+  const int d = 32, N = 96, s = 10;
+  std::vector<float> A = random_atoms(d, N, rng);
+  // a shared direction in every atom makes them coherent (large, cancelling coefficients)
+  for (int j = 0; j < N; ++j) {
+    double nn = 0;
+    for (int i = 0; i < d; ++i) {
+      A[static_cast<size_t>(j) * d + i] += (i == 0 ? 2.f : 0.f);
+      nn += static_cast<double>(A[static_cast<size_t>(j) * d + i]) * A[static_cast<size_t>(j) * d + i];
+    }
+    for (int i = 0; i < d; ++i) A[static_cast<size_t>(j) * d + i] = static_cast<float>(A[static_cast<size_t>(j) * d + i] / std::sqrt(nn));
+  }
+  const std::vector<float> D = as_dict(A, d, N);
+  const int64_t n = 200;
+  std::vector<float> X = randn(static_cast<size_t>(n * d), rng);
+  for (int64_t r = 0; r < n; ++r) X[static_cast<size_t>(r * d)] += 40.f;  // the outlier component
+  std::vector<int32_t> idx(static_cast<size_t>(n * s));
+  std::vector<float> c(idx.size());
+  omp_encode(D.data(), d, N, X.data(), n, d, s, idx.data(), c.data());
+  std::vector<float> plain = c, refit = c;
+  for (int64_t r = 0; r < n; ++r) {
+    float mx = 0;
+    for (int e = 0; e < s; ++e) mx = std::max(mx, std::fabs(plain[static_cast<size_t>(r * s + e)]));
+    for (int e = 0; e < s; ++e)
+      plain[static_cast<size_t>(r * s + e)] = fp8_grid_round(plain[static_cast<size_t>(r * s + e)], mx / 448.f);
+  }
+  refit_rounded(D.data(), d, N, X.data(), n, d, s, idx.data(), refit.data(), fp8_grid_round, 448.f);
+  double e_plain = 0, e_refit = 0, e_exact = 0;
+  for (int64_t r = 0; r < n; ++r) {
+    const float* xr = X.data() + r * d;
+    const int32_t* ir = idx.data() + r * s;
+    e_plain += rel_residual(A.data(), d, xr, ir, plain.data() + r * s, s);
+    e_refit += rel_residual(A.data(), d, xr, ir, refit.data() + r * s, s);
+    e_exact += rel_residual(A.data(), d, xr, ir, c.data() + r * s, s);
+    float mx = 0;
+    for (int e = 0; e < s; ++e) mx = std::max(mx, std::fabs(refit[static_cast<size_t>(r * s + e)]));
+    for (int e = 0; e < s; ++e) {  // on the grid of the row's scale
+      const float v = refit[static_cast<size_t>(r * s + e)];
+      ASSERT_EQ(fp8_grid_round(v, mx / 448.f), v) << "row " << r << " entry " << e;
+    }
+  }
+  // the error the rounding adds to the exact fit's: at least halved
+  EXPECT_LT(e_refit - e_exact, 0.5 * (e_plain - e_exact))
+      << "exact " << e_exact / n << ", plain rounding " << e_plain / n << ", refit " << e_refit / n;
+}
+
 TEST(SparseCode, BadArgumentsAreErrors) {
   std::vector<float> A(16 * 4, 0.25f), x(4, 1.f), c(8);
   std::vector<int32_t> idx(8);

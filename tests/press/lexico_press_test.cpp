@@ -71,12 +71,12 @@ TEST_F(LexicoPress, RatioSetsTheAtomsFromTheBytes) {
   test::CalibrationScope scope(test::tiny_calibration(*model_, capture(test::calib_tokens())));
   const HParams& hp = model_->hparams();
   const size_t nh = static_cast<size_t>(hp.n_layer * hp.n_head_kv), coded = kN - 4;
-  // d = 16, N = 40 (uint8 indices): f16 rows cost 3s bytes, fp8 rows 2s + 4, of 2d = 32
-  for (auto [spec, s_each] : {std::pair{"lexico:buffer=4", 5},                         // 16 / 3
-                              std::pair{"lexico:ratio=0.75,buffer=4", 2},              // 8 / 3
-                              std::pair{"lexico:ratio=0.5,values=fp8,buffer=4", 6},    // (16 - 4) / 2
-                              std::pair{"lexico:ratio=0.75,values=fp8,buffer=4", 2},   // (8 - 4) / 2
-                              std::pair{"lexico:ratio=0,values=fp8,buffer=4", 14}}) {  // (32 - 4) / 2
+  // d = 16, N = 40 (uint8 indices): fp8 rows (the default) cost 2s + 4 bytes, f16 rows 3s, of 2d = 32
+  for (auto [spec, s_each] : {std::pair{"lexico:buffer=4", 6},                         // (16 - 4) / 2
+                              std::pair{"lexico:ratio=0.75,buffer=4", 2},              // (8 - 4) / 2
+                              std::pair{"lexico:ratio=0,buffer=4", 14},                // (32 - 4) / 2
+                              std::pair{"lexico:ratio=0.5,values=f16,buffer=4", 5},    // 16 / 3
+                              std::pair{"lexico:ratio=0.75,values=f16,buffer=4", 2}}) {  // 8 / 3
     SCOPED_TRACE(spec);
     auto s = prefilled(spec, tokens(kN));
     s->compress();

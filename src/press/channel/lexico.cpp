@@ -13,18 +13,17 @@
 // entries, the values are summed in atom space and mapped back once (D_V·Σ a c). The paper's
 // decoding computes the same products (its Eq. for q·K̂ᵀ = (q D_K) K_csrᵀ).
 //
-// Storage per coded token and side: s entries of (value, uint16 atom index): 4s bytes (f16, the
-// default), or 3s + 4 with fp8 values and one f32 scale per row (the paper's choice: FP8 values and
-// INT16 indices, its 3s + 2 with a CSR offset we do not need for a fixed s). fp8 is not the
-// default because it fails on Qwen2.5 (perplexity 9.5 -> 6,351 at ratio 0.5, where f16 costs
-// +0.03): the least-squares coefficients over coherent atoms carry the keys' large outlier
-// components with cancellation, and fp8's 3-bit mantissa loses them (docs/presses-lexico.md).
+// Storage per coded token and side: s entries of (value, uint16 atom index): 3s + 4 bytes with fp8
+// values and one f32 scale per row (the default and the paper's choice: FP8 values and INT16
+// indices, its 3s + 2 with a CSR offset we do not need for a fixed s), or 4s (f16). fp8
+// coefficients are fitted to their grid (kv/sparse_code.h refit_rounded, by the cache): rounded
+// plain, they broke Qwen2.5 (perplexity 9.5 -> 6,351 at ratio 0.5; docs/presses-lexico.md).
 // The dictionaries (N·d f32 per layer and side) count under the cache's bases bytes.
 //
 // Options (defaults): ratio = 0.5 (fraction of a token's f16 bytes removed per side, which sets
 // s = floor(((1 − ratio)·2d − scale) / (value bytes + index bytes)), at least 1), s / sv = key /
 // value atoms per token (0 = from ratio; sv = 0 takes s), buffer = 128 (the paper's n_b), values =
-// f16 or fp8 (the paper's), calib = the default file, prefill = after | throughout (as SWAN).
+// fp8 (the paper's) or f16, calib = the default file, prefill = after | throughout (as SWAN).
 #include <algorithm>
 #include <cmath>
 
@@ -40,7 +39,7 @@ struct LexicoOptions {
   double ratio = 0.5;
   int64_t s = 0, sv = 0;
   int64_t buffer = 128;
-  KvDtype values = KvDtype::kF16;
+  KvDtype values = KvDtype::kFP8;
   std::string calib;
   bool throughout = false;
 };
@@ -113,8 +112,7 @@ PressInfo lexico_press_info() {
       {"s", "0", "keys' atoms per token (0 = from ratio)"},
       {"sv", "0", "values' atoms per token (0 = the keys' count)"},
       {"buffer", "128", "n_b: the newest n_b tokens stay dense (0 = every token coded)"},
-      {"values", "f16", "precision of the stored coefficients: f16, or fp8 (the paper's; fails on Qwen2.5, "
-                        "docs/presses-lexico.md)"},
+      {"values", "fp8", "precision of the stored coefficients: fp8 (the paper's; fitted to the fp8 grid) or f16"},
       {"calib", "", "calibration file with Lexico dictionaries (kvtrim calibrate --lexico; default: "
                     "<model>.kvcalib next to the model's .gguf)"},
       {"prefill", "after", "after: code once the prompt is prefilled (its attention is dense); throughout: from the "
@@ -126,7 +124,7 @@ PressInfo lexico_press_info() {
     o.s = a.get_int_min("s", 0);
     o.sv = a.get_int_min("sv", 0);
     o.buffer = a.get_int_min("buffer", 0);
-    o.values = a.get_choice<KvDtype>("values", {{"f16", KvDtype::kF16}, {"fp8", KvDtype::kFP8}});
+    o.values = a.get_choice<KvDtype>("values", {{"fp8", KvDtype::kFP8}, {"f16", KvDtype::kF16}});
     o.calib = a.get_string("calib");
     o.throughout = a.get_choice<bool>("prefill", {{"after", false}, {"throughout", true}});
     return std::make_unique<LexicoPress>(o);
