@@ -138,9 +138,10 @@ PplWindow score_ppl_window(Session& s, const std::vector<int32_t>& win, int64_t 
       press[static_cast<size_t>(j - P)] =
           token_nll(logits.data() + static_cast<size_t>(j - P) * n_vocab, n_vocab, win[static_cast<size_t>(j + 1)]);
     // bytes while row j is evaluated: the compressed prefix plus rows P..j, linear in j.
-    const double b_end = static_cast<double>(s.cache().bytes().total());  // rows P..C-1 appended
+    const KvBytes end = s.cache().bytes();  // rows P..C-1 appended
+    const double b_end = static_cast<double>(end.total());
     const double per_tok = (b_end - static_cast<double>(st.bytes_after)) / static_cast<double>(C - P);
-    const double bases = static_cast<double>(s.cache().bytes().bases);  // fixed once compressed
+    const double bases = static_cast<double>(end.bases);  // fixed once compressed
     for (int64_t j = P; j < C - 1; ++j) {
       r.kv_bytes += static_cast<double>(st.bytes_after) + per_tok * static_cast<double>(j - P + 1);
       r.kv_dense += dense_per_token * static_cast<double>(j + 1);

@@ -97,8 +97,8 @@ struct SparseRows {
 };
 // s[g * ld_s + (t - t0)] = scale_t · Σ_j q[g * ldq + idx_tj] · val_tj   for g < n_g,
 // t0 <= t < t0 + n_t. q: [n_g, ldq] f32 (ldq >= dim); s: [n_g, ld_s]. The group's query
-// heads are the SIMD lanes (q staged transposed per call, [dim, 4 or 8]); dim > 512 takes a
-// scalar loop. Per call: O(n_g · dim) staging, then about one load per kept entry.
+// heads are the SIMD lanes (q staged transposed per call, [dim, 4 or 8], in per-thread scratch,
+// any dim). Per call: O(n_g · dim) staging, then about one load per kept entry.
 void sparse_scores(const SparseRows& r, const float* q, int n_g, int64_t ldq, int64_t t0,
                    int64_t n_t, float* s, int64_t ld_s);
 // acc[g * ld_acc + idx_tj] += p[g * ld_p + (t - t0)] · scale_t · val_tj   for g < n_g,

@@ -40,6 +40,24 @@ void chol_solve(const double* L, int ld, int k, const double* b, double* g) {
   }
 }
 
+// Factors the symmetric positive definite k x k matrix M (row-major) as L Lᵀ (L lower, row-major
+// k x k, written in full); false when a pivot² is <= kPivotTol (a dependent atom).
+bool chol_factor(const double* M, int k, double* L) {
+  std::fill(L, L + static_cast<size_t>(k) * k, 0.0);
+  for (int a = 0; a < k; ++a)
+    for (int c = 0; c <= a; ++c) {
+      double v = M[static_cast<size_t>(a) * k + c];
+      for (int j = 0; j < c; ++j) v -= L[static_cast<size_t>(a) * k + j] * L[static_cast<size_t>(c) * k + j];
+      if (a == c) {
+        if (!(v > kPivotTol)) return false;
+        L[static_cast<size_t>(a) * k + a] = std::sqrt(v);
+      } else {
+        L[static_cast<size_t>(a) * k + c] = v / L[static_cast<size_t>(c) * k + c];
+      }
+    }
+  return true;
+}
+
 // Writes a row's code sorted by atom, padding slots [k, s) with the lowest unused atoms.
 void finish_row(const int32_t* sel, const double* gamma, int k, int s, int32_t* idx, float* coef) {
   std::vector<std::pair<int32_t, float>> e;
@@ -189,8 +207,10 @@ float fp8_grid_round(float v, float scale) {
 
 void refit_rounded(const float* D, int d, int N, const float* x, int64_t n, int64_t ldx, int s,
                    const int32_t* idx, float* coef, GridRound round, float grid_max) {
-  std::vector<double> G(static_cast<size_t>(s) * s), b(static_cast<size_t>(s)), r(static_cast<size_t>(d));
+  std::vector<float> A(static_cast<size_t>(s) * d);  // the row's atoms, contiguous [s, d]
+  std::vector<double> G(static_cast<size_t>(s) * s), r(static_cast<size_t>(d)), cur(static_cast<size_t>(s));
   std::vector<double> M, L, rhs, g;
+  std::vector<char> fixed(static_cast<size_t>(s));
   std::vector<int> free_at;
   for (int64_t row = 0; row < n; ++row) {
     const float* xr = x + row * ldx;
@@ -200,16 +220,14 @@ void refit_rounded(const float* D, int d, int N, const float* x, int64_t n, int6
     for (int e = 0; e < s; ++e) mx = std::max(mx, std::fabs(cf[e]));
     if (!(mx > 0)) continue;
     const float scale = mx / grid_max;
-    auto atom = [&](int e, int i) { return static_cast<double>(D[static_cast<int64_t>(i) * N + ix[e]]); };
+    for (int e = 0; e < s; ++e)
+      for (int i = 0; i < d; ++i) A[static_cast<size_t>(e) * d + i] = D[static_cast<int64_t>(i) * N + ix[e]];
+    auto atom = [&](int e) { return A.data() + static_cast<size_t>(e) * d; };
     for (int a = 0; a < s; ++a)
-      for (int c = 0; c <= a; ++c) {
-        double v = 0;
-        for (int i = 0; i < d; ++i) v += atom(a, i) * atom(c, i);
-        G[static_cast<size_t>(a) * s + c] = G[static_cast<size_t>(c) * s + a] = v;
-      }
+      for (int c = 0; c <= a; ++c) G[static_cast<size_t>(a) * s + c] = G[static_cast<size_t>(c) * s + a] = dot_d(atom(a), atom(c), d);
     for (int i = 0; i < d; ++i) r[static_cast<size_t>(i)] = xr[i];
-    std::vector<char> fixed(static_cast<size_t>(s), 0);
-    std::vector<double> cur(cf, cf + s);
+    std::fill(fixed.begin(), fixed.end(), char{0});
+    std::copy(cf, cf + s, cur.begin());
     for (int step = 0; step < s; ++step) {
       // the largest free coefficient (of the current fit) is rounded and fixed
       int pick = -1;
@@ -219,39 +237,24 @@ void refit_rounded(const float* D, int d, int N, const float* x, int64_t n, int6
       const float q = round(static_cast<float>(cur[static_cast<size_t>(pick)]), scale);
       cf[pick] = q;
       fixed[static_cast<size_t>(pick)] = 1;
-      for (int i = 0; i < d; ++i) r[static_cast<size_t>(i)] -= static_cast<double>(q) * atom(pick, i);
-      // refit the free ones to r: (A_Fᵀ A_F) γ = A_Fᵀ r, Cholesky (skipped when dependent)
+      for (int i = 0; i < d; ++i) r[static_cast<size_t>(i)] -= static_cast<double>(q) * atom(pick)[i];
+      // refit the free ones to r: (A_Fᵀ A_F) γ = A_Fᵀ r (kept as they were when dependent)
       free_at.clear();
       for (int e = 0; e < s; ++e)
         if (!fixed[static_cast<size_t>(e)]) free_at.push_back(e);
       const int k = static_cast<int>(free_at.size());
       if (k == 0) break;
-      M.assign(static_cast<size_t>(k) * k, 0.0);
-      L.assign(static_cast<size_t>(k) * k, 0.0);
-      rhs.assign(static_cast<size_t>(k), 0.0);
+      M.resize(static_cast<size_t>(k) * k);
+      L.resize(static_cast<size_t>(k) * k);
+      rhs.resize(static_cast<size_t>(k));
       g.assign(static_cast<size_t>(k), 0.0);
       for (int a = 0; a < k; ++a) {
         for (int c = 0; c < k; ++c) M[static_cast<size_t>(a) * k + c] = G[static_cast<size_t>(free_at[a]) * s + free_at[c]];
         double v = 0;
-        for (int i = 0; i < d; ++i) v += atom(free_at[a], i) * r[static_cast<size_t>(i)];
+        for (int i = 0; i < d; ++i) v += static_cast<double>(atom(free_at[a])[i]) * r[static_cast<size_t>(i)];
         rhs[static_cast<size_t>(a)] = v;
       }
-      bool ok = true;
-      for (int a = 0; a < k && ok; ++a)
-        for (int c = 0; c <= a; ++c) {
-          double v = M[static_cast<size_t>(a) * k + c];
-          for (int j = 0; j < c; ++j) v -= L[static_cast<size_t>(a) * k + j] * L[static_cast<size_t>(c) * k + j];
-          if (a == c) {
-            if (!(v > kPivotTol)) {
-              ok = false;
-              break;
-            }
-            L[static_cast<size_t>(a) * k + a] = std::sqrt(v);
-          } else {
-            L[static_cast<size_t>(a) * k + c] = v / L[static_cast<size_t>(c) * k + c];
-          }
-        }
-      if (!ok) continue;  // keep the previous fit of the free ones
+      if (!chol_factor(M.data(), k, L.data())) continue;
       chol_solve(L.data(), k, k, rhs.data(), g.data());
       for (int a = 0; a < k; ++a) cur[static_cast<size_t>(free_at[a])] = g[static_cast<size_t>(a)];
     }
@@ -286,7 +289,7 @@ void omp_encode_reference(const float* D, int d, int n_atoms, const float* x, in
       std::vector<int32_t> S = sel;
       S.push_back(best);
       const int k = static_cast<int>(S.size());
-      std::vector<double> G(static_cast<size_t>(k) * k), L(static_cast<size_t>(k) * k, 0.0), bb(static_cast<size_t>(k));
+      std::vector<double> G(static_cast<size_t>(k) * k), L(static_cast<size_t>(k) * k), bb(static_cast<size_t>(k));
       for (int a = 0; a < k; ++a) {
         for (int c = 0; c < k; ++c) {
           double v = 0;
@@ -297,23 +300,7 @@ void omp_encode_reference(const float* D, int d, int n_atoms, const float* x, in
         for (int i = 0; i < d; ++i) v += atom(S[a], i) * xr[i];
         bb[static_cast<size_t>(a)] = v;
       }
-      bool ok = bm > 0;
-      for (int a = 0; a < k && ok; ++a) {
-        for (int c = 0; c <= a; ++c) {
-          double v = G[static_cast<size_t>(a) * k + c];
-          for (int j = 0; j < c; ++j) v -= L[static_cast<size_t>(a) * k + j] * L[static_cast<size_t>(c) * k + j];
-          if (a == c) {
-            if (!(v > kPivotTol)) {
-              ok = false;
-              break;
-            }
-            L[static_cast<size_t>(a) * k + a] = std::sqrt(v);
-          } else {
-            L[static_cast<size_t>(a) * k + c] = v / L[static_cast<size_t>(c) * k + c];
-          }
-        }
-      }
-      if (!ok) break;
+      if (!(bm > 0) || !chol_factor(G.data(), k, L.data())) break;
       sel = S;
       gamma.assign(static_cast<size_t>(k), 0.0);
       chol_solve(L.data(), k, k, bb.data(), gamma.data());

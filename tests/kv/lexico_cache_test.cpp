@@ -2,8 +2,8 @@
 // cache itself (OMP) for every token the plan re-encodes and every token leaving the dense
 // buffer. Checked against brute force: each coded token reads back as D·c of the double-precision
 // reference code of its dense row, the buffer holds the newest tokens, attention equals the dense
-// reference over the reconstruction, bytes are exact; dictionaries wider than the SIMD kernels'
-// staging (N > 512) and narrower than 256 (uint8 indices) both; bad plans are errors.
+// reference over the reconstruction, bytes are exact; dictionaries wider than the SIMD kernels' old
+// stack staging (N > 512) and narrower than 256 (uint8 indices) both; bad plans are errors.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -161,7 +161,7 @@ TEST(LexicoCache, CodesEveryTokenLeavingTheBufferByOmp) {
   ThreadPool pool(2);
   run({40, 5, 3, 8, KvDtype::kF16}, &pool);    // N > d, uint8 indices, SIMD sparse kernels
   run({300, 6, 4, 8, KvDtype::kFP8}, &pool);   // uint16 indices
-  run({600, 4, 7, 0, KvDtype::kF16}, nullptr); // N > 512: the kernels' plain loops; no buffer
+  run({600, 4, 7, 0, KvDtype::kF16}, nullptr); // N > 512 (past the old stack staging); no buffer
   run({32, 32, 32, 4, KvDtype::kF16}, &pool);  // s = d: every token represented exactly (to f16)
 }
 

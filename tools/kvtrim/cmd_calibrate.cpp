@@ -137,12 +137,11 @@ Captured capture_text(const Model& model, const std::string& path, const Calibra
 // --lexico: learns the dictionaries from the captured key / value rows into c.
 void run_lexico(const Model& model, Calibration& c, const Captured& cap, const CalibrateOptions& o, ThreadPool& pool) {
   const HParams& hp = model.hparams();
-  KVTRIM_CHECK(!cap.k_rows.empty() && cap.k_rows[0].size() / static_cast<size_t>(hp.head_dim_k) >=
-                                          static_cast<size_t>(o.lex.n_atoms),
+  const size_t rows = cap.k_rows.empty() ? 0 : cap.k_rows[0].size() / static_cast<size_t>(hp.head_dim_k);
+  KVTRIM_CHECK(rows >= static_cast<size_t>(o.lex.n_atoms),
                "--lexico: %zu sampled rows per layer cannot train %d atoms (raise --lexico-rows or the "
                "calibration tokens, or lower --lexico-atoms)",
-               cap.k_rows.empty() ? size_t{0} : cap.k_rows[0].size() / static_cast<size_t>(hp.head_dim_k),
-               o.lex.n_atoms);
+               rows, o.lex.n_atoms);
   const double t0 = now_seconds();
   ProgressBar bar("lexico", hp.n_layer, "layer");
   auto d = std::make_shared<LexicoDicts>(train_lexico(cap.k_rows, cap.v_rows, hp.head_dim_k, hp.head_dim_v, o.lex,
@@ -155,10 +154,10 @@ void run_lexico(const Model& model, Calibration& c, const Captured& cap, const C
   }
   std::printf("lexico: %d atoms per layer and side from %zu rows, training sparsity %d / %d, %d iterations: "
               "mean relative error keys %.4f, values %.4f (%.1f s)\n",
-              d->n_atoms, cap.k_rows[0].size() / static_cast<size_t>(hp.head_dim_k), d->sparsity_k, d->sparsity_v,
+              d->n_atoms, rows, d->sparsity_k, d->sparsity_v,
               o.lex.iters, ek, ev, now_seconds() - t0);
   c.set_lexico(std::move(d));
-  c.meta["lexico_rows"] = std::to_string(cap.k_rows[0].size() / static_cast<size_t>(hp.head_dim_k));
+  c.meta["lexico_rows"] = std::to_string(rows);
   c.meta["lexico_iters"] = std::to_string(o.lex.iters);
 }
 
