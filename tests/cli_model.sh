@@ -38,5 +38,13 @@ check lexico_small 0 "lexico: 64 atoms per layer and side from 768 rows" calibra
 check run_lexico 0 "KV cache: .*indices [1-9][0-9]*" run -m smollm2 -p "$long" -n 8 -t 2 --press "lexico:0.5,buffer=16,calib=$tmp/l.kvcalib"
 check lexico_no_dict 1 "no Lexico dictionaries" run -m smollm2 -p "$long" -n 4 -t 2 --press "lexico:0.5,calib=$tmp/s.kvcalib"
 check lexico_too_few_rows 1 "cannot train 1024 atoms" calibrate -m smollm2 --seqs 2 --seq-len 128 -t 2 --lexico -o "$tmp/x.kvcalib"
+# GSM8K-style answers: a tiny set (2 shots, 2 questions) scored, then resumed with nothing to run
+printf '%s\n' '{"question": "What is 2 plus 3?", "answer": "2+3=<<2+3=5>>5\n#### 5"}' \
+  '{"question": "What is 4 times 2?", "answer": "4*2=<<4*2=8>>8\n#### 8"}' \
+  '{"question": "What is 10 minus 1?", "answer": "10-1=9\n#### 9"}' \
+  '{"question": "What is 6 plus 1?", "answer": "6+1=7\n#### 7"}' > "$tmp/gsm8k.jsonl"
+check gsm8k 0 "GSM8K-style evaluation \(2 shots, number_match\).*\| gsm8k \| 2 \|" eval gsm8k -m smollm2 -t 2 --data "$tmp/gsm8k.jsonl" --shots 2 --samples 5 --max-new-tokens 16 --out "$tmp/gsm8k_out.jsonl"
+check gsm8k_resume 0 "0 questions to run" eval gsm8k -m smollm2 -t 2 --data "$tmp/gsm8k.jsonl" --shots 2 --samples 5 --max-new-tokens 16 --out "$tmp/gsm8k_out.jsonl"
+check gsm8k_sweep 0 "GSM8K-style sweep.*\| swan \| 0\.50 \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \|" eval sweep gsm8k -m smollm2 -t 2 --data "$tmp/gsm8k.jsonl" --shots 2 --samples 1 --max-new-tokens 8 --presses swan --ratios 0.5 --out-dir "$tmp/gsm8k_sweep"
 echo "$pass passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -32,6 +32,15 @@ expect 1 "--ratios '0.5,1.5': '1.5' is not a compression ratio" eval sweep ruler
 # a composition sweeps its last press's ratio; its fixed part must parse before any model loads
 expect 1 "unknown option 'nosuch'|nosuch" eval sweep mc --bench piqa --presses "snapkv:nosuch=1+spark" --out-dir "$tmp/sweep"
 expect 2 "" eval sweep ruler --presses snapkv
+# eval gsm8k: a malformed data file is named before any model loads
+printf '%s\n' '{"question": "q", "answer": "x\n#### 1"}' 'not json' > "$tmp/gsm8k_bad.jsonl"
+printf '%s\n' '{"question": "q", "answer": "no final line"}' > "$tmp/gsm8k_nofinal.jsonl"
+expect 1 "gsm8k_bad.jsonl:2: not valid JSON" eval gsm8k -m "$tmp/missing.gguf" --data "$tmp/gsm8k_bad.jsonl"
+expect 1 "cannot read GSM8K file" eval gsm8k -m "$tmp/missing.gguf" --data "$tmp/no_such.jsonl"
+expect 1 "gsm8k_nofinal.jsonl:1: the answer has no final '#### <number>'" eval sweep gsm8k -m "$tmp/missing.gguf" --data "$tmp/gsm8k_nofinal.jsonl" --presses snapkv --out-dir "$tmp/sweep"
+printf '%s\n' '{"question": "q", "answer": "x\n#### 1"}' > "$tmp/gsm8k_one.jsonl"
+expect 1 "1 items cannot give 5 shots" eval gsm8k -m "$tmp/missing.gguf" --data "$tmp/gsm8k_one.jsonl" --shots 5
+expect 2 "" eval gsm8k --shots 0
 # calibrate: a missing model, a damaged calibration file, an unknown method
 echo "some calibration text" > "$tmp/calib.txt"
 expect 1 "model file '.*missing.gguf' does not exist" calibrate -m "$tmp/missing.gguf" -f "$tmp/calib.txt"

@@ -67,13 +67,20 @@ std::vector<EvalSample> parse_samples_jsonl(const std::string& text, const std::
     if (!m.is_number_integer() || m.get<int64_t>() <= 0 || m.get<int64_t>() > 1 << 20)
       fail("%s: field 'max_new_tokens' must be a positive integer", where.c_str());
     q.max_new_tokens = m.get<int>();
+    if (j.contains("stop")) {
+      const json& st = j.at("stop");
+      if (!st.is_array()) fail("%s: field 'stop' must be an array of strings", where.c_str());
+      for (const json& x : st) {
+        if (!x.is_string() || x.get<std::string>().empty())
+          fail("%s: field 'stop' must hold non-empty strings", where.c_str());
+        q.stop.push_back(x.get<std::string>());
+      }
+    }
     if (task.empty()) fail("%s: field 'task' is empty", where.c_str());
     Metric metric = metric_for_task(task);
     if (j.contains("metric")) {
       const std::string ms = string_field(j, "metric", where);
-      if (ms == "all" || ms == "string_match_all") metric = Metric::kAll;
-      else if (ms == "part" || ms == "string_match_part") metric = Metric::kPart;
-      else fail("%s: unknown metric '%s' (all or part)", where.c_str(), ms.c_str());
+      if (!parse_metric(ms, &metric)) fail("%s: unknown metric '%s' (all, part or number)", where.c_str(), ms.c_str());
     }
     if (!out.empty() && out.back().task == task && out.back().context == context && out.back().metric == metric) {
       out.back().questions.push_back(std::move(q));
@@ -107,7 +114,8 @@ void write_samples_jsonl(const std::string& path, const std::vector<EvalSample>&
     for (const EvalQuestion& q : s.questions) {
       json j = {{"task", s.task},          {"context", s.context},       {"question", q.question},
                 {"answer_prefix", q.answer_prefix}, {"answers", q.answers}, {"max_new_tokens", q.max_new_tokens},
-                {"metric", s.metric == Metric::kPart ? "part" : "all"}};
+                {"metric", metric_short(s.metric)}};
+      if (!q.stop.empty()) j["stop"] = q.stop;
       f << j.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
     }
   }

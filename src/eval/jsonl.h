@@ -2,8 +2,9 @@
 // published RULER data:
 //   {"task": "niah_single_1", "context": "...", "question": "...", "answer_prefix": "...",
 //    "answers": ["..."], "max_new_tokens": 128}
-// answer_prefix may be absent (""), answers may be one string; "metric" ("all" / "part")
-// overrides the task's default (qa* -> part). Consecutive lines with the same task and
+// answer_prefix may be absent (""), answers may be one string; "metric" ("all" / "part" /
+// "number") overrides the task's default (qa* -> part); "stop" (optional): strings that end the
+// generation (GSM8K's "Question:"). Consecutive lines with the same task and
 // context form one sample with several questions (one prefill, one cache).
 #pragma once
 #include <cstdint>

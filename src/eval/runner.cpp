@@ -92,7 +92,7 @@ std::vector<QuestionResult> run_sample(Session& s, const PromptBuilder& pb, cons
   bool have_context = false;
   double prefill_s = 0;
   int32_t n_context = 0;
-  size_t kv_bytes = 0, kv_dense = 0;
+  size_t kv_bytes = 0, kv_dense = 0, kv_bases = 0;
   // Prefills the context alone (and compresses it through the hook).
   auto prepare = [&](const std::vector<int32_t>* question) {
     const double t0 = now_seconds();
@@ -105,7 +105,9 @@ std::vector<QuestionResult> run_sample(Session& s, const PromptBuilder& pb, cons
     prefill_s = now_seconds() - t0;
     if (opt.after_context) opt.after_context(s, question);
     n_context = s.n_past();
-    kv_bytes = s.cache().bytes().total();
+    const KvBytes kb = s.cache().bytes();
+    kv_bytes = kb.total();
+    kv_bases = kb.bases;
     kv_dense = s.cache().dense_bytes_f16();
     have_context = true;
   };
@@ -125,6 +127,7 @@ std::vector<QuestionResult> run_sample(Session& s, const PromptBuilder& pb, cons
     gp.max_new_tokens = q.max_new_tokens;
     gp.sampling.temperature = 0;  // greedy
     gp.stop_at_eog = true;
+    gp.stop_strings = q.stop;
     const GenerateResult g = s.generate(qt, gp);
     QuestionResult r;
     r.task = sample.task;
@@ -140,6 +143,7 @@ std::vector<QuestionResult> run_sample(Session& s, const PromptBuilder& pb, cons
     r.n_generated = static_cast<int64_t>(g.tokens.size());
     r.kv_bytes = kv_bytes;
     r.kv_bytes_dense = kv_dense;
+    r.kv_bases = static_cast<int64_t>(kv_bases);
     r.context_prefill_s = prefill_s;
     r.decode_tps = g.decode_tps();
     r.stop = stop_reason_name(g.stop);
@@ -154,7 +158,7 @@ json question_result_json(const QuestionResult& r) {
               {"index", r.index},
               {"q", r.q},
               {"sample_hash", r.sample_hash},
-              {"metric", r.metric == Metric::kPart ? "part" : "all"},
+              {"metric", metric_short(r.metric)},
               {"score", r.score},
               {"output", r.output},
               {"answers", r.answers},
@@ -163,6 +167,7 @@ json question_result_json(const QuestionResult& r) {
               {"n_generated", r.n_generated},
               {"kv_bytes", r.kv_bytes},
               {"kv_bytes_dense", r.kv_bytes_dense},
+              {"kv_bases", r.kv_bases},
               {"context_prefill_s", r.context_prefill_s},
               {"decode_tps", r.decode_tps},
               {"stop", r.stop}};
@@ -176,7 +181,8 @@ QuestionResult from_json(const json& j) {
   r.index = j.at("index").get<int64_t>();
   r.q = j.at("q").get<int>();
   r.sample_hash = j.at("sample_hash").get<std::string>();
-  r.metric = j.at("metric").get<std::string>() == "part" ? Metric::kPart : Metric::kAll;
+  if (!parse_metric(j.at("metric").get<std::string>(), &r.metric))
+    throw json::other_error::create(501, "unknown metric '" + j.at("metric").get<std::string>() + "'", &j);
   r.score = j.at("score").get<double>();
   r.output = j.at("output").get<std::string>();
   r.answers = j.at("answers").get<std::vector<std::string>>();
@@ -185,6 +191,7 @@ QuestionResult from_json(const json& j) {
   r.n_generated = j.at("n_generated").get<int64_t>();
   r.kv_bytes = j.at("kv_bytes").get<size_t>();
   r.kv_bytes_dense = j.at("kv_bytes_dense").get<size_t>();
+  r.kv_bases = j.contains("kv_bases") ? j.at("kv_bases").get<int64_t>() : -1;
   r.context_prefill_s = j.at("context_prefill_s").get<double>();
   r.decode_tps = j.at("decode_tps").get<double>();
   r.stop = j.at("stop").get<std::string>();

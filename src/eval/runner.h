@@ -65,6 +65,7 @@ struct QuestionResult {
   int64_t n_context = 0, n_question = 0, n_generated = 0;  // tokens
   size_t kv_bytes = 0;        // cache().bytes().total() after the context (and its compression)
   size_t kv_bytes_dense = 0;  // the uncompressed f16 size of the same positions
+  int64_t kv_bases = -1;      // of kv_bytes: bases, rotations, dictionaries (-1: a row written before)
   double context_prefill_s = 0, decode_tps = 0;
   std::string stop;
   std::string id() const { return task + "/" + std::to_string(index); }

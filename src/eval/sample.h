@@ -9,8 +9,13 @@ namespace kvtrim::eval {
 
 // string_match_all: the fraction of the references found in the output (niah, vt, cwe, fwe);
 // string_match_part: 1 if any reference is found (qa). Both case-insensitive, 0-100.
-enum class Metric { kAll, kPart };
-const char* metric_name(Metric m);
+// number_match: the output's final answer (the number after "####", else its last number) equals
+// the reference number (GSM8K; src/eval/gsm8k.h), 0 or 100.
+enum class Metric { kAll, kPart, kNumber };
+const char* metric_name(Metric m);   // "string_match_all", "string_match_part", "number_match"
+const char* metric_short(Metric m);  // "all", "part", "number" (the JSONL files' spelling)
+// Either spelling; false for anything else.
+bool parse_metric(const std::string& s, Metric* m);
 
 struct EvalQuestion {
   std::string question;       // follows the context (positions continue its length)
@@ -18,6 +23,7 @@ struct EvalQuestion {
                               // assistant header in chat mode); generation continues it
   std::vector<std::string> answers;  // references
   int max_new_tokens = 128;
+  std::vector<std::string> stop;  // generation also stops when the output ends with one of these
 };
 
 struct EvalSample {

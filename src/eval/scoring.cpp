@@ -4,11 +4,44 @@
 #include <cstdio>
 
 #include "eval/rng.h"
+#include "eval/gsm8k.h"
 #include "eval/text.h"
 
 namespace kvtrim::eval {
 
-const char* metric_name(Metric m) { return m == Metric::kPart ? "string_match_part" : "string_match_all"; }
+const char* metric_name(Metric m) {
+  switch (m) {
+    case Metric::kPart:
+      return "string_match_part";
+    case Metric::kNumber:
+      return "number_match";
+    case Metric::kAll:
+      break;
+  }
+  return "string_match_all";
+}
+
+const char* metric_short(Metric m) {
+  switch (m) {
+    case Metric::kPart:
+      return "part";
+    case Metric::kNumber:
+      return "number";
+    case Metric::kAll:
+      break;
+  }
+  return "all";
+}
+
+bool parse_metric(const std::string& s, Metric* m) {
+  for (Metric x : {Metric::kAll, Metric::kPart, Metric::kNumber}) {
+    if (s == metric_short(x) || s == metric_name(x)) {
+      *m = x;
+      return true;
+    }
+  }
+  return false;
+}
 
 Metric metric_for_task(const std::string& task) {
   return task.rfind("qa", 0) == 0 ? Metric::kPart : Metric::kAll;
@@ -19,6 +52,7 @@ std::string EvalSample::content_hash() const {
   h = fnv1a64("\x1f" + context, h);
   for (const auto& q : questions) {
     h = fnv1a64("\x1e" + q.question + "\x1f" + q.answer_prefix + "\x1f" + std::to_string(q.max_new_tokens), h);
+    for (const auto& st : q.stop) h = fnv1a64("\x1c" + st, h);  // (no stop strings: the hash of before)
     for (const auto& a : q.answers) h = fnv1a64("\x1d" + a, h);
   }
   char buf[17];
@@ -55,7 +89,15 @@ double string_match_part(const std::string& pred, const std::vector<std::string>
 }
 
 double score(Metric m, const std::string& pred, const std::vector<std::string>& refs) {
-  return m == Metric::kPart ? string_match_part(pred, refs) : string_match_all(pred, refs);
+  switch (m) {
+    case Metric::kPart:
+      return string_match_part(pred, refs);
+    case Metric::kNumber:
+      return number_match(pred, refs);
+    case Metric::kAll:
+      break;
+  }
+  return string_match_all(pred, refs);
 }
 
 }  // namespace kvtrim::eval

@@ -2,6 +2,7 @@
 // benchmarks/ruler/calculate_metrics.py), case-insensitive substring matches, 0-100:
 //   string_match_all(pred, refs)  = 100 * (#refs contained in pred) / #refs
 //   string_match_part(pred, refs) = 100 * max over refs of [ref contained in pred]
+// and GSM8K's number_match (src/eval/gsm8k.h).
 // The prediction is post-processed first as RULER does: control characters become '\n' and
 // surrounding whitespace is stripped.
 #pragma once

@@ -266,6 +266,7 @@ json row_to_json(const SweepRow& r) {
             {"score", r.score},
             {"kv_bytes", r.kv_bytes},
             {"kv_bytes_dense", r.kv_bytes_dense},
+            {"kv_bases", r.kv_bases},
             {"decode_tps", r.decode_tps},
             {"prefill", r.shared_prefill ? "shared" : "fresh"}};
   if (!r.extra.empty()) {
@@ -291,13 +292,14 @@ SweepRow row_from_json(const json& j) {
   r.score = j.at("score").get<double>();
   r.kv_bytes = j.at("kv_bytes").get<size_t>();
   r.kv_bytes_dense = j.at("kv_bytes_dense").get<size_t>();
+  r.kv_bases = j.contains("kv_bases") ? j.at("kv_bases").get<int64_t>() : -1;
   r.decode_tps = j.at("decode_tps").get<double>();
   r.shared_prefill = j.at("prefill").get<std::string>() == "shared";
   json e = json::object();
   for (auto it = j.begin(); it != j.end(); ++it) {
     static const std::set<std::string> common = {
         "config", "model",     "bench", "press",    "ratio",          "spec",       "group",  "id",
-        "q",      "unit_hash", "score", "kv_bytes", "kv_bytes_dense", "decode_tps", "prefill"};
+        "q",      "unit_hash", "score", "kv_bytes", "kv_bytes_dense", "decode_tps", "prefill", "kv_bases"};
     if (!common.count(it.key())) e[it.key()] = it.value();
   }
   r.extra = e.dump(-1, ' ', false, json::error_handler_t::replace);
@@ -359,7 +361,7 @@ SweepRow base_row(const SweepCell& c, const SweepRunOptions& opt, const std::str
 
 SweepRow ruler_row(const SweepCell& c, const SweepRunOptions& opt, const QuestionResult& q,
                    bool shared) {
-  SweepRow r = base_row(c, opt, "ruler");
+  SweepRow r = base_row(c, opt, opt.bench.c_str());
   r.group = q.task;
   r.id = q.id();
   r.q = q.q;
@@ -367,10 +369,12 @@ SweepRow ruler_row(const SweepCell& c, const SweepRunOptions& opt, const Questio
   r.score = q.score;
   r.kv_bytes = q.kv_bytes;
   r.kv_bytes_dense = q.kv_bytes_dense;
+  r.kv_bases = q.kv_bases;
   r.decode_tps = q.decode_tps;
   r.shared_prefill = shared;
   json e = question_result_json(q);  // the row's own fields above are not repeated in extra
-  for (const char* k : {"id", "q", "sample_hash", "score", "kv_bytes", "kv_bytes_dense", "decode_tps"}) e.erase(k);
+  for (const char* k : {"id", "q", "sample_hash", "score", "kv_bytes", "kv_bytes_dense", "kv_bases", "decode_tps"})
+    e.erase(k);
   r.extra = e.dump(-1, ' ', false, json::error_handler_t::replace);
   return r;
 }

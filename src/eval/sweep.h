@@ -96,6 +96,7 @@ struct SweepRow {
   double score = 0;  // 0-100, higher is better (ruler: the scorer; mc: 100 x the headline metric)
   size_t kv_bytes = 0;        // cache().bytes().total() after the context's compression
   size_t kv_bytes_dense = 0;  // the uncompressed f16 size of the same positions
+  int64_t kv_bases = -1;      // of kv_bytes: bases / rotations / dictionaries (-1: not recorded)
   double decode_tps = 0;      // 0 when nothing was decoded (mc)
   bool shared_prefill = false;
   std::string extra;  // the benchmark's own fields, a JSON object (output, answers, loglik ...)
@@ -133,6 +134,7 @@ class SweepResultsFile {
 struct SweepRunOptions {
   std::string model;         // label written to each row
   bool query_aware = false;  // ruler only: fresh prefill per cell, the press sees the question
+  std::string bench = "ruler";  // sweep_ruler's rows: "ruler", or "gsm8k" (the same protocol)
   // After each row is appended (the progress bar; a test interrupts by throwing here).
   std::function<void(const SweepRow&)> on_row;
 };
@@ -168,8 +170,13 @@ struct SweepPoint {
   double score = 0;                           // mean over groups of the group's mean score
   std::map<std::string, double> group_score;  // per group (RULER task): mean score
   double kv_bytes = 0, kv_bytes_dense = 0;    // means over rows
+  double kv_bases = -1;                       // mean over rows (-1 when a row did not record it)
   double decode_tps = 0;                      // mean over rows that decoded (0 if none did)
   double kv_ratio() const { return kv_bytes_dense > 0 ? kv_bytes / kv_bytes_dense : 0; }
+  // KV / f16 without the bases shared by every context (-1 when unknown).
+  double kv_ratio_wo_bases() const {
+    return kv_bases >= 0 && kv_bytes_dense > 0 ? (kv_bytes - kv_bases) / kv_bytes_dense : -1;
+  }
 };
 // Every cell of `rows`: models in order of first appearance; within a model the baseline
 // ("none") first, then presses in order of first appearance, ratios ascending.

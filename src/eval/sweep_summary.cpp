@@ -21,7 +21,8 @@ namespace kvtrim::eval {
 std::vector<SweepPoint> sweep_points(const std::vector<SweepRow>& rows) {
   struct Acc {
     int64_t n = 0, n_tps = 0;
-    double kv = 0, kv_dense = 0, tps = 0;
+    double kv = 0, kv_dense = 0, tps = 0, bases = 0;
+    bool bases_known = true;
     std::map<std::string, std::pair<double, int64_t>> groups;  // sum, n
   };
   std::vector<std::string> models, presses;
@@ -34,6 +35,8 @@ std::vector<SweepPoint> sweep_points(const std::vector<SweepRow>& rows) {
     ++a.n;
     a.kv += static_cast<double>(r.kv_bytes);
     a.kv_dense += static_cast<double>(r.kv_bytes_dense);
+    a.bases += static_cast<double>(r.kv_bases);
+    a.bases_known = a.bases_known && r.kv_bases >= 0;
     if (r.decode_tps > 0) {
       a.tps += r.decode_tps;
       ++a.n_tps;
@@ -61,6 +64,7 @@ std::vector<SweepPoint> sweep_points(const std::vector<SweepRow>& rows) {
         pt.score = sum / static_cast<double>(a.groups.size());
         pt.kv_bytes = a.kv / static_cast<double>(a.n);
         pt.kv_bytes_dense = a.kv_dense / static_cast<double>(a.n);
+        pt.kv_bases = a.bases_known ? a.bases / static_cast<double>(a.n) : -1;
         pt.decode_tps = a.n_tps ? a.tps / static_cast<double>(a.n_tps) : 0;
         out.push_back(std::move(pt));
       }
@@ -222,12 +226,13 @@ std::string sweep_summary_markdown(const std::vector<SweepPoint>& points,
     if (std::find(models.begin(), models.end(), p.model) == models.end()) models.push_back(p.model);
   for (const std::string& m : models) {
     out += "\n## " + m +
-           "\n\n| press | ratio | score | KV MiB held | KV / f16 | decode tok/s | n |\n"
-           "|---|---:|---:|---:|---:|---:|---:|\n";
+           "\n\n| press | ratio | score | KV MiB held | KV / f16 | KV / f16 w/o bases | decode tok/s | n |\n"
+           "|---|---:|---:|---:|---:|---:|---:|---:|\n";
     for (const SweepPoint& p : points) {
       if (p.model != m) continue;
-      out += strprintf("| %s | %.2f | %.1f | %.2f | %.3f | %s | %lld |\n", p.press.c_str(), p.ratio,
-                       p.score, p.kv_bytes / kSweepMiB, p.kv_ratio(),
+      const double wo = p.kv_ratio_wo_bases();
+      out += strprintf("| %s | %.2f | %.1f | %.2f | %.3f | %s | %s | %lld |\n", p.press.c_str(), p.ratio,
+                       p.score, p.kv_bytes / kSweepMiB, p.kv_ratio(), wo >= 0 ? strprintf("%.3f", wo).c_str() : "-",
                        p.decode_tps > 0 ? strprintf("%.1f", p.decode_tps).c_str() : "-",
                        static_cast<long long>(p.n));
     }
@@ -250,7 +255,9 @@ std::string sweep_summary_markdown(const std::vector<SweepPoint>& points,
   out +=
       "\nscore: mean over tasks (groups) of the mean per task, 0-100. KV MiB held: mean cache bytes "
       "after the context's compression (the cache's own accounting); KV / f16: that over the "
-      "uncompressed f16 size of the same positions. Curves are on the measured axis, the KV "
+      "uncompressed f16 size of the same positions; w/o bases: the same without the bases, rotations "
+      "and dictionaries every context shares (low-rank presses, SWAN, Lexico; - where the rows did "
+      "not record them). Curves are on the measured axis, the KV "
       "saving 1 - KV / f16 (the nominal ratio a press is asked for can differ a lot: low-rank "
       "bases, indices, per-head positions). AUC: the mean score over savings 0 to the sweep's "
       "largest ratio, piecewise linear through the cells sorted by saving; beyond a press's "
@@ -264,11 +271,13 @@ std::string sweep_summary_markdown(const std::vector<SweepPoint>& points,
 }
 
 std::string sweep_summary_csv(const std::vector<SweepPoint>& points) {
-  std::string out = "model,press,ratio,score,kv_mib,kv_ratio,decode_tps,n\n";
-  for (const SweepPoint& p : points)
-    out += strprintf("%s,%s,%g,%.4f,%.4f,%.5f,%.3f,%lld\n", csv_field(p.model).c_str(),
+  std::string out = "model,press,ratio,score,kv_mib,kv_ratio,kv_ratio_wo_bases,decode_tps,n\n";
+  for (const SweepPoint& p : points) {
+    const double wo = p.kv_ratio_wo_bases();
+    out += strprintf("%s,%s,%g,%.4f,%.4f,%.5f,%s,%.3f,%lld\n", csv_field(p.model).c_str(),
                      csv_field(p.press).c_str(), p.ratio, p.score, p.kv_bytes / kSweepMiB, p.kv_ratio(),
-                     p.decode_tps, static_cast<long long>(p.n));
+                     wo >= 0 ? strprintf("%.5f", wo).c_str() : "", p.decode_tps, static_cast<long long>(p.n));
+  }
   return out;
 }
 

@@ -102,7 +102,11 @@ class KvCache {
 
   // Appends n tokens to layer il. k: [n, n_head_kv, head_dim_k] (RoPE applied),
   // v: [n, n_head_kv, head_dim_v], pos: [n] strictly increasing, > every stored position.
-  virtual void append(int il, int64_t n, const float* k, const float* v, const int32_t* pos) = 0;
+  // pool (may be nullptr): the kv heads may be stored in parallel on it where storing a token
+  // costs real work (a sparse code per token leaving a dense buffer: Lexico); the cache is the
+  // same either way.
+  virtual void append(int il, int64_t n, const float* k, const float* v, const int32_t* pos,
+                      ThreadPool* pool = nullptr) = 0;
 
   // out[n_q, n_head, head_dim_v] = softmax(scale · q kᵀ) v over the stored tokens of layer il
   // visible to each query: causal (k_pos <= q_pos) and within the sliding window.

@@ -4,9 +4,12 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
+#include <mutex>
 #include <unordered_set>
 
 #include "core/error.h"
+#include "core/thread_pool.h"
 
 namespace kvtrim::kv {
 
@@ -67,7 +70,8 @@ int32_t TokenCache::last_pos(const Layer& L, const Head& H) const {
   return last;
 }
 
-void TokenCache::append(int il, int64_t n, const float* k, const float* v, const int32_t* pos) {
+void TokenCache::append(int il, int64_t n, const float* k, const float* v, const int32_t* pos,
+                        ThreadPool* pool) {
   KVTRIM_CHECK(il >= 0 && il < cfg_.n_layer, "KV cache: layer %d out of range [0, %d)", il,
                cfg_.n_layer);
   if (n <= 0) return;
@@ -87,9 +91,12 @@ void TokenCache::append(int il, int64_t n, const float* k, const float* v, const
                "KV cache: position %d is beyond the context limit of %lld tokens", last,
                static_cast<long long>(cfg_.n_ctx));
   const int64_t dk = cfg_.head_dim_k, dv = cfg_.head_dim_v;
-  std::vector<float> ck, cv;
-  for (int ih = 0; ih < nkv; ++ih) {
+  // Each kv head's rows are its own (segments, buffer, positions unless shared), so heads may be
+  // stored in parallel; worth it only where a token costs a sparse code (OMP over a dictionary)
+  // on entering the current epoch or leaving its buffer.
+  const auto one_head = [&](int ih) {
     Head& H = L.heads[static_cast<size_t>(ih)];
+    thread_local std::vector<float> ck, cv;
     const float* kh = k + ih * dk;  // k: [n, n_head_kv, head_dim_k]
     const float* vh = v + ih * dv;  // v: [n, n_head_kv, head_dim_v]
     Segment* S = &H.segs[0];
@@ -125,6 +132,23 @@ void TokenCache::append(int il, int64_t n, const float* k, const float* v, const
       H.buffered += n;
       spill_buffer(H, H.cur->buffer + n - 1);
     }
+  };
+  bool coding = false;
+  for (const Head& H : L.heads) coding = coding || (H.cur && (H.cur->k.sparse_code || H.cur->v.sparse_code));
+  if (pool && coding && nkv > 1) {
+    std::exception_ptr err;
+    std::mutex mu;
+    pool->parallel_for(nkv, [&](int64_t b, int64_t e) {
+      try {
+        for (int64_t ih = b; ih < e; ++ih) one_head(static_cast<int>(ih));
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!err) err = std::current_exception();
+      }
+    });
+    if (err) std::rethrow_exception(err);
+  } else {
+    for (int ih = 0; ih < nkv; ++ih) one_head(ih);
   }
   if (L.shared) L.pos.insert(L.pos.end(), pos, pos + n);
 }

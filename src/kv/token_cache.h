@@ -62,7 +62,8 @@ class TokenCache final : public KvCache {
  public:
   explicit TokenCache(KvCacheConfig cfg);
 
-  void append(int il, int64_t n, const float* k, const float* v, const int32_t* pos) override;
+  void append(int il, int64_t n, const float* k, const float* v, const int32_t* pos,
+              ThreadPool* pool = nullptr) override;
   void attend(int il, int64_t n_q, const float* q, const int32_t* q_pos, const AttnParams& p,
               float* out, ThreadPool* pool) const override;
   int64_t n_tokens(int il, int ih) const override;

@@ -233,7 +233,7 @@ void Model::forward_batch(const std::vector<ForwardSeq>& seqs, ThreadPool* pool)
       const float* v = ws.v.data() + r * n_v;
       const int32_t* pos = ws.pos.data() + r;
       if (sq.observer) sq.observer->on_qkv(il, sq.n, q, k, v, pos);
-      sq.cache->append(il, sq.n, k, v, pos);
+      sq.cache->append(il, sq.n, k, v, pos, pool);
       if (sq.observer) sq.observer->after_append(il, *sq.cache);
       sq.cache->attend(il, sq.n, q, pos, ap, ws.att.data() + r * n_o, pool);
     }

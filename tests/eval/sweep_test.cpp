@@ -189,6 +189,20 @@ TEST(SweepMaths, PointsAndCurvesFromRows) {
   EXPECT_EQ(pts[2].n, 4);
   EXPECT_EQ(pts[3].press, "q");
   EXPECT_DOUBLE_EQ(pts[3].decode_tps, 0.0);
+  EXPECT_DOUBLE_EQ(pts[1].kv_ratio_wo_bases(), -1.0);  // rows without kv_bases: unknown
+
+  // kv_bases: averaged when every row of the cell has it, else unknown
+  std::vector<SweepRow> rb = hand_rows();
+  for (SweepRow& r : rb)
+    if (r.press == "p") r.kv_bases = r.ratio == 0.5 ? 100 : 10;
+  rb[4].kv_bases = -1;  // one row of p at 0.9 written before kv_bases existed
+  const auto pb = sweep_points(rb);
+  EXPECT_DOUBLE_EQ(pb[1].kv_bases, 100.0);
+  EXPECT_DOUBLE_EQ(pb[1].kv_ratio_wo_bases(), 0.425);  // (525 - 100) / 1000
+  EXPECT_DOUBLE_EQ(pb[2].kv_bases, -1.0);
+  const std::string mdb = sweep_summary_markdown(pb, sweep_curves(pb), "T");
+  EXPECT_NE(mdb.find("| p | 0.50 | 50.0 | 0.00 | 0.525 | 0.425 | 40.0 | 4 |"), std::string::npos) << mdb;
+  EXPECT_NE(sweep_summary_csv(pb).find("m,p,0.5,50.0000,0.0005,0.52500,0.42500,"), std::string::npos);
 
   const auto curves = sweep_curves(pts);
   ASSERT_EQ(curves.size(), 2u);
@@ -244,14 +258,14 @@ TEST(SweepMaths, SummaryFiles) {
   const auto pts = sweep_points(hand_rows());
   const auto curves = sweep_curves(pts);
   const std::string md = sweep_summary_markdown(pts, curves, "T");
-  EXPECT_NE(md.find("| p | 0.50 | 50.0 | 0.00 | 0.525 | 40.0 | 4 |"), std::string::npos) << md;
-  EXPECT_NE(md.find("| q | 0.50 | 62.5 | 0.00 | 0.400 | - | 4 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| p | 0.50 | 50.0 | 0.00 | 0.525 | - | 40.0 | 4 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| q | 0.50 | 62.5 | 0.00 | 0.400 | - | - | 4 |"), std::string::npos) << md;
   EXPECT_NE(md.find("| p | 43.0 | 0.380 (grid 0.000) | 0.526 (grid 0.475) | 0.900 | 43.8 | 0.400 "
                     "(grid 0.00) | 0.548 (grid 0.50) |"),
             std::string::npos)
       << md;
   const std::string csv = sweep_summary_csv(pts);
-  EXPECT_EQ(csv.substr(0, csv.find('\n')), "model,press,ratio,score,kv_mib,kv_ratio,decode_tps,n");
+  EXPECT_EQ(csv.substr(0, csv.find('\n')), "model,press,ratio,score,kv_mib,kv_ratio,kv_ratio_wo_bases,decode_tps,n");
   EXPECT_NE(csv.find("m,p,0.9,6.2500,"), std::string::npos) << csv;
   EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 5);
   const std::string svg = sweep_plot_svg(pts, curves, "T <&>", "score");

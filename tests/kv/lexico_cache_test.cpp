@@ -48,6 +48,8 @@ void run(const Setup& s, ThreadPool* pool) {
                std::to_string(s.buffer) + " " + kv_dtype_name(s.sparse));
   std::mt19937 rng(77 + s.N);
   auto c = make_kv_cache(make_cfg(kLayers, kHeads, kD, kD, KvDtype::kF32));  // dense rows exact
+  // the same appends stored head after head (no pool): the parallel append must give the same cache
+  auto serial = make_kv_cache(make_cfg(kLayers, kHeads, kD, kD, KvDtype::kF32));
   std::vector<float> Dk[kLayers], Dv[kLayers];
   for (int il = 0; il < kLayers; ++il) {
     Dk[il] = dictionary(kD, s.N, rng);
@@ -70,17 +72,22 @@ void run(const Setup& s, ThreadPool* pool) {
           ok[il][ih].emplace_back(k.begin() + at, k.begin() + at + kD);
           ov[il][ih].emplace_back(v.begin() + at, v.begin() + at + kD);
         }
-      c->append(il, n, k.data(), v.data(), pos.data());
+      c->append(il, n, k.data(), v.data(), pos.data(), pool);
+      serial->append(il, n, k.data(), v.data(), pos.data(), nullptr);
     }
     c->advance(p0 + static_cast<int32_t>(n));
+    serial->advance(p0 + static_cast<int32_t>(n));
   };
   auto check = [&](const char* what) {
     size_t idx_bytes = 0;
     int64_t coded_total = 0;
     for (int il = 0; il < kLayers; ++il)
       for (int ih = 0; ih < kHeads; ++ih) {
-        std::vector<float> k, v;
+        std::vector<float> k, v, sk, sv;
         c->read_head(il, ih, &k, &v, nullptr);
+        serial->read_head(il, ih, &sk, &sv, nullptr);
+        ASSERT_EQ(k, sk) << what << ": appended with the pool vs head after head";
+        ASSERT_EQ(v, sv) << what;
         const KvCache::HeadLayout lay = c->head_layout(il, ih);
         const int64_t n = static_cast<int64_t>(lay.epoch.size());
         ASSERT_EQ(n, static_cast<int64_t>(ok[il][ih].size())) << what;
@@ -112,6 +119,7 @@ void run(const Setup& s, ThreadPool* pool) {
         idx_bytes += static_cast<size_t>(coded * (s.sk + s.sv) * (s.N <= 256 ? 1 : 2));
       }
     const KvBytes b = c->bytes();
+    EXPECT_EQ(b.total(), serial->bytes().total()) << what;
     EXPECT_EQ(b.indices, idx_bytes) << what;
     const size_t elem = s.sparse == KvDtype::kFP8 ? 1 : 2;
     // keys: coded entries + the f32 buffer rows (whole tiles of 16 tokens hold the buffer)
@@ -149,6 +157,7 @@ void run(const Setup& s, ThreadPool* pool) {
       hp.buffer = s.buffer;
     }
   c->apply(plan);
+  serial->apply(plan);
   buffered = s.buffer;
   check("after the plan");
   for (int i = 0; i < 9; ++i) append(1);  // decode: the oldest buffered token is coded

@@ -18,6 +18,7 @@
 #include "core/error.h"
 #include "core/progress.h"
 #include "core/timer.h"
+#include "eval/gsm8k.h"
 #include "eval/jsonl.h"
 #include "eval/mc.h"
 #include "eval/ppl.h"
@@ -128,8 +129,32 @@ std::vector<eval::EvalSample> ruler_samples(const EvalRulerOptions& o, const eva
   return samples;
 }
 
-void run_ruler(const EvalRulerOptions& o) {
+std::vector<eval::EvalSample> gsm8k_samples(const EvalGsm8kOptions& o, std::vector<std::string>* task_order_out,
+                                            std::string* source_out) {
+  const double t0 = now_seconds();
+  const std::string data = o.data.empty() ? default_shared_path("gsm8k/test.jsonl", "--data FILE") : o.data;
+  const std::vector<eval::Gsm8kItem> items = eval::load_gsm8k(data);
+  eval::Gsm8kConfig c;
+  c.shots = o.shots;
+  c.samples = o.samples;
+  c.max_new_tokens = o.max_new_tokens;
+  std::vector<eval::EvalSample> samples = eval::gsm8k_samples(items, c);
+  *task_order_out = {"gsm8k"};
+  // the shots and the items are in each sample's content hash; this names the set
+  *source_out = strprintf("gsm8k=%s,shots=%d,max_new=%d", file_identity(data).c_str(), o.shots, o.max_new_tokens);
+  std::fprintf(stderr, "gsm8k: %zu questions (items %d..%lld of %s, %d shots) in %.1f s\n", samples.size(), o.shots,
+               static_cast<long long>(samples.back().index), data.c_str(), o.shots, now_seconds() - t0);
+  return samples;
+}
+
+// kvtrim eval ruler / eval gsm8k: generated answers scored per question (g: the gsm8k options,
+// nullptr for ruler).
+void run_generation(const EvalRulerOptions& o, const EvalGsm8kOptions* g) {
   KVTRIM_CHECK(o.samples > 0, "--samples must be positive");
+  std::vector<std::string> task_order;
+  std::string source;
+  std::vector<eval::EvalSample> samples;
+  if (g) samples = gsm8k_samples(*g, &task_order, &source);  // before the model: a bad file fails fast
   auto model = load_model(o.common);
   const eval::PromptFormat format = eval::resolve_prompt_format(o.format, *model);
   const eval::PromptBuilder pb(*model, format);
@@ -158,10 +183,8 @@ void run_ruler(const EvalRulerOptions& o) {
     };
   }
 
-  // Samples: generated, or from a JSONL file.
-  std::vector<std::string> task_order;
-  std::string source;
-  const std::vector<eval::EvalSample> samples = ruler_samples(o, pb, s.n_ctx(), &task_order, &source);
+  // Samples: RULER-style generated with the model's tokenizer, or from a JSONL file.
+  if (!g) samples = ruler_samples(o, pb, s.n_ctx(), &task_order, &source);
   if (!o.dump_samples.empty()) {
     eval::write_samples_jsonl(o.dump_samples, samples);
     std::fprintf(stderr, "wrote the samples to %s\n", o.dump_samples.c_str());
@@ -184,7 +207,7 @@ void run_ruler(const EvalRulerOptions& o) {
                                            : "");
   }
   const double t0 = now_seconds();
-  ProgressBar bar("ruler", pending, "q");
+  ProgressBar bar(g ? "gsm8k" : "ruler", pending, "q");
   double score_sum = 0;
   std::vector<eval::QuestionResult> rows;
   const eval::RunStats st = eval::run_samples(
@@ -195,10 +218,13 @@ void run_ruler(const EvalRulerOptions& o) {
   bar.finish();
   std::fprintf(stderr, "ran %lld questions in %.1f s (%lld already in %s)\n", static_cast<long long>(st.run),
                now_seconds() - t0, static_cast<long long>(st.reused), o.out.empty() ? "-" : o.out.c_str());
-  std::printf("RULER-style evaluation: %s, %s, format %s, press %s, config %s\n\n", model->hparams().name.c_str(),
-              o.data.empty() ? strprintf("ctx-len %lld, seed %llu", static_cast<long long>(o.ctx_len),
-                                         static_cast<unsigned long long>(o.seed)).c_str()
-                             : o.data.c_str(),
+  const std::string what =
+      g ? strprintf("GSM8K-style evaluation (%d shots, number_match)", g->shots) : std::string("RULER-style evaluation");
+  std::printf("%s: %s, %s, format %s, press %s, config %s\n\n", what.c_str(), model->hparams().name.c_str(),
+              g ? source.c_str()
+                : o.data.empty() ? strprintf("ctx-len %lld, seed %llu", static_cast<long long>(o.ctx_len),
+                                             static_cast<unsigned long long>(o.seed)).c_str()
+                                 : o.data.c_str(),
               eval::prompt_format_name(format), press_desc.c_str(), cfg.c_str());
   std::fputs(eval::summary_table(rows, task_order).c_str(), stdout);
   std::fflush(stdout);
@@ -406,6 +432,18 @@ void add_ruler_options(CLI::App* c, EvalRulerOptions& o) {
   c->add_flag("--query-aware", o.query_aware, "let the press see the question (context prefilled again per question)");
 }
 
+// The same for `eval gsm8k` and `eval sweep gsm8k`.
+void add_gsm8k_options(CLI::App* c, EvalGsm8kOptions& g, std::string& format) {
+  c->add_option("--data", g.data, "GSM8K test.jsonl (question, answer ending '#### <n>'); default: shared/data/gsm8k/test.jsonl");
+  c->add_option("--shots", g.shots, "worked examples before each question (the file's first items; the questions follow them)")
+      ->capture_default_str()->check(CLI::Range(1, 16));
+  c->add_option("--samples", g.samples, "questions (the items after the shots)")->capture_default_str()->check(CLI::PositiveNumber);
+  c->add_option("--max-new-tokens", g.max_new_tokens, "tokens per answer at most")
+      ->capture_default_str()->check(CLI::Range(1, 4096));
+  c->add_option("--format", format, "prompt format: base (lm-eval's few-shot text), chat, auto")
+      ->capture_default_str()->check(CLI::IsMember({"auto", "chat", "base"}));
+}
+
 // The same for `eval mc` and `eval sweep mc`.
 void add_mc_options(CLI::App* mc, EvalMcOptions& m) {
   mc->add_option("--bench", m.bench, "hellaswag, piqa or mmlu")->required()->check(CLI::IsMember({"hellaswag", "piqa", "mmlu"}));
@@ -429,7 +467,23 @@ void register_eval(CLI::App& app) {
   add_press_options(c, o->press);
   c->add_flag("--dry-run", o->dry_run, "generate (and --dump-samples) only; run nothing");
   c->add_option("--dump-samples", o->dump_samples, "also write the samples as JSONL (the --data format)");
-  c->callback([o] { run_ruler(*o); });
+  c->callback([o] { run_generation(*o, nullptr); });
+
+  auto go = std::make_shared<EvalRulerOptions>();
+  auto gg = std::make_shared<EvalGsm8kOptions>();
+  go->format = "base";
+  CLI::App* gc = e->add_subcommand("gsm8k", "GSM8K-style maths: few-shot worked examples compressed, then each question answered greedily");
+  add_common_options(gc, go->common);
+  add_gsm8k_options(gc, *gg, go->format);
+  gc->add_option("--out", go->out, "results JSONL: one line per question, appended as it finishes; rerun to resume");
+  add_press_options(gc, go->press);
+  gc->add_flag("--query-aware", go->query_aware, "let the press see the question (context prefilled again per question)");
+  gc->add_flag("--dry-run", go->dry_run, "build (and --dump-samples) the samples only; run nothing");
+  gc->add_option("--dump-samples", go->dump_samples, "also write the samples as JSONL (eval ruler's --data format)");
+  gc->callback([go, gg] {
+    go->samples = gg->samples;
+    run_generation(*go, gg.get());
+  });
 
   auto m = std::make_shared<EvalMcOptions>();
   CLI::App* mc = e->add_subcommand("mc", "multiple choice by log-likelihood (HellaSwag, PIQA, MMLU), context compressed once");
@@ -464,6 +518,12 @@ void register_eval(CLI::App& app) {
   CLI::App* swr = add_sweep_command(sw, "ruler", sr, "RULER-style tasks; one context prefill per sample shared by every cell");
   add_ruler_options(swr, sr->ruler);
   swr->callback([sr] { run_sweep(*sr, "ruler"); });
+  auto sg = std::make_shared<EvalSweepOptions>();
+  sg->ruler.format = "base";
+  CLI::App* swg = add_sweep_command(sw, "gsm8k", sg, "GSM8K-style maths; one prefill of the shots per question shared by every cell");
+  add_gsm8k_options(swg, sg->gsm8k, sg->ruler.format);
+  swg->add_flag("--query-aware", sg->ruler.query_aware, "let the press see the question (fresh prefill per cell and question)");
+  swg->callback([sg] { run_sweep(*sg, "gsm8k"); });
   auto sm = std::make_shared<EvalSweepOptions>();
   CLI::App* swm = add_sweep_command(sw, "mc", sm, "multiple choice by log-likelihood (HellaSwag, PIQA, MMLU)");
   add_mc_options(swm, sm->mc);

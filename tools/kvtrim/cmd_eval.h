@@ -32,6 +32,15 @@ struct EvalRulerOptions {
   bool dry_run = false;
 };
 
+// kvtrim eval gsm8k (src/eval/gsm8k.h); the rest of its options are EvalRulerOptions' (format,
+// press, out, query-aware, dump-samples, dry-run).
+struct EvalGsm8kOptions {
+  std::string data;  // default: shared/data/gsm8k/test.jsonl
+  int shots = 5;
+  int samples = 50;
+  int max_new_tokens = 256;
+};
+
 struct EvalMcOptions {
   CommonOptions common;
   std::string bench;
@@ -62,6 +71,7 @@ struct EvalSweepOptions {
   std::string out_dir;
   bool summary_only = false;
   EvalRulerOptions ruler;  // the benchmark's own options (their common / press / out unused)
+  EvalGsm8kOptions gsm8k;  // gsm8k: with ruler.format / ruler.query_aware
   EvalMcOptions mc;
   EvalPplOptions ppl;
 };
@@ -74,6 +84,9 @@ std::string file_identity(const std::string& path);
 // them in a config hash.
 std::vector<eval::EvalSample> ruler_samples(const EvalRulerOptions& o, const eval::PromptBuilder& pb, int64_t n_ctx,
                                             std::vector<std::string>* task_order_out, std::string* source_out);
+// The samples of `eval gsm8k` (and `eval sweep gsm8k`); *task_order_out = {"gsm8k"}.
+std::vector<eval::EvalSample> gsm8k_samples(const EvalGsm8kOptions& o, std::vector<std::string>* task_order_out,
+                                            std::string* source_out);
 // The items of `eval mc` (and `eval sweep mc`): --bench from --data, the first --limit.
 std::vector<eval::McItem> mc_items(const EvalMcOptions& o, std::string* source_out);
 

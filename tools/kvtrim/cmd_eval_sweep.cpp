@@ -121,7 +121,9 @@ void run_then_summarize(const EvalSweepOptions& o, const char* bar_name, const c
 }  // namespace
 
 void run_sweep(const EvalSweepOptions& o, const std::string& bench) {
-  const bool ruler = bench == "ruler";
+  // ruler and gsm8k: generated answers (eval::sweep_ruler over EvalSamples); mc: log-likelihoods
+  const bool gsm8k = bench == "gsm8k";
+  const bool ruler = bench == "ruler" || gsm8k;
   // The grid first: a bad press or ratio fails before any model loads.
   if (ruler) KVTRIM_CHECK(o.ruler.samples > 0, "--samples must be positive");
   const SweepSetup st = sweep_setup(o);
@@ -141,6 +143,10 @@ void run_sweep(const EvalSweepOptions& o, const std::string& bench) {
   std::vector<eval::McItem> items;
   std::string mc_source;
   if (!ruler) items = mc_items(o.mc, &mc_source);
+  std::vector<eval::EvalSample> gsm8k_set;  // the same for every model; read before any loads
+  std::vector<std::string> gsm8k_tasks;
+  std::string gsm8k_source;
+  if (gsm8k) gsm8k_set = gsm8k_samples(o.gsm8k, &gsm8k_tasks, &gsm8k_source);
   std::vector<std::string> task_order;
   std::set<std::string> configs;
   for (const std::string& m : models) {
@@ -155,10 +161,17 @@ void run_sweep(const EvalSweepOptions& o, const std::string& bench) {
       j.pb = std::make_unique<eval::PromptBuilder>(*j.model, format);
       std::string source;
       task_order.clear();
-      j.samples = ruler_samples(o.ruler, *j.pb, j.session->n_ctx(), &task_order, &source);
+      if (gsm8k) {
+        j.samples = gsm8k_set;
+        task_order = gsm8k_tasks;
+        source = gsm8k_source;
+      } else {
+        j.samples = ruler_samples(o.ruler, *j.pb, j.session->n_ctx(), &task_order, &source);
+      }
       base.push_back("format=" + std::string(eval::prompt_format_name(format)));
       base.push_back(source);
-      eval::set_cell_configs(&j.cells, base, o.ruler.query_aware ? "sweep-ruler-query-aware-v1" : "sweep-ruler-v1");
+      eval::set_cell_configs(&j.cells, base,
+                             std::string(gsm8k ? "sweep-gsm8k" : "sweep-ruler") + (o.ruler.query_aware ? "-query-aware-v1" : "-v1"));
     } else {
       base.push_back("bench=" + o.mc.bench);
       base.push_back(mc_source);
@@ -195,7 +208,9 @@ void run_sweep(const EvalSweepOptions& o, const std::string& bench) {
     for (const auto& r : results.rows())
       if (ids.count(r.id)) rows.push_back(r);
     const std::string title =
-        ruler ? (o.ruler.data.empty()
+        gsm8k ? strprintf("GSM8K-style sweep: %d questions after %d shots, number_match%s", o.gsm8k.samples,
+                          o.gsm8k.shots, o.ruler.query_aware ? ", query-aware" : "")
+        : ruler ? (o.ruler.data.empty()
                      ? strprintf("RULER sweep: ctx-len %lld, seed %llu, tasks %s, %d sample(s) per task%s",
                                  static_cast<long long>(o.ruler.ctx_len), static_cast<unsigned long long>(o.ruler.seed),
                                  o.ruler.tasks.c_str(), o.ruler.samples, o.ruler.query_aware ? ", query-aware" : "")
@@ -203,7 +218,9 @@ void run_sweep(const EvalSweepOptions& o, const std::string& bench) {
               : strprintf("%s sweep: %zu items (%s)", o.mc.bench.c_str(), items.size(),
                           o.mc.bench == "mmlu" ? "acc" : "acc_norm");
     return eval::write_sweep_summaries(o.out_dir, rows, title,
-                                       ruler ? "RULER score (0-100)" : (o.mc.bench == "mmlu" ? "accuracy (%)" : "acc_norm (%)"));
+                                       gsm8k   ? "GSM8K accuracy (%)"
+                                       : ruler ? "RULER score (0-100)"
+                                               : (o.mc.bench == "mmlu" ? "accuracy (%)" : "acc_norm (%)"));
   };
 
   run_then_summarize(
@@ -213,6 +230,7 @@ void run_sweep(const EvalSweepOptions& o, const std::string& bench) {
           eval::SweepRunOptions ro;
           ro.model = j.label;
           ro.query_aware = ruler && o.ruler.query_aware;
+          ro.bench = gsm8k ? "gsm8k" : "ruler";
           ro.on_row = [&](const eval::SweepRow& r) {
             ++done;
             bar.update(done, strprintf("%s %s@%g %s", r.model.c_str(), r.press.c_str(), r.ratio, r.id.c_str()));
@@ -390,8 +408,9 @@ void run_sweep_summary(const std::string& out_dir, const std::string& title_arg)
     eval::SweepResultsFile results(path, {}, true);
     one_config(results.rows());
     md = eval::write_sweep_summaries(out_dir, results.rows(), title,
-                                     bench == "ruler" ? "RULER score (0-100)"
-                                                      : (bench == "mmlu" ? "accuracy (%)" : "acc_norm (%)"));
+                                     bench == "ruler"   ? "RULER score (0-100)"
+                                     : bench == "gsm8k" ? "GSM8K accuracy (%)"
+                                                        : (bench == "mmlu" ? "accuracy (%)" : "acc_norm (%)"));
   }
   std::fprintf(stderr, "wrote %s/{summary.md, summary.csv, curves.csv, plot.svg}\n", out_dir.c_str());
   std::fputs(md.c_str(), stdout);
