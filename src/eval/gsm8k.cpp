@@ -2,11 +2,11 @@
 
 #include <cmath>
 #include <cstdlib>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "core/error.h"
+#include "eval/text.h"
 
 namespace kvtrim::eval {
 
@@ -105,11 +105,7 @@ std::vector<Gsm8kItem> parse_gsm8k(const std::string& text, const std::string& s
 }
 
 std::vector<Gsm8kItem> load_gsm8k(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  KVTRIM_CHECK(f.good(), "cannot read GSM8K file '%s'", path.c_str());
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  auto items = parse_gsm8k(ss.str(), path);
+  auto items = parse_gsm8k(read_text_file(path, "GSM8K file"), path);
   KVTRIM_CHECK(!items.empty(), "GSM8K file '%s' has no items", path.c_str());
   return items;
 }

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "eval/text.h"
 
 namespace kvtrim::eval {
 
@@ -98,11 +99,7 @@ std::vector<EvalSample> parse_samples_jsonl(const std::string& text, const std::
 }
 
 std::vector<EvalSample> load_samples_jsonl(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  KVTRIM_CHECK(f.good(), "cannot read samples file '%s'", path.c_str());
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  auto out = parse_samples_jsonl(ss.str(), path);
+  auto out = parse_samples_jsonl(read_text_file(path, "samples file"), path);
   KVTRIM_CHECK(!out.empty(), "samples file '%s' has no samples", path.c_str());
   return out;
 }
@@ -126,14 +123,7 @@ std::string read_results_for_resume(const std::string& path, const char* what, b
   if (torn) *torn = false;
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) return {};
-  std::string text;
-  {
-    std::ifstream f(path, std::ios::binary);
-    KVTRIM_CHECK(f.good(), "cannot read results file '%s'", path.c_str());
-    std::ostringstream ss;
-    ss << f.rdbuf();
-    text = ss.str();
-  }
+  std::string text = read_text_file(path, "results file");
   if (!text.empty() && text.back() != '\n') {
     const size_t nl = text.rfind('\n');
     const size_t keep = nl == std::string::npos ? 0 : nl + 1;

@@ -17,6 +17,7 @@
 #include "engine/perplexity.h"
 #include "engine/session.h"
 #include "eval/rng.h"
+#include "eval/text.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
 
@@ -26,14 +27,6 @@ using nlohmann::json;
 namespace fs = std::filesystem;
 
 namespace {
-
-std::string slurp(const std::string& path, const char* what) {
-  std::ifstream f(path, std::ios::binary);
-  KVTRIM_CHECK(f.good(), "cannot read %s '%s'", what, path.c_str());
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 std::vector<std::string> split_lines(const std::string& text) {
   std::vector<std::string> out;
@@ -162,7 +155,7 @@ std::string read_bz2_file(const std::string& path) {
 
 std::vector<McItem> load_hellaswag(const std::string& path) {
   const bool bz = path.size() > 4 && path.compare(path.size() - 4, 4, ".bz2") == 0;
-  return parse_hellaswag(bz ? read_bz2_file(path) : slurp(path, "HellaSwag file"), path);
+  return parse_hellaswag(bz ? read_bz2_file(path) : read_text_file(path, "HellaSwag file"), path);
 }
 
 // ---------------------------------------------------------------- PIQA
@@ -212,7 +205,7 @@ std::vector<McItem> parse_piqa(const std::string& jsonl, const std::string& json
 
 std::vector<McItem> load_piqa(const std::string& dir) {
   const std::string j = (fs::path(dir) / "valid.jsonl").string(), l = (fs::path(dir) / "valid-labels.lst").string();
-  return parse_piqa(slurp(j, "PIQA file"), j, slurp(l, "PIQA labels file"), l);
+  return parse_piqa(read_text_file(j, "PIQA file"), j, read_text_file(l, "PIQA labels file"), l);
 }
 
 // ---------------------------------------------------------------- MMLU
@@ -335,10 +328,10 @@ std::vector<McItem> load_mmlu(const std::string& dir, int shots, std::vector<std
     std::vector<MmluQuestion> dev;
     if (shots > 0) {
       const std::string dp = (dev_dir / (sub + "_dev.csv")).string();
-      dev = parse_mmlu_csv(slurp(dp, "MMLU dev file"), dp);
+      dev = parse_mmlu_csv(read_text_file(dp, "MMLU dev file"), dp);
     }
     const std::string tp = (test_dir / (sub + "_test.csv")).string();
-    for (const auto& q : parse_mmlu_csv(slurp(tp, "MMLU test file"), tp)) {
+    for (const auto& q : parse_mmlu_csv(read_text_file(tp, "MMLU test file"), tp)) {
       McItem it;
       it.index = static_cast<int64_t>(out.size());
       it.context = mmlu_prompt(sub, dev, shots, q);

@@ -90,6 +90,14 @@ bool contains_ci(std::string_view haystack, std::string_view needle) {
   return to_lower(haystack).find(to_lower(needle)) != std::string::npos;
 }
 
+std::string read_text_file(const std::string& path, const char* what) {
+  std::ifstream f(path, std::ios::binary);
+  KVTRIM_CHECK(f.good(), "cannot read %s '%s'", what, path.c_str());
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
 std::vector<std::string> load_text_dir(const std::string& dir) {
   std::error_code ec;
   KVTRIM_CHECK(fs::is_directory(dir, ec), "haystack directory '%s' does not exist", dir.c_str());
@@ -101,11 +109,7 @@ std::vector<std::string> load_text_dir(const std::string& dir) {
   std::sort(files.begin(), files.end());
   std::vector<std::string> out;
   for (const auto& p : files) {
-    std::ifstream f(p, std::ios::binary);
-    KVTRIM_CHECK(f.good(), "cannot read haystack file '%s'", p.string().c_str());
-    std::ostringstream ss;
-    ss << f.rdbuf();
-    out.push_back(ss.str());
+    out.push_back(read_text_file(p.string(), "haystack file"));
   }
   return out;
 }

@@ -20,6 +20,9 @@ std::string replace_all(std::string s, std::string_view from, std::string_view t
 std::string to_lower(std::string_view s);
 bool contains_ci(std::string_view haystack, std::string_view needle);  // case-insensitive
 
+// The whole file; throws Error "cannot read <what> '<path>'" if it cannot be opened.
+std::string read_text_file(const std::string& path, const char* what);
+
 // The texts of every *.txt file directly in `dir`, in file-name order (so the corpus is the
 // same on every machine). Throws Error naming the directory if it is missing or has no .txt.
 std::vector<std::string> load_text_dir(const std::string& dir);
