@@ -26,6 +26,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <tuple>
@@ -172,12 +173,21 @@ struct SweepPoint {
   double kv_bytes = 0, kv_bytes_dense = 0;    // means over rows
   double kv_bases = -1;                       // mean over rows (-1 when a row did not record it)
   double decode_tps = 0;                      // mean over rows that decoded (0 if none did)
+  // Fidelity to the full cache: the fraction of rows whose answer equals the uncompressed cell's
+  // on the same question (same_answer); -1 for the baseline and where none can be compared.
+  double same_as_none = -1;
+  int64_t n_compared = 0;
   double kv_ratio() const { return kv_bytes_dense > 0 ? kv_bytes / kv_bytes_dense : 0; }
   // KV / f16 without the bases shared by every context (-1 when unknown).
   double kv_ratio_wo_bases() const {
     return kv_bases >= 0 && kv_bytes_dense > 0 ? (kv_bytes - kv_bases) / kv_bytes_dense : -1;
   }
 };
+// Whether two rows of one question give the same answer: gsm8k: the same final number
+// (gsm8k_extract_answer, numerically); ruler: the same output after RULER's post-processing; mc:
+// the same choice (the headline metric's: pred_norm, or pred for mmlu). a, b: the rows' extra
+// JSON. nullopt when either lacks what is compared (such rows are not counted).
+std::optional<bool> same_answer(const std::string& bench, const std::string& extra_a, const std::string& extra_b);
 // Every cell of `rows`: models in order of first appearance; within a model the baseline
 // ("none") first, then presses in order of first appearance, ratios ascending.
 std::vector<SweepPoint> sweep_points(const std::vector<SweepRow>& rows);

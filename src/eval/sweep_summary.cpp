@@ -9,8 +9,12 @@
 #include <map>
 #include <tuple>
 
+#include <nlohmann/json.hpp>
+
 #include "core/error.h"
+#include "eval/gsm8k.h"
 #include "eval/plot_svg.h"
+#include "eval/scoring.h"
 #include "eval/sweep.h"
 
 namespace kvtrim::eval {
@@ -18,8 +22,40 @@ namespace kvtrim::eval {
 // ---------------------------------------------------------------------------------------
 // Summary maths
 
+std::optional<bool> same_answer(const std::string& bench, const std::string& extra_a, const std::string& extra_b) {
+  using nlohmann::json;
+  const json a = json::parse(extra_a.empty() ? "{}" : extra_a, nullptr, false);
+  const json b = json::parse(extra_b.empty() ? "{}" : extra_b, nullptr, false);
+  if (!a.is_object() || !b.is_object()) return std::nullopt;
+  auto str = [](const json& j, const char* k) -> const std::string* {
+    const auto it = j.find(k);
+    return it != j.end() && it->is_string() ? it->get_ptr<const std::string*>() : nullptr;
+  };
+  if (const std::string *oa = str(a, "output"), *ob = str(b, "output"); oa && ob) {
+    if (bench == "gsm8k") {
+      const auto x = gsm8k_extract_answer(*oa), y = gsm8k_extract_answer(*ob);
+      if (!x || !y) return !x && !y;
+      char* ex = nullptr;
+      char* ey = nullptr;
+      const double vx = std::strtod(x->c_str(), &ex), vy = std::strtod(y->c_str(), &ey);
+      if (*ex || *ey) return *x == *y;
+      return vx == vy;
+    }
+    return postprocess_prediction(*oa) == postprocess_prediction(*ob);
+  }
+  const char* key = bench == "mmlu" ? "pred" : "pred_norm";
+  const auto pa = a.find(key), pb = b.find(key);
+  if (pa == a.end() || pb == b.end()) return std::nullopt;
+  return *pa == *pb;
+}
+
 std::vector<SweepPoint> sweep_points(const std::vector<SweepRow>& rows) {
+  // the uncompressed cell's answers, per (model, question)
+  std::map<std::tuple<std::string, std::string, int>, const SweepRow*> base;
+  for (const SweepRow& r : rows)
+    if (r.press == "none") base[{r.model, r.id, r.q}] = &r;
   struct Acc {
+    int64_t n_same = 0, n_compared = 0;
     int64_t n = 0, n_tps = 0;
     double kv = 0, kv_dense = 0, tps = 0, bases = 0;
     bool bases_known = true;
@@ -40,6 +76,15 @@ std::vector<SweepPoint> sweep_points(const std::vector<SweepRow>& rows) {
     if (r.decode_tps > 0) {
       a.tps += r.decode_tps;
       ++a.n_tps;
+    }
+    if (r.press != "none") {
+      const auto b = base.find({r.model, r.id, r.q});
+      if (b != base.end()) {
+        if (const std::optional<bool> same = same_answer(r.bench, r.extra, b->second->extra)) {
+          ++a.n_compared;
+          a.n_same += *same;
+        }
+      }
     }
     auto& g = a.groups[r.group];
     g.first += r.score;
@@ -66,6 +111,8 @@ std::vector<SweepPoint> sweep_points(const std::vector<SweepRow>& rows) {
         pt.kv_bytes_dense = a.kv_dense / static_cast<double>(a.n);
         pt.kv_bases = a.bases_known ? a.bases / static_cast<double>(a.n) : -1;
         pt.decode_tps = a.n_tps ? a.tps / static_cast<double>(a.n_tps) : 0;
+        pt.n_compared = a.n_compared;
+        pt.same_as_none = a.n_compared ? static_cast<double>(a.n_same) / static_cast<double>(a.n_compared) : -1;
         out.push_back(std::move(pt));
       }
     }
@@ -226,13 +273,14 @@ std::string sweep_summary_markdown(const std::vector<SweepPoint>& points,
     if (std::find(models.begin(), models.end(), p.model) == models.end()) models.push_back(p.model);
   for (const std::string& m : models) {
     out += "\n## " + m +
-           "\n\n| press | ratio | score | KV MiB held | KV / f16 | KV / f16 w/o bases | decode tok/s | n |\n"
-           "|---|---:|---:|---:|---:|---:|---:|---:|\n";
+           "\n\n| press | ratio | score | same as none | KV MiB held | KV / f16 | KV / f16 w/o bases | decode tok/s | n |\n"
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
     for (const SweepPoint& p : points) {
       if (p.model != m) continue;
       const double wo = p.kv_ratio_wo_bases();
-      out += strprintf("| %s | %.2f | %.1f | %.2f | %.3f | %s | %s | %lld |\n", p.press.c_str(), p.ratio,
-                       p.score, p.kv_bytes / kSweepMiB, p.kv_ratio(), wo >= 0 ? strprintf("%.3f", wo).c_str() : "-",
+      out += strprintf("| %s | %.2f | %.1f | %s | %.2f | %.3f | %s | %s | %lld |\n", p.press.c_str(), p.ratio,
+                       p.score, p.same_as_none >= 0 ? strprintf("%.1f%%", 100 * p.same_as_none).c_str() : "-",
+                       p.kv_bytes / kSweepMiB, p.kv_ratio(), wo >= 0 ? strprintf("%.3f", wo).c_str() : "-",
                        p.decode_tps > 0 ? strprintf("%.1f", p.decode_tps).c_str() : "-",
                        static_cast<long long>(p.n));
     }
@@ -253,7 +301,10 @@ std::string sweep_summary_markdown(const std::vector<SweepPoint>& points,
     }
   }
   out +=
-      "\nscore: mean over tasks (groups) of the mean per task, 0-100. KV MiB held: mean cache bytes "
+      "\nscore: mean over tasks (groups) of the mean per task, 0-100. same as none: the share of the "
+      "cell's questions whose answer equals the uncompressed cell's on the same question (fidelity "
+      "to the full cache, right or wrong; gsm8k: the same final number, ruler: the same output, mc: "
+      "the same choice). KV MiB held: mean cache bytes "
       "after the context's compression (the cache's own accounting); KV / f16: that over the "
       "uncompressed f16 size of the same positions; w/o bases: the same without the bases, rotations "
       "and dictionaries every context shares (low-rank presses, SWAN, Lexico; - where the rows did "
@@ -271,12 +322,13 @@ std::string sweep_summary_markdown(const std::vector<SweepPoint>& points,
 }
 
 std::string sweep_summary_csv(const std::vector<SweepPoint>& points) {
-  std::string out = "model,press,ratio,score,kv_mib,kv_ratio,kv_ratio_wo_bases,decode_tps,n\n";
+  std::string out = "model,press,ratio,score,kv_mib,kv_ratio,kv_ratio_wo_bases,decode_tps,n,same_as_none\n";
   for (const SweepPoint& p : points) {
     const double wo = p.kv_ratio_wo_bases();
-    out += strprintf("%s,%s,%g,%.4f,%.4f,%.5f,%s,%.3f,%lld\n", csv_field(p.model).c_str(),
+    out += strprintf("%s,%s,%g,%.4f,%.4f,%.5f,%s,%.3f,%lld,%s\n", csv_field(p.model).c_str(),
                      csv_field(p.press).c_str(), p.ratio, p.score, p.kv_bytes / kSweepMiB, p.kv_ratio(),
-                     wo >= 0 ? strprintf("%.5f", wo).c_str() : "", p.decode_tps, static_cast<long long>(p.n));
+                     wo >= 0 ? strprintf("%.5f", wo).c_str() : "", p.decode_tps, static_cast<long long>(p.n),
+                     p.same_as_none >= 0 ? strprintf("%.4f", p.same_as_none).c_str() : "");
   }
   return out;
 }

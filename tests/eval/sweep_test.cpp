@@ -201,7 +201,7 @@ TEST(SweepMaths, PointsAndCurvesFromRows) {
   EXPECT_DOUBLE_EQ(pb[1].kv_ratio_wo_bases(), 0.425);  // (525 - 100) / 1000
   EXPECT_DOUBLE_EQ(pb[2].kv_bases, -1.0);
   const std::string mdb = sweep_summary_markdown(pb, sweep_curves(pb), "T");
-  EXPECT_NE(mdb.find("| p | 0.50 | 50.0 | 0.00 | 0.525 | 0.425 | 40.0 | 4 |"), std::string::npos) << mdb;
+  EXPECT_NE(mdb.find("| p | 0.50 | 50.0 | - | 0.00 | 0.525 | 0.425 | 40.0 | 4 |"), std::string::npos) << mdb;
   EXPECT_NE(sweep_summary_csv(pb).find("m,p,0.5,50.0000,0.0005,0.52500,0.42500,"), std::string::npos);
 
   const auto curves = sweep_curves(pts);
@@ -254,18 +254,57 @@ TEST(SweepMaths, MeasuredAxis) {
   EXPECT_NEAR(measured_tolerance({{0.47, 0}, {0.3, 0.0}, {0.7, 0.0}}, 0.1, &grid), 0.7, 1e-12);
 }
 
+TEST(SweepMaths, SameAnswerAsTheUncompressedCell) {
+  // the comparison per benchmark
+  EXPECT_EQ(same_answer("gsm8k", R"({"output": " 3*4=12\n#### 12"})", R"({"output": "so 12.0"})"), true);
+  EXPECT_EQ(same_answer("gsm8k", R"({"output": "#### 12"})", R"({"output": "#### 13"})"), false);
+  EXPECT_EQ(same_answer("gsm8k", R"({"output": "none"})", R"({"output": "nothing"})"), true);  // both no number
+  EXPECT_EQ(same_answer("gsm8k", R"({"output": "none"})", R"({"output": "7"})"), false);
+  EXPECT_EQ(same_answer("ruler", R"({"output": " 123\n"})", R"({"output": "123"})"), true);  // post-processed
+  EXPECT_EQ(same_answer("ruler", R"({"output": "123"})", R"({"output": "124"})"), false);
+  EXPECT_EQ(same_answer("piqa", R"({"pred": 0, "pred_norm": 1})", R"({"pred": 1, "pred_norm": 1})"), true);
+  EXPECT_EQ(same_answer("mmlu", R"({"pred": 0, "pred_norm": 1})", R"({"pred": 1, "pred_norm": 1})"), false);
+  EXPECT_EQ(same_answer("ruler", "", R"({"output": "1"})"), std::nullopt);  // nothing to compare
+  EXPECT_EQ(same_answer("ruler", "not json", R"({"output": "1"})"), std::nullopt);
+  // the cell's share, against the baseline row of the same (model, question)
+  auto gen = [](const std::string& press, double ratio, const std::string& id, const std::string& out) {
+    SweepRow r;
+    r.model = "m";
+    r.bench = "gsm8k";
+    r.press = press;
+    r.ratio = ratio;
+    r.group = "gsm8k";
+    r.id = id;
+    r.kv_bytes_dense = 100;
+    r.extra = nlohmann::json{{"output", out}}.dump();
+    return r;
+  };
+  const std::vector<SweepRow> rows = {gen("none", 0, "g/1", "#### 5"),   gen("none", 0, "g/2", "#### 6"),
+                                      gen("none", 0, "g/3", "#### 7"),   gen("p", 0.5, "g/1", "so 5"),
+                                      gen("p", 0.5, "g/2", "#### 60"),   gen("p", 0.5, "g/3", "#### 7"),
+                                      gen("p", 0.5, "g/4", "#### 1")};  // g/4: no baseline row
+  const auto pts = sweep_points(rows);
+  ASSERT_EQ(pts.size(), 2u);
+  EXPECT_DOUBLE_EQ(pts[0].same_as_none, -1);
+  EXPECT_EQ(pts[1].n_compared, 3);
+  EXPECT_NEAR(pts[1].same_as_none, 2.0 / 3.0, 1e-12);
+  const std::string md = sweep_summary_markdown(pts, sweep_curves(pts), "T");
+  EXPECT_NE(md.find("| p | 0.50 | 0.0 | 66.7% |"), std::string::npos) << md;
+  EXPECT_NE(sweep_summary_csv(pts).find(",0.6667\n"), std::string::npos);
+}
+
 TEST(SweepMaths, SummaryFiles) {
   const auto pts = sweep_points(hand_rows());
   const auto curves = sweep_curves(pts);
   const std::string md = sweep_summary_markdown(pts, curves, "T");
-  EXPECT_NE(md.find("| p | 0.50 | 50.0 | 0.00 | 0.525 | - | 40.0 | 4 |"), std::string::npos) << md;
-  EXPECT_NE(md.find("| q | 0.50 | 62.5 | 0.00 | 0.400 | - | - | 4 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| p | 0.50 | 50.0 | - | 0.00 | 0.525 | - | 40.0 | 4 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| q | 0.50 | 62.5 | - | 0.00 | 0.400 | - | - | 4 |"), std::string::npos) << md;
   EXPECT_NE(md.find("| p | 43.0 | 0.380 (grid 0.000) | 0.526 (grid 0.475) | 0.900 | 43.8 | 0.400 "
                     "(grid 0.00) | 0.548 (grid 0.50) |"),
             std::string::npos)
       << md;
   const std::string csv = sweep_summary_csv(pts);
-  EXPECT_EQ(csv.substr(0, csv.find('\n')), "model,press,ratio,score,kv_mib,kv_ratio,kv_ratio_wo_bases,decode_tps,n");
+  EXPECT_EQ(csv.substr(0, csv.find('\n')), "model,press,ratio,score,kv_mib,kv_ratio,kv_ratio_wo_bases,decode_tps,n,same_as_none");
   EXPECT_NE(csv.find("m,p,0.9,6.2500,"), std::string::npos) << csv;
   EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 5);
   const std::string svg = sweep_plot_svg(pts, curves, "T <&>", "score");
