@@ -52,11 +52,13 @@ TEST(Jsonl, RoundTrip) {
   EvalSample a;
   a.task = "vt";
   a.context = "line one\nline \"two\"";
-  a.questions = {{"Q?", " Answer:", {"AB", "CD"}, 30}, {"Q2?", "", {"EF"}, 5}};
+  a.questions = {{"Q?", " Answer:", {"AB", "CD"}, 30, {"\n\n"}}, {"Q2?", "", {"EF"}, 5, {}}};
   write_samples_jsonl(dir + "/s.jsonl", {a});
   const auto b = load_samples_jsonl(dir + "/s.jsonl");
   ASSERT_EQ(b.size(), 1u);
   EXPECT_EQ(b[0].content_hash(), a.content_hash());
+  EXPECT_EQ(b[0].questions[0].stop, std::vector<std::string>{"\n\n"});
+  EXPECT_TRUE(b[0].questions[1].stop.empty());
 }
 
 TEST(Jsonl, MalformedLinesNameTheLine) {
