@@ -3,6 +3,7 @@
 //   0 RULER-style samples JSONL      1 HellaSwag (6 lines per item)   2 PIQA (jsonl \n--\n labels)
 //   3 CSV                            4 MMLU CSV                       5 a RULER task list
 //   6 a results JSONL being resumed (read_results_rows over a file, torn last line included)
+//   7 GSM8K test.jsonl (src/eval/gsm8k.h), then the answer extraction over the same text
 // Readers either return items or throw Error "<source>:<line>: <problem>"; what they return
 // must be well formed (a sample has a context and questions, a multiple-choice item a gold
 // index inside its choices).
@@ -13,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "eval/gsm8k.h"
 #include "eval/jsonl.h"
 #include "eval/mc.h"
 #include "eval/ruler.h"
@@ -54,6 +56,19 @@ void run(int which, const std::string& text) {
     case 5:
       for (const std::string& t : parse_task_list(text)) (void)ruler_task(t);
       break;
+    case 7: {
+      const auto a = gsm8k_extract_answer(text);  // any text is a model output
+      KVTRIM_FUZZ_ASSERT(!a || !a->empty(), "an empty extracted answer");
+      const double m = number_match(text, {"18"});
+      KVTRIM_FUZZ_ASSERT(m == 0 || m == 100, "number_match %g", m);
+      for (const Gsm8kItem& it : parse_gsm8k(text, "test.jsonl")) {
+        KVTRIM_FUZZ_ASSERT(!it.question.empty() && !it.answer.empty(), "an item without question or answer");
+        KVTRIM_FUZZ_ASSERT(it.solution.find("<<") == std::string::npos || it.solution.find(">>") == std::string::npos ||
+                               it.solution.find("<<") > it.solution.rfind(">>"),
+                           "an annotation left in the solution");
+      }
+      break;
+    }
     default: {
       static const std::string path = "/tmp/kvtrim_fuzz_results_" + std::to_string(::getpid()) + ".jsonl";
       {
@@ -77,7 +92,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   const std::string text(reinterpret_cast<const char*>(data + 1), size - 1);
   try {
-    run(data[0] % 7, text);
+    run(data[0] % 8, text);
   } catch (const Error& e) {
     fuzz::check_error_message(e);
   }
