@@ -148,6 +148,14 @@ double number_match(const std::string& pred, const std::vector<std::string>& ref
   return 0;
 }
 
+bool same_final_answer(const std::string& out_a, const std::string& out_b) {
+  const std::optional<std::string> a = gsm8k_extract_answer(out_a), b = gsm8k_extract_answer(out_b);
+  if (!a || !b) return !a && !b;
+  double x = 0, y = 0;
+  if (!to_number(*a, &x) || !to_number(*b, &y)) return *a == *b;
+  return x == y;
+}
+
 std::vector<EvalSample> gsm8k_samples(const std::vector<Gsm8kItem>& items, const Gsm8kConfig& c) {
   KVTRIM_CHECK(c.shots >= 1 && c.samples > 0 && c.max_new_tokens > 0,
                "GSM8K: shots, samples and max_new_tokens must be positive (the shots are the context)");

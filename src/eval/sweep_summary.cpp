@@ -32,15 +32,7 @@ std::optional<bool> same_answer(const std::string& bench, const std::string& ext
     return it != j.end() && it->is_string() ? it->get_ptr<const std::string*>() : nullptr;
   };
   if (const std::string *oa = str(a, "output"), *ob = str(b, "output"); oa && ob) {
-    if (bench == "gsm8k") {
-      const auto x = gsm8k_extract_answer(*oa), y = gsm8k_extract_answer(*ob);
-      if (!x || !y) return !x && !y;
-      char* ex = nullptr;
-      char* ey = nullptr;
-      const double vx = std::strtod(x->c_str(), &ex), vy = std::strtod(y->c_str(), &ey);
-      if (*ex || *ey) return *x == *y;
-      return vx == vy;
-    }
+    if (bench == "gsm8k") return same_final_answer(*oa, *ob);
     return postprocess_prediction(*oa) == postprocess_prediction(*ob);
   }
   const char* key = bench == "mmlu" ? "pred" : "pred_norm";

@@ -82,6 +82,10 @@ TEST(Gsm8k, NumberMatchIsNumeric) {
   EXPECT_DOUBLE_EQ(number_match("#### 17", {"18"}), 0);
   EXPECT_DOUBLE_EQ(number_match("eighteen", {"18"}), 0);
   EXPECT_DOUBLE_EQ(number_match("#### 1.2.3", {"1.2"}), 0);  // not a number
+  EXPECT_TRUE(same_final_answer("#### 18", "so 18.0"));
+  EXPECT_FALSE(same_final_answer("#### 18", "#### 19"));
+  EXPECT_TRUE(same_final_answer("no number", "none either"));
+  EXPECT_FALSE(same_final_answer("no number", "3"));
   // through the metric
   EXPECT_DOUBLE_EQ(score(Metric::kNumber, "x = 5\n#### 5", {"5"}), 100);
   Metric m = Metric::kAll;
