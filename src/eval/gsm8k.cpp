@@ -3,9 +3,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "core/error.h"
+#include "eval/jsonl.h"
 #include "eval/text.h"
 
 namespace kvtrim::eval {
@@ -65,20 +65,7 @@ std::string strip_calculator_annotations(const std::string& s) {
 
 std::vector<Gsm8kItem> parse_gsm8k(const std::string& text, const std::string& source) {
   std::vector<Gsm8kItem> out;
-  std::istringstream in(text);
-  std::string line;
-  int64_t lineno = 0;
-  while (std::getline(in, line)) {
-    ++lineno;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const std::string where = source + ":" + std::to_string(lineno);
-    json j;
-    try {
-      j = json::parse(line);
-    } catch (const json::exception& e) {
-      fail("%s: not valid JSON (%s)", where.c_str(), e.what());
-    }
-    if (!j.is_object()) fail("%s: expected a JSON object", where.c_str());
+  for_each_json_object_line(text, source, [&](const json& j, const std::string& where) {
     for (const char* f : {"question", "answer"}) {
       if (!j.contains(f)) fail("%s: missing field '%s'", where.c_str(), f);
       if (!j.at(f).is_string()) fail("%s: field '%s' must be a string", where.c_str(), f);
@@ -100,7 +87,7 @@ std::vector<Gsm8kItem> parse_gsm8k(const std::string& text, const std::string& s
       fail("%s: the answer's final '#### %s' is not a number", where.c_str(), tail.c_str());
     it.solution = strip_calculator_annotations(answer);
     out.push_back(std::move(it));
-  }
+  });
   return out;
 }
 

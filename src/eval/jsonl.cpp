@@ -30,9 +30,8 @@ std::string string_field(const json& j, const char* name, const std::string& whe
 
 }  // namespace
 
-std::vector<EvalSample> parse_samples_jsonl(const std::string& text, const std::string& source) {
-  std::vector<EvalSample> out;
-  std::map<std::string, int64_t> next_index;
+void for_each_json_object_line(const std::string& text, const std::string& source,
+                               const std::function<void(const json&, const std::string&)>& fn) {
   std::istringstream in(text);
   std::string line;
   int64_t line_no = 0;
@@ -47,6 +46,14 @@ std::vector<EvalSample> parse_samples_jsonl(const std::string& text, const std::
       fail("%s: not valid JSON (%s)", where.c_str(), e.what());
     }
     if (!j.is_object()) fail("%s: expected a JSON object", where.c_str());
+    fn(j, where);
+  }
+}
+
+std::vector<EvalSample> parse_samples_jsonl(const std::string& text, const std::string& source) {
+  std::vector<EvalSample> out;
+  std::map<std::string, int64_t> next_index;
+  for_each_json_object_line(text, source, [&](const json& j, const std::string& where) {
     EvalQuestion q;
     const std::string task = string_field(j, "task", where);
     const std::string context = string_field(j, "context", where);
@@ -85,7 +92,7 @@ std::vector<EvalSample> parse_samples_jsonl(const std::string& text, const std::
     }
     if (!out.empty() && out.back().task == task && out.back().context == context && out.back().metric == metric) {
       out.back().questions.push_back(std::move(q));
-      continue;
+      return;
     }
     EvalSample s;
     s.task = task;
@@ -94,7 +101,7 @@ std::vector<EvalSample> parse_samples_jsonl(const std::string& text, const std::
     s.metric = metric;
     s.questions.push_back(std::move(q));
     out.push_back(std::move(s));
-  }
+  });
   return out;
 }
 

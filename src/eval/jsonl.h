@@ -34,6 +34,11 @@ void read_results_rows(const std::string& path, const char* what, const char* ki
                        const std::function<void(const nlohmann::json&)>& on_row, int64_t* n_other,
                        bool* torn = nullptr);
 std::vector<EvalSample> parse_samples_jsonl(const std::string& text, const std::string& source);
+// Calls fn(object, "<source>:<line>") for every non-blank line of a JSONL text, in order; a line
+// that is not a JSON object is an Error "<source>:<line>: not valid JSON (...)" / "expected a
+// JSON object". The data readers' shared loop (samples, GSM8K).
+void for_each_json_object_line(const std::string& text, const std::string& source,
+                               const std::function<void(const nlohmann::json&, const std::string&)>& fn);
 // Writes samples in the same format (to reproduce a generated set elsewhere).
 void write_samples_jsonl(const std::string& path, const std::vector<EvalSample>& samples);
 
