@@ -38,6 +38,13 @@ bool to_number(const std::string& s, double* v) {
   return end == s.c_str() + s.size() && std::isfinite(*v);
 }
 
+// Two normalised answers as the same number (relative 1e-9); as strings when either is not one.
+bool same_number(const std::string& a, const std::string& b) {
+  double x = 0, y = 0;
+  if (!to_number(a, &x) || !to_number(b, &y)) return a == b;
+  return std::fabs(x - y) <= 1e-9 * std::max(1.0, std::fabs(y));
+}
+
 // The run of number characters starting at i (with a leading '-' if there is one).
 std::string number_at(const std::string& s, size_t i) {
   size_t e = i;
@@ -128,19 +135,15 @@ double number_match(const std::string& pred, const std::vector<std::string>& ref
   const std::optional<std::string> a = gsm8k_extract_answer(pred);
   double v = 0;
   if (!a || !to_number(*a, &v)) return 0;
-  for (const std::string& r : refs) {
-    double w = 0;
-    if (to_number(normalize_number(r), &w) && std::fabs(v - w) <= 1e-9 * std::max(1.0, std::fabs(w))) return 100;
-  }
+  for (const std::string& r : refs)
+    if (same_number(*a, normalize_number(r))) return 100;
   return 0;
 }
 
 bool same_final_answer(const std::string& out_a, const std::string& out_b) {
   const std::optional<std::string> a = gsm8k_extract_answer(out_a), b = gsm8k_extract_answer(out_b);
   if (!a || !b) return !a && !b;
-  double x = 0, y = 0;
-  if (!to_number(*a, &x) || !to_number(*b, &y)) return *a == *b;
-  return x == y;
+  return same_number(*a, *b);
 }
 
 std::vector<EvalSample> gsm8k_samples(const std::vector<Gsm8kItem>& items, const Gsm8kConfig& c) {

@@ -49,8 +49,8 @@ std::string strip_calculator_annotations(const std::string& s);
 std::optional<std::string> gsm8k_extract_answer(const std::string& output);
 // 100 when the extracted answer equals one of refs numerically, else 0.
 double number_match(const std::string& pred, const std::vector<std::string>& refs);
-// Whether two outputs give the same final answer (numerically; two outputs without a number
-// count as the same): the sweeps' "same as none" for gsm8k.
+// Whether two outputs give the same final answer (numerically, as number_match compares; two
+// outputs without a number count as the same): the sweeps' "same as none" for gsm8k.
 bool same_final_answer(const std::string& out_a, const std::string& out_b);
 
 struct Gsm8kConfig {

@@ -3,40 +3,35 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "eval/rng.h"
 #include "eval/gsm8k.h"
+#include "eval/rng.h"
 #include "eval/text.h"
 
 namespace kvtrim::eval {
 
-const char* metric_name(Metric m) {
-  switch (m) {
-    case Metric::kPart:
-      return "string_match_part";
-    case Metric::kNumber:
-      return "number_match";
-    case Metric::kAll:
-      break;
-  }
-  return "string_match_all";
+namespace {
+struct MetricNames {
+  Metric m;
+  const char* name;   // the scorer's name
+  const char* brief;  // the JSONL files' spelling
+};
+constexpr MetricNames kMetricNames[] = {{Metric::kAll, "string_match_all", "all"},
+                                        {Metric::kPart, "string_match_part", "part"},
+                                        {Metric::kNumber, "number_match", "number"}};
+const MetricNames& names_of(Metric m) {
+  for (const MetricNames& n : kMetricNames)
+    if (n.m == m) return n;
+  return kMetricNames[0];
 }
+}  // namespace
 
-const char* metric_short(Metric m) {
-  switch (m) {
-    case Metric::kPart:
-      return "part";
-    case Metric::kNumber:
-      return "number";
-    case Metric::kAll:
-      break;
-  }
-  return "all";
-}
+const char* metric_name(Metric m) { return names_of(m).name; }
+const char* metric_short(Metric m) { return names_of(m).brief; }
 
 bool parse_metric(const std::string& s, Metric* m) {
-  for (Metric x : {Metric::kAll, Metric::kPart, Metric::kNumber}) {
-    if (s == metric_short(x) || s == metric_name(x)) {
-      *m = x;
+  for (const MetricNames& n : kMetricNames) {
+    if (s == n.name || s == n.brief) {
+      *m = n.m;
       return true;
     }
   }

@@ -150,7 +150,7 @@ std::vector<eval::EvalSample> gsm8k_samples(const EvalGsm8kOptions& o, std::vect
 // kvtrim eval ruler / eval gsm8k: generated answers scored per question (g: the gsm8k options,
 // nullptr for ruler).
 void run_generation(const EvalRulerOptions& o, const EvalGsm8kOptions* g) {
-  KVTRIM_CHECK(o.samples > 0, "--samples must be positive");
+  KVTRIM_CHECK(g || o.samples > 0, "--samples must be positive");
   std::vector<std::string> task_order;
   std::string source;
   std::vector<eval::EvalSample> samples;
@@ -480,10 +480,7 @@ void register_eval(CLI::App& app) {
   gc->add_flag("--query-aware", go->query_aware, "let the press see the question (context prefilled again per question)");
   gc->add_flag("--dry-run", go->dry_run, "build (and --dump-samples) the samples only; run nothing");
   gc->add_option("--dump-samples", go->dump_samples, "also write the samples as JSONL (eval ruler's --data format)");
-  gc->callback([go, gg] {
-    go->samples = gg->samples;
-    run_generation(*go, gg.get());
-  });
+  gc->callback([go, gg] { run_generation(*go, gg.get()); });
 
   auto m = std::make_shared<EvalMcOptions>();
   CLI::App* mc = e->add_subcommand("mc", "multiple choice by log-likelihood (HellaSwag, PIQA, MMLU), context compressed once");

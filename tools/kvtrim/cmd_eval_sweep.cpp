@@ -118,6 +118,14 @@ void run_then_summarize(const EvalSweepOptions& o, const char* bar_name, const c
   std::fflush(stdout);
 }
 
+// The y axis of a sweep's summaries: the benchmark's headline metric (bench: ruler, gsm8k, or the
+// mc benchmark's name).
+const char* score_label(const std::string& bench) {
+  if (bench == "ruler") return "RULER score (0-100)";
+  if (bench == "gsm8k") return "GSM8K accuracy (%)";
+  return bench == "mmlu" ? "accuracy (%)" : "acc_norm (%)";
+}
+
 }  // namespace
 
 void run_sweep(const EvalSweepOptions& o, const std::string& bench) {
@@ -217,10 +225,7 @@ void run_sweep(const EvalSweepOptions& o, const std::string& bench) {
                      : strprintf("RULER sweep: %s, tasks %s", o.ruler.data.c_str(), o.ruler.tasks.c_str()))
               : strprintf("%s sweep: %zu items (%s)", o.mc.bench.c_str(), items.size(),
                           o.mc.bench == "mmlu" ? "acc" : "acc_norm");
-    return eval::write_sweep_summaries(o.out_dir, rows, title,
-                                       gsm8k   ? "GSM8K accuracy (%)"
-                                       : ruler ? "RULER score (0-100)"
-                                               : (o.mc.bench == "mmlu" ? "accuracy (%)" : "acc_norm (%)"));
+    return eval::write_sweep_summaries(o.out_dir, rows, title, score_label(ruler ? bench : o.mc.bench));
   };
 
   run_then_summarize(
@@ -230,7 +235,7 @@ void run_sweep(const EvalSweepOptions& o, const std::string& bench) {
           eval::SweepRunOptions ro;
           ro.model = j.label;
           ro.query_aware = ruler && o.ruler.query_aware;
-          ro.bench = gsm8k ? "gsm8k" : "ruler";
+          ro.bench = bench;
           ro.on_row = [&](const eval::SweepRow& r) {
             ++done;
             bar.update(done, strprintf("%s %s@%g %s", r.model.c_str(), r.press.c_str(), r.ratio, r.id.c_str()));
@@ -407,10 +412,7 @@ void run_sweep_summary(const std::string& out_dir, const std::string& title_arg)
   } else {
     eval::SweepResultsFile results(path, {}, true);
     one_config(results.rows());
-    md = eval::write_sweep_summaries(out_dir, results.rows(), title,
-                                     bench == "ruler"   ? "RULER score (0-100)"
-                                     : bench == "gsm8k" ? "GSM8K accuracy (%)"
-                                                        : (bench == "mmlu" ? "accuracy (%)" : "acc_norm (%)"));
+    md = eval::write_sweep_summaries(out_dir, results.rows(), title, score_label(bench));
   }
   std::fprintf(stderr, "wrote %s/{summary.md, summary.csv, curves.csv, plot.svg}\n", out_dir.c_str());
   std::fputs(md.c_str(), stdout);
