@@ -45,6 +45,6 @@ printf '%s\n' '{"question": "What is 2 plus 3?", "answer": "2+3=<<2+3=5>>5\n####
   '{"question": "What is 6 plus 1?", "answer": "6+1=7\n#### 7"}' > "$tmp/gsm8k.jsonl"
 check gsm8k 0 "GSM8K-style evaluation \(2 shots, number_match\).*\| gsm8k \| 2 \|" eval gsm8k -m smollm2 -t 2 --data "$tmp/gsm8k.jsonl" --shots 2 --samples 5 --max-new-tokens 16 --out "$tmp/gsm8k_out.jsonl"
 check gsm8k_resume 0 "0 questions to run" eval gsm8k -m smollm2 -t 2 --data "$tmp/gsm8k.jsonl" --shots 2 --samples 5 --max-new-tokens 16 --out "$tmp/gsm8k_out.jsonl"
-check gsm8k_sweep 0 "GSM8K-style sweep.*\| swan \| 0\.50 \| [0-9.]+ \| [0-9.]+% \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \|" eval sweep gsm8k -m smollm2 -t 2 --data "$tmp/gsm8k.jsonl" --shots 2 --samples 1 --max-new-tokens 8 --presses swan --ratios 0.5 --out-dir "$tmp/gsm8k_sweep"
+check gsm8k_sweep 0 "GSM8K-style sweep.*\| swan:calib=[^|]* \| 0\.50 \| [0-9.]+ \| [0-9.]+% \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \|" eval sweep gsm8k -m smollm2 -t 2 --data "$tmp/gsm8k.jsonl" --shots 2 --samples 1 --max-new-tokens 8 --presses "swan:calib=$tmp/s.kvcalib" --ratios 0.5 --out-dir "$tmp/gsm8k_sweep"
 echo "$pass passed, $failed failed"
 [ "$failed" -eq 0 ]
