@@ -15,6 +15,8 @@
 #include "engine/session.h"
 #include "eval/jsonl.h"
 #include "model/model.h"
+#include "press/press.h"
+#include "press/press_spec.h"
 
 namespace kvtrim::eval {
 
@@ -59,73 +61,6 @@ bool is_option_piece(const std::string& piece) {
   return true;
 }
 
-// An entry cut into its head ("name" or "name(inner)") and its options (as written).
-struct EntryParts {
-  std::string name, inner, head;
-  bool has_inner = false;
-  std::vector<std::string> opts;
-};
-
-EntryParts split_entry(const std::string& entry_raw) {
-  const std::string entry = trim(entry_raw);
-  KVTRIM_CHECK(!entry.empty(), "--presses: empty press entry");
-  EntryParts p;
-  size_t i = 0;
-  while (i < entry.size() && entry[i] != '(' && entry[i] != ':') ++i;
-  p.name = trim(entry.substr(0, i));
-  std::transform(p.name.begin(), p.name.end(), p.name.begin(),
-                 [](unsigned char c) { return std::tolower(c); });
-  if (i < entry.size() && entry[i] == '(') {
-    int depth = 0;
-    size_t j = i;
-    for (; j < entry.size(); ++j) {
-      if (entry[j] == '(') ++depth;
-      if (entry[j] == ')' && --depth == 0) break;
-    }
-    KVTRIM_CHECK(j < entry.size(), "--presses: unbalanced '(' in '%s'", entry.c_str());
-    p.inner = entry.substr(i + 1, j - i - 1);
-    p.has_inner = true;
-    i = j + 1;
-  }
-  p.head = entry.substr(0, i);
-  if (i < entry.size()) {
-    KVTRIM_CHECK(entry[i] == ':', "--presses: unexpected '%s' in '%s'", entry.substr(i).c_str(),
-                 entry.c_str());
-    for (const std::string& o : split_top(entry.substr(i + 1), ',')) p.opts.push_back(trim(o));
-  }
-  return p;
-}
-
-// Drops the options that set ratio (ratio=..., or a bare first value when ratio is the first
-// option).
-std::vector<std::string> without_ratio(const EntryParts& p, const PressInfo& info) {
-  std::vector<std::string> out;
-  for (size_t k = 0; k < p.opts.size(); ++k) {
-    const std::string& o = p.opts[k];
-    const size_t eq = o.find('=');
-    if (eq == std::string::npos) {
-      if (k == 0 && !info.options.empty() && info.options[0].name == "ratio") continue;
-    } else if (trim(o.substr(0, eq)) == "ratio") {
-      continue;
-    }
-    out.push_back(o);
-  }
-  return out;
-}
-
-const PressInfo& entry_info(const EntryParts& p, const std::string& entry) {
-  const PressInfo* info = find_press(p.name);
-  if (!info) make_press(entry);  // throws the registry's "unknown press" message
-  KVTRIM_CHECK(info != nullptr, "unknown press '%s'", p.name.c_str());
-  return *info;
-}
-
-std::string join(const std::vector<std::string>& v, const char* sep) {
-  std::string out;
-  for (size_t i = 0; i < v.size(); ++i) out += (i ? sep : "") + v[i];
-  return out;
-}
-
 }  // namespace
 
 std::vector<std::string> split_press_list(const std::string& list) {
@@ -165,56 +100,22 @@ std::vector<double> parse_ratio_list(const std::string& list) {
   return out;
 }
 
-// A composition entry ("snapkv:0.5+spark"): the presses before the last one as given, and the
-// last one, whose ratio the sweep sets.
-bool split_composition(const std::string& entry, std::string* prefix, std::string* last) {
-  const std::vector<std::string> parts = split_top(trim(entry), '+');
-  if (parts.size() < 2) return false;
-  for (size_t i = 0; i + 1 < parts.size(); ++i) {
-    KVTRIM_CHECK(!trim(parts[i]).empty(), "--presses: empty press in '%s'", entry.c_str());
-    if (i) prefix->push_back('+');
-    prefix->append(trim(parts[i]));
-  }
-  *last = trim(parts.back());
-  make_press(*prefix);  // the fixed part must parse on its own
-  return true;
-}
-
 std::string press_label(const std::string& entry) {
-  std::string prefix, last;
-  if (split_composition(entry, &prefix, &last)) return make_press(prefix)->spec() + "+" + press_label(last);
-  const EntryParts p = split_entry(entry);
-  const PressInfo& info = entry_info(p, entry);
-  std::string head = p.head;
-  if (p.has_inner) head = p.head.substr(0, p.head.find('(')) + "(" + press_label(p.inner) + ")";
-  const std::vector<std::string> rest = without_ratio(p, info);
-  return rest.empty() ? head : head.append(":").append(join(rest, ","));
+  PressSpec spec = parse_press_spec(entry);
+  ratio_target(spec).erase("ratio");
+  // The presses before the last in canonical form, the last as written (its options in the
+  // order given): "snapkv:0.5+spark:0.3,recovery=zero" -> "snapkv:ratio=0.5+spark:recovery=zero".
+  PressSpec last;
+  last.items.push_back(std::move(spec.items.back()));
+  spec.items.pop_back();
+  const std::string head = spec.items.empty() ? "" : canonical_press_spec(spec) + "+";
+  return head + written_press_spec(last);
 }
 
 std::string spec_with_ratio(const std::string& entry, double ratio) {
-  std::string prefix, last;
-  if (split_composition(entry, &prefix, &last)) return make_press(prefix + "+" + spec_with_ratio(last, ratio))->spec();
-  const EntryParts p = split_entry(entry);
-  const PressInfo& info = entry_info(p, entry);
-  if (info.wrapper) {
-    // The ratio belongs to the wrapped press (adakv(snapkv) at 0.5: adakv(snapkv:ratio=0.5)).
-    KVTRIM_CHECK(
-        p.has_inner,
-        "--presses: wrapper '%s' needs its inner press in parentheses to sweep, e.g. %s(snapkv)",
-        p.name.c_str(), p.name.c_str());
-    std::string s = p.name + "(" + spec_with_ratio(p.inner, ratio) + ")";
-    if (!p.opts.empty()) s.append(":").append(join(p.opts, ","));
-    return make_press(s)->spec();
-  }
-  const bool has_ratio = std::any_of(info.options.begin(), info.options.end(),
-                                     [](const PressOption& o) { return o.name == "ratio"; });
-  KVTRIM_CHECK(has_ratio,
-               "--presses: press '%s' has no ratio option, so a sweep over ratios cannot set it",
-               p.name.c_str());
-  std::vector<std::string> opts = without_ratio(p, info);
-  opts.insert(opts.begin(), strprintf("ratio=%g", ratio));
-  std::string spec = p.head;
-  return make_press(spec.append(":").append(join(opts, ",")))->spec();
+  PressSpec spec = parse_press_spec(entry);
+  ratio_target(spec).set("ratio", strprintf("%g", ratio));
+  return make_press(spec)->spec();
 }
 
 std::vector<SweepCell> sweep_cells(const std::vector<std::string>& entries,

@@ -13,7 +13,7 @@
 // n tokens keeps int(n * (1 - ratio)) as kvpress computes it (Budget::keep_count). An
 // absolute budget (`budget=N`) keeps N tokens per (layer, kv head).
 //
-// Press strings (parse_press / make_press):
+// Press strings (make_press; parsed by press_spec.h):
 //   name[:opt=value,opt=value,...][+name[:...]]...
 //   snapkv:ratio=0.5,window=32+streamingllm:sinks=4     composition: applied in sequence,
 //                                                      each on what the previous one left
@@ -42,6 +42,7 @@
 namespace kvtrim {
 
 class ThreadPool;
+struct PressSpec;
 
 // ---------------------------------------------------------------------------------------
 // Budget
@@ -413,6 +414,8 @@ void register_press(PressInfo info);
 // Parses a press string (see the top of this file) into a press (a ComposedPress when it has
 // '+'). Throws Error with a clear message on any mistake.
 std::unique_ptr<Press> make_press(const std::string& spec);
+// The same from a parsed press string (press_spec.h), e.g. one a sweep edited.
+std::unique_ptr<Press> make_press(const PressSpec& spec);
 
 // A multi-line listing of every press with its options, defaults and help (`kvtrim presses`).
 std::string describe_presses();

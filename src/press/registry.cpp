@@ -1,4 +1,4 @@
-// The press registry, option parsing and the press-string parser (grammar in press.h).
+// The press registry, option values, and presses built from a parsed press string (press_spec.h).
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -9,17 +9,11 @@
 #include "core/error.h"
 #include "press/builtin_presses.h"
 #include "press/press.h"
+#include "press/press_spec.h"
 
 namespace kvtrim {
 
 namespace {
-
-std::string trim(const std::string& s) {
-  size_t a = 0, b = s.size();
-  while (a < b && std::isspace(static_cast<unsigned char>(s[a]))) ++a;
-  while (b > a && std::isspace(static_cast<unsigned char>(s[b - 1]))) --b;
-  return s.substr(a, b - a);
-}
 
 std::string lower(std::string s) {
   for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -39,124 +33,30 @@ void ensure_builtins() {
   });
 }
 
-std::string known_names() {
-  std::string s;
-  for (const auto& p : registry_storage()) s += (s.empty() ? "" : ", ") + p.name;
-  return s;
-}
+std::unique_ptr<Press> build(const PressSpec& spec);
 
-std::string option_names(const PressInfo& info) {
-  std::string s;
-  for (const auto& o : info.options) s += (s.empty() ? "" : ", ") + o.name;
-  return s.empty() ? "none" : s;
-}
-
-// Splits at `sep` outside parentheses; throws on unbalanced parentheses.
-std::vector<std::string> split_top(const std::string& s, char sep, const std::string& whole) {
-  std::vector<std::string> out;
-  int depth = 0;
-  size_t start = 0;
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '(') ++depth;
-    if (s[i] == ')') {
-      --depth;
-      KVTRIM_CHECK(depth >= 0, "press string '%s': unbalanced ')'", whole.c_str());
-    }
-    if (s[i] == sep && depth == 0) {
-      out.push_back(s.substr(start, i - start));
-      start = i + 1;
-    }
-  }
-  KVTRIM_CHECK(depth == 0, "press string '%s': unbalanced '('", whole.c_str());
-  out.push_back(s.substr(start));
-  return out;
-}
-
-std::unique_ptr<Press> make_one(const std::string& item_raw, const std::string& whole) {
-  const std::string item = trim(item_raw);
-  KVTRIM_CHECK(!item.empty(), "press string '%s': empty press (a stray '+'?)", whole.c_str());
-  // name [ '(' inner ')' ] [ ':' options ]
-  size_t i = 0;
-  while (i < item.size() && item[i] != '(' && item[i] != ':') ++i;
-  const std::string name = lower(trim(item.substr(0, i)));
-  KVTRIM_CHECK(!name.empty(), "press string '%s': missing press name in '%s'", whole.c_str(), item.c_str());
-  const PressInfo* info = find_press(name);
-  KVTRIM_CHECK(info != nullptr, "unknown press '%s' (known presses: %s; `kvtrim presses` lists them with their options)",
-               name.c_str(), known_names().c_str());
-  std::string inner_spec;
-  bool has_inner = false;
-  if (i < item.size() && item[i] == '(') {
-    int depth = 0;
-    size_t j = i;
-    for (; j < item.size(); ++j) {
-      if (item[j] == '(') ++depth;
-      if (item[j] == ')' && --depth == 0) break;
-    }
-    KVTRIM_CHECK(j < item.size(), "press string '%s': unbalanced '(' after '%s'", whole.c_str(), name.c_str());
-    inner_spec = item.substr(i + 1, j - i - 1);
-    has_inner = true;
-    i = j + 1;
-    while (i < item.size() && std::isspace(static_cast<unsigned char>(item[i]))) ++i;
-    KVTRIM_CHECK(i == item.size() || item[i] == ':', "press string '%s': unexpected '%s' after '%s(...)'",
-                 whole.c_str(), item.substr(i).c_str(), name.c_str());
-  }
-  KVTRIM_CHECK(!has_inner || info->wrapper,
-               "press '%s' does not wrap another press: '(...)' is only for wrappers (e.g. adakv(snapkv))",
-               name.c_str());
-  // Options.
-  std::map<std::string, std::string> given;
-  if (i < item.size() && item[i] == ':') {
-    const std::string opts = item.substr(i + 1);
-    const auto parts = split_top(opts, ',', whole);
-    for (size_t k = 0; k < parts.size(); ++k) {
-      const std::string part = trim(parts[k]);
-      KVTRIM_CHECK(!part.empty(), "press '%s': empty option in '%s'", name.c_str(), opts.c_str());
-      const size_t eq = part.find('=');
-      std::string key, value;
-      if (eq == std::string::npos) {
-        KVTRIM_CHECK(k == 0 && !info->options.empty(),
-                     "press '%s': option '%s' has no value (write name=value; options: %s)", name.c_str(),
-                     part.c_str(), option_names(*info).c_str());
-        key = info->options[0].name;  // a bare first value sets the first option (ratio)
-        value = part;
-      } else {
-        key = lower(trim(part.substr(0, eq)));
-        value = trim(part.substr(eq + 1));
-      }
-      const bool known = std::any_of(info->options.begin(), info->options.end(),
-                                     [&](const PressOption& o) { return o.name == key; });
-      if (!known && info->wrapper && key == "press" && !has_inner) {
-        inner_spec = value;  // adakv:press=snapkv (the inner press with its defaults)
-        has_inner = true;
-        continue;
-      }
-      KVTRIM_CHECK(known, "press '%s' has no option '%s' (options: %s)", name.c_str(), key.c_str(),
-                   option_names(*info).c_str());
-      KVTRIM_CHECK(!value.empty(), "press '%s': option '%s' has an empty value", name.c_str(), key.c_str());
-      KVTRIM_CHECK(given.count(key) == 0, "press '%s': option '%s' given twice", name.c_str(), key.c_str());
-      given[key] = value;
-    }
-  }
+std::unique_ptr<Press> build_item(const PressSpecItem& item) {
   std::map<std::string, std::string> values;
-  for (const auto& o : info->options) values[o.name] = o.default_value;
-  for (const auto& [k, v] : given) values[k] = v;
-  PressArgs args(name, values);
-  std::string canon = name;
-  if (info->wrapper) {
-    KVTRIM_CHECK(has_inner, "press '%s' wraps another press: write %s(snapkv:ratio=0.5) or %s:press=snapkv",
-                 name.c_str(), name.c_str(), name.c_str());
-    auto inner = make_press(inner_spec);
-    canon += "(" + inner->spec() + ")";
-    args.set_inner(std::move(inner));
-  }
-  std::string opt_str;
-  for (const auto& o : info->options)
-    if (given.count(o.name)) opt_str += (opt_str.empty() ? "" : ",") + o.name + "=" + given[o.name];
-  if (!opt_str.empty()) canon += ":" + opt_str;
-  std::unique_ptr<Press> p = info->make(args);
+  for (const auto& o : item.info->options) values[o.name] = o.default_value;
+  for (const PressSpecOption& o : item.options) values[o.name] = o.value;
+  PressArgs args(item.name, values);
+  if (!item.inner.empty()) args.set_inner(build(item.inner[0]));
+  std::unique_ptr<Press> p = item.info->make(args);
   KVTRIM_ASSERT(p != nullptr);
-  p->set_spec(canon);
+  PressSpec one;
+  one.items.push_back(item);
+  p->set_spec(canonical_press_spec(one));
   return p;
+}
+
+std::unique_ptr<Press> build(const PressSpec& spec) {
+  KVTRIM_ASSERT(!spec.items.empty());
+  if (spec.items.size() == 1) return build_item(spec.items[0]);
+  std::vector<std::unique_ptr<Press>> ps;
+  for (const PressSpecItem& item : spec.items) ps.push_back(build_item(item));
+  auto c = std::make_unique<ComposedPress>(std::move(ps));
+  c->set_spec(canonical_press_spec(spec));
+  return c;
 }
 
 }  // namespace
@@ -270,22 +170,9 @@ void register_press(PressInfo info) {
   registry_storage().push_back(std::move(info));
 }
 
-std::unique_ptr<Press> make_press(const std::string& spec) {
-  ensure_builtins();
-  const std::string s = trim(spec);
-  KVTRIM_CHECK(!s.empty(), "empty press string (e.g. --press snapkv:ratio=0.5; `kvtrim presses` lists them)");
-  const auto items = split_top(s, '+', s);
-  if (items.size() == 1) return make_one(items[0], s);
-  std::vector<std::unique_ptr<Press>> ps;
-  std::string canon;
-  for (const auto& it : items) {
-    ps.push_back(make_one(it, s));
-    canon += (canon.empty() ? "" : "+") + ps.back()->spec();
-  }
-  auto c = std::make_unique<ComposedPress>(std::move(ps));
-  c->set_spec(canon);
-  return c;
-}
+std::unique_ptr<Press> make_press(const std::string& spec) { return build(parse_press_spec(spec)); }
+
+std::unique_ptr<Press> make_press(const PressSpec& spec) { return build(spec); }
 
 std::string describe_presses() {
   const auto& reg = press_registry();

@@ -69,6 +69,14 @@ TEST(SweepGrid, SetsTheRatioOfEachEntry) {
   EXPECT_EQ(spec_with_ratio("snapkv:0.5+spark:0.3,recovery=zero", 0.8),
             make_press("snapkv:ratio=0.5+spark:ratio=0.8,recovery=zero")->spec());
   EXPECT_EQ(press_label("snapkv:0.5+spark:0.3"), make_press("snapkv:0.5")->spec() + "+spark");
+  // labels as the committed sweeps recorded them (docs/results/*/results.jsonl): resuming
+  // them must find the same cells
+  EXPECT_EQ(press_label("snapkv:0.5,query_aware=true+spark:query_aware=true"),
+            "snapkv:ratio=0.5,query_aware=true+spark:query_aware=true");
+  EXPECT_EQ(press_label("pyramidkv:0.5+think"), "pyramidkv:ratio=0.5+think");
+  EXPECT_EQ(press_label("swan:buffer=0,values=fp8"), "swan:buffer=0,values=fp8");
+  EXPECT_EQ(press_label("kvcompose:mode=unstructured"), "kvcompose:mode=unstructured");
+  EXPECT_EQ(press_label("adakv(snapkv:0.3):alpha_safeguard=0.3"), "adakv(snapkv):alpha_safeguard=0.3");
   EXPECT_THROW(spec_with_ratio("snapkv:nosuch=1+spark", 0.5), Error);
   EXPECT_THROW(spec_with_ratio("+spark", 0.5), Error);
   try {

@@ -2,8 +2,11 @@
 // round-trip, composition and wrappers parse, and every mistake gets a clear error.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "press/press.h"
+#include "press/press_spec.h"
 
 namespace kvtrim {
 namespace {
@@ -85,6 +88,87 @@ TEST(PressRegistry, ClearErrors) {
   EXPECT_ERROR_HAS("adakv(snapkv+knorm)", "wraps a scoring press");
   EXPECT_ERROR_HAS("adakv(snapkv):alpha_safeguard=2", "out of range [0, 1]");
   EXPECT_ERROR_HAS("adakv(foo)", "unknown press 'foo'");
+}
+
+TEST(PressSpecTree, ParsesIntoItemsOptionsAndInnerPresses) {
+  const PressSpec s = parse_press_spec(" SnapKV:0.5, window=16 +adakv(tova:query_aware=true):alpha_safeguard=0.3");
+  ASSERT_EQ(s.items.size(), 2u);
+  EXPECT_EQ(s.items[0].name, "snapkv");
+  ASSERT_EQ(s.items[0].options.size(), 2u);
+  EXPECT_EQ(s.items[0].options[0].name, "ratio");  // the bare first value, resolved
+  EXPECT_EQ(s.items[0].options[0].value, "0.5");
+  EXPECT_TRUE(s.items[0].options[0].bare);
+  EXPECT_EQ(s.items[0].options[1].name, "window");
+  ASSERT_EQ(s.items[1].inner.size(), 1u);
+  EXPECT_EQ(s.items[1].inner[0].items[0].name, "tova");
+  EXPECT_EQ(written_press_spec(s), "snapkv:0.5,window=16+adakv(tova:query_aware=true):alpha_safeguard=0.3");
+  EXPECT_EQ(canonical_press_spec(s), make_press(s)->spec());
+  EXPECT_EQ(canonical_press_spec(parse_press_spec("adakv:press=knorm")), "adakv(knorm)");
+}
+
+TEST(PressSpecTree, CanonicalFormIsThePressSpecForEveryPress) {
+  // Options given in reverse declaration order print in declaration order, as make_press.
+  int compared = 0;
+  for (const PressInfo& info : press_registry()) {
+    std::string text = info.name;
+    if (info.wrapper) text += "(snapkv)";
+    std::string opts;
+    for (auto o = info.options.rbegin(); o != info.options.rend(); ++o)
+      if (o->name != "calib" && o->name != "press" && !o->default_value.empty()) opts += (opts.empty() ? "" : ",") + o->name + "=" + o->default_value;
+    if (!opts.empty()) text += ":" + opts;
+    const PressSpec spec = parse_press_spec(text);
+    std::string built;
+    try {
+      built = make_press(text)->spec();
+    } catch (const Error&) {
+      continue;  // presses whose defaults need a calibration file: the tree is still checked
+    }
+    EXPECT_EQ(canonical_press_spec(spec), built) << text;
+    EXPECT_EQ(canonical_press_spec(parse_press_spec(built)), built) << text;
+    ++compared;
+  }
+  EXPECT_GE(compared, 20);
+}
+
+TEST(PressSpecTree, EditsOptionsAndFindsTheRatiosPress) {
+  PressSpec s = parse_press_spec("snapkv:0.3,window=16");
+  ratio_target(s).set("ratio", "0.75");
+  EXPECT_EQ(written_press_spec(s), "snapkv:ratio=0.75,window=16");
+  ratio_target(s).erase("ratio");
+  EXPECT_EQ(written_press_spec(s), "snapkv:window=16");
+  ratio_target(s).set("ratio", "0.25");  // not given: inserted first
+  EXPECT_EQ(written_press_spec(s), "snapkv:ratio=0.25,window=16");
+  EXPECT_THROW(s.items[0].set("nosuch", "1"), Error);
+
+  PressSpec w = parse_press_spec("snapkv:0.5+adakv(knorm):alpha_safeguard=0.3");
+  EXPECT_EQ(&ratio_target(w), &w.items[1].inner[0].items[0]);  // the last press, inside its wrapper
+  PressSpec nr = parse_press_spec("streamingllm:sinks=4+think");
+  EXPECT_NO_THROW(ratio_target(nr));
+  for (const PressInfo& info : press_registry()) {
+    if (info.wrapper || std::any_of(info.options.begin(), info.options.end(),
+                                    [](const PressOption& o) { return o.name == "ratio"; }))
+      continue;
+    PressSpec x = parse_press_spec(info.name);
+    EXPECT_THROW(ratio_target(x), Error) << info.name;  // no ratio to set
+  }
+}
+
+TEST(PressSpecTree, ErrorsNameTheMistake) {
+  auto err = [](const std::string& text) {
+    try {
+      parse_press_spec(text);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(err("adakv()").find("inner press is empty"), std::string::npos);
+  EXPECT_NE(err("snapkv)").find("unbalanced ')'"), std::string::npos);
+  EXPECT_NE(err("snapkv:window=").find("empty value"), std::string::npos);
+  EXPECT_NE(err("snapkv:,").find("empty option"), std::string::npos);
+  EXPECT_NE(err("adakv(snapkv) x").find("unexpected 'x'"), std::string::npos);
+  EXPECT_NE(err(":0.5").find("missing press name"), std::string::npos);
+  EXPECT_NE(err("adakv(snapkv:nosuch=1)").find("press 'snapkv' has no option 'nosuch'"), std::string::npos);
 }
 
 TEST(PressRegistry, BudgetKeepCountFollowsKvpress) {
