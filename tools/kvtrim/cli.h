@@ -51,9 +51,6 @@ size_t parse_byte_size(const std::string& s);
 std::string kv_bytes_line(const KvCache& c);
 // Reads a whole file; throws Error naming the path if it cannot be read.
 std::string read_file(const std::string& path);
-// <rel> under ../shared/data ($KVTRIM_SHARED_DATA, then the parents of the working and the
-// executable's directories); throws Error naming `option` (how to give it) if not found.
-std::string default_shared_path(const std::string& rel, const char* option);
 
 void register_run(CLI::App& app);
 void register_chat(CLI::App& app);

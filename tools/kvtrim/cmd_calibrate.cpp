@@ -18,6 +18,7 @@
 #include "calib/fit.h"
 #include "calib/lexico.h"
 #include "cli.h"
+#include "eval/recipe.h"
 #include "cmd_calibrate_stief.h"
 #include "core/error.h"
 #include "core/progress.h"
@@ -67,7 +68,7 @@ std::vector<BasisMethod> parse_methods(const std::string& s) {
 }
 
 std::string text_path(const CalibrateOptions& o) {
-  return o.file.empty() ? default_shared_path("wikitext-2/valid.txt", "-f FILE_OR_DIR") : o.file;
+  return o.file.empty() ? eval::shared_data_path("wikitext-2/valid.txt", "-f FILE_OR_DIR") : o.file;
 }
 
 std::string load_text(const std::string& path) {

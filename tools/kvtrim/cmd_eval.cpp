@@ -22,6 +22,7 @@
 #include "eval/jsonl.h"
 #include "eval/mc.h"
 #include "eval/ppl.h"
+#include "eval/recipe.h"
 #include "eval/rng.h"
 #include "eval/ruler.h"
 #include "eval/runner.h"
@@ -34,39 +35,13 @@ namespace kvtrim::cli {
 
 namespace fs = std::filesystem;
 
-// <rel> under ../shared/data: $KVTRIM_SHARED_DATA, the working directory's parents, then the
-// executable's parents (declared in cli.h; kvtrim calibrate uses it too).
-std::string default_shared_path(const std::string& rel, const char* option) {
-  std::vector<std::string> tried;
-  if (const char* d = std::getenv("KVTRIM_SHARED_DATA")) {
-    tried.push_back((fs::path(d) / rel).string());
-    if (fs::exists(tried.back())) return tried.back();
-  }
-  std::vector<fs::path> bases = {fs::current_path()};
-  std::error_code ec;
-  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  if (!ec) bases.push_back(exe.parent_path());
-  for (fs::path b : bases) {
-    for (int up = 0; up < 6 && !b.empty(); ++up, b = b.parent_path()) {
-      const fs::path p = b / "shared" / "data" / rel;
-      tried.push_back(p.string());
-      if (fs::exists(p)) return p.lexically_normal().string();
-      if (b == b.parent_path()) break;
-    }
-  }
-  fail("no %s found (give %s or set KVTRIM_SHARED_DATA); looked in %s%s", rel.c_str(), option,
-       tried.empty() ? "" : tried.front().c_str(), tried.size() > 1 ? " and the parents of the working and executable directories" : "");
-}
-
 namespace evalcmd {
 
 // The Paul Graham essays.
-std::string default_haystack_dir() { return default_shared_path("haystack/paul_graham", "--haystack DIR"); }
+std::string default_haystack_dir() { return eval::shared_data_path("haystack/paul_graham", "--haystack DIR"); }
 
-std::string file_identity(const std::string& path) {
-  std::error_code ec;
-  const auto size = fs::file_size(path, ec);
-  return fs::path(path).filename().string() + ":" + std::to_string(ec ? 0 : size);
+eval::RunIdentity run_identity(const CommonOptions& common, const Model& model) {
+  return {model.gguf().path(), kv_tag(common), common.batch};
 }
 
 // The samples of `eval ruler` (and `eval sweep ruler`): generated with the model's token
@@ -81,7 +56,7 @@ std::vector<eval::EvalSample> ruler_samples(const EvalRulerOptions& o, const eva
   if (!o.data.empty()) {
     samples = eval::load_samples_jsonl(o.data);
     const std::string text = read_file(o.data);
-    source = strprintf("data=%016llx", static_cast<unsigned long long>(eval::fnv1a64(text)));
+    source = eval::ruler_data_source(text);
     std::set<std::string> wanted;
     if (o.tasks != "all") {
       for (size_t b = 0; b <= o.tasks.size();) {
@@ -132,7 +107,7 @@ std::vector<eval::EvalSample> ruler_samples(const EvalRulerOptions& o, const eva
 std::vector<eval::EvalSample> gsm8k_samples(const EvalGsm8kOptions& o, std::vector<std::string>* task_order_out,
                                             std::string* source_out) {
   const double t0 = now_seconds();
-  const std::string data = o.data.empty() ? default_shared_path("gsm8k/test.jsonl", "--data FILE") : o.data;
+  const std::string data = o.data.empty() ? eval::shared_data_path("gsm8k/test.jsonl", "--data FILE") : o.data;
   const std::vector<eval::Gsm8kItem> items = eval::load_gsm8k(data);
   eval::Gsm8kConfig c;
   c.shots = o.shots;
@@ -140,8 +115,7 @@ std::vector<eval::EvalSample> gsm8k_samples(const EvalGsm8kOptions& o, std::vect
   c.max_new_tokens = o.max_new_tokens;
   std::vector<eval::EvalSample> samples = eval::gsm8k_samples(items, c);
   *task_order_out = {"gsm8k"};
-  // the shots and the items are in each sample's content hash; this names the set
-  *source_out = strprintf("gsm8k=%s,shots=%d,max_new=%d", file_identity(data).c_str(), o.shots, o.max_new_tokens);
+  *source_out = eval::gsm8k_source(data, o.shots, o.max_new_tokens);
   std::fprintf(stderr, "gsm8k: %zu questions (items %d..%lld of %s, %d shots) in %.1f s\n", samples.size(), o.shots,
                static_cast<long long>(samples.back().index), data.c_str(), o.shots, now_seconds() - t0);
   return samples;
@@ -192,10 +166,7 @@ void run_generation(const EvalRulerOptions& o, const EvalGsm8kOptions* g) {
   if (o.dry_run) return;
 
   // Everything that determines a result (not --samples / --tasks: more samples extend a run).
-  const std::string cfg = eval::config_hash({"model=" + file_identity(model->gguf().path()),
-                                             "format=" + std::string(eval::prompt_format_name(format)),
-                                             "kv=" + kv_tag(o.common), "batch=" + std::to_string(o.common.batch),
-                                             "press=" + press_desc, "protocol=kvpress-v1", source});
+  const std::string cfg = eval::generation_config(run_identity(o.common, *model), format, press_desc, source);
   std::unique_ptr<eval::ResultsFile> results;
   if (!o.out.empty()) results = std::make_unique<eval::ResultsFile>(o.out, cfg);
   const int64_t pending = eval::count_pending(samples, results.get());
@@ -239,19 +210,16 @@ std::vector<eval::McItem> mc_items(const EvalMcOptions& o, std::string* source_o
   std::string data = o.data;
   std::string& source = *source_out;
   if (o.bench == "hellaswag") {
-    if (data.empty()) data = default_shared_path("hellaswag/hellaswag_val_full.txt.bz2", "--data FILE");
+    if (data.empty()) data = eval::shared_data_path("hellaswag/hellaswag_val_full.txt.bz2", "--data FILE");
     items = eval::load_hellaswag(data);
-    source = "data=" + file_identity(data);
   } else if (o.bench == "piqa") {
-    if (data.empty()) data = default_shared_path("piqa", "--data DIR");
+    if (data.empty()) data = eval::shared_data_path("piqa", "--data DIR");
     items = eval::load_piqa(data);
-    source = "data=" + file_identity((fs::path(data) / "valid.jsonl").string()) + "," +
-             file_identity((fs::path(data) / "valid-labels.lst").string());
   } else {
-    if (data.empty()) data = default_shared_path("mmlu", "--data DIR");
+    if (data.empty()) data = eval::shared_data_path("mmlu", "--data DIR");
     items = eval::load_mmlu(data, o.shots);
-    source = strprintf("data=%s:%zu,shots=%d", data.c_str(), items.size(), o.shots);
   }
+  source = eval::mc_source(o.bench, data, items.size(), o.shots);
   if (o.limit > 0 && static_cast<int64_t>(items.size()) > o.limit) items.resize(static_cast<size_t>(o.limit));
   std::fprintf(stderr, "%s: %zu items from %s in %.1f s\n", o.bench.c_str(), items.size(), data.c_str(),
                now_seconds() - t_load);
@@ -278,9 +246,7 @@ void run_mc(const EvalMcOptions& o) {
     after_context = [](Session& ss) { ss.compress(); };
   }
   // Everything that determines a result (not --limit: more items extend a run).
-  const std::string cfg = eval::config_hash({"model=" + file_identity(model->gguf().path()), "bench=" + o.bench,
-                                             "kv=" + kv_tag(o.common), "batch=" + std::to_string(o.common.batch),
-                                             "press=" + press_desc, "protocol=mc-loglik-v1", source});
+  const std::string cfg = eval::mc_config(run_identity(o.common, *model), o.bench, press_desc, source);
   std::unique_ptr<eval::McResultsFile> results;
   if (!o.out.empty()) results = std::make_unique<eval::McResultsFile>(o.out, cfg);
   std::vector<eval::McResult> rows;
@@ -365,11 +331,7 @@ void run_ppl(const EvalPplOptions& o) {
                          .c_str()
                    : "");
   // Everything that determines a window's numbers (not --max-tokens: more tokens extend a run).
-  const std::string cfg = eval::config_hash(
-      {"model=" + file_identity(model->gguf().path()), "data=" + file_identity(o.file), "kv=" + kv_tag(o.common),
-       "batch=" + std::to_string(o.common.batch), "press=" + press_desc, std::string("mode=") + eval::ppl_mode_name(c.mode),
-       "ctx=" + std::to_string(c.ctx), "prefix=" + std::to_string(c.first_row()),
-       "chunk=" + std::to_string(c.mode == eval::PplMode::kThroughout ? c.chunk : 0), "protocol=ppl-v1"});
+  const std::string cfg = eval::ppl_config(run_identity(o.common, *model), o.file, c, press_desc);
   std::unique_ptr<eval::PplResultsFile> results;
   if (!o.out.empty()) results = std::make_unique<eval::PplResultsFile>(o.out, cfg);
   std::vector<eval::PplWindow> rows;

@@ -8,6 +8,7 @@
 
 #include "cli.h"
 #include "eval/mc.h"
+#include "eval/recipe.h"
 #include "eval/ruler.h"
 #include "eval/runner.h"
 
@@ -77,8 +78,8 @@ struct EvalSweepOptions {
 };
 // The Paul Graham essays (the default haystack).
 std::string default_haystack_dir();
-// A file's path, size and modification time (what identifies it in a config hash).
-std::string file_identity(const std::string& path);
+// The model, cache storage and prefill chunk of a run (the start of every config recipe).
+eval::RunIdentity run_identity(const CommonOptions& common, const Model& model);
 // The samples of `eval ruler` (and `eval sweep ruler`): generated with the model's token
 // counts, or loaded from --data and filtered by --tasks / --samples. *source: what identifies
 // them in a config hash.

@@ -162,8 +162,7 @@ void run_sweep(const EvalSweepOptions& o, const std::string& bench) {
     load_sweep_model(o.common, m, &j);
     j.session = std::make_unique<Session>(*j.model, session_params(j.common));
     j.cells = grid;
-    std::vector<std::string> base = {"model=" + file_identity(j.model->gguf().path()), "kv=" + kv_tag(o.common),
-                                     "batch=" + std::to_string(o.common.batch)};
+    const eval::RunIdentity id = run_identity(o.common, *j.model);
     if (ruler) {
       const eval::PromptFormat format = eval::resolve_prompt_format(o.ruler.format, *j.model);
       j.pb = std::make_unique<eval::PromptBuilder>(*j.model, format);
@@ -176,14 +175,10 @@ void run_sweep(const EvalSweepOptions& o, const std::string& bench) {
       } else {
         j.samples = ruler_samples(o.ruler, *j.pb, j.session->n_ctx(), &task_order, &source);
       }
-      base.push_back("format=" + std::string(eval::prompt_format_name(format)));
-      base.push_back(source);
-      eval::set_cell_configs(&j.cells, base,
-                             std::string(gsm8k ? "sweep-gsm8k" : "sweep-ruler") + (o.ruler.query_aware ? "-query-aware-v1" : "-v1"));
+      eval::set_generation_sweep_configs(&j.cells, id, format, source, gsm8k ? "gsm8k" : "ruler",
+                                         o.ruler.query_aware);
     } else {
-      base.push_back("bench=" + o.mc.bench);
-      base.push_back(mc_source);
-      eval::set_cell_configs(&j.cells, base, "sweep-mc-loglik-v1");
+      eval::set_mc_sweep_configs(&j.cells, id, o.mc.bench, mc_source);
     }
     for (const auto& c : j.cells) configs.insert(c.config);
     jobs.push_back(std::move(j));
@@ -306,13 +301,7 @@ void run_sweep_ppl(const EvalSweepOptions& o) {
                      : "");
     // eval ppl's config parts (not --max-tokens: more tokens extend a run), the press added per cell.
     j.cells = grid;
-    eval::set_cell_configs(
-        &j.cells,
-        {"model=" + file_identity(j.model->gguf().path()), "data=" + file_identity(po.file), "kv=" + kv_tag(o.common),
-         "batch=" + std::to_string(o.common.batch), std::string("mode=") + eval::ppl_mode_name(mode),
-         "ctx=" + std::to_string(j.c.ctx), "prefix=" + std::to_string(j.c.first_row()),
-         "chunk=" + std::to_string(mode == eval::PplMode::kThroughout ? j.c.chunk : 0)},
-        "sweep-ppl-v1");
+    eval::set_ppl_sweep_configs(&j.cells, run_identity(o.common, *j.model), po.file, j.c);
     for (const auto& c : j.cells) {
       configs.insert(c.config);
       n_win_of[c.config] = j.n_win;

@@ -1,0 +1,85 @@
+// The config recipes: each benchmark's hash is the part list results files were written with
+// (committed results resume only while these hold), and the sample-set identities.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.h"
+#include "eval/recipe.h"
+
+namespace kvtrim::eval {
+namespace {
+
+namespace fs = std::filesystem;
+
+TEST(EvalRecipe, FileIdentityIsNameAndSize) {
+  const fs::path p = fs::temp_directory_path() / "kvtrim_recipe_test.bin";
+  { std::ofstream(p) << "12345"; }
+  EXPECT_EQ(file_identity(p.string()), "kvtrim_recipe_test.bin:5");
+  fs::remove(p);
+  EXPECT_EQ(file_identity("/nonexistent/x.gguf"), "x.gguf:0");
+}
+
+TEST(EvalRecipe, HashesArePinned) {
+  const RunIdentity id{"/nonexistent/m.gguf", "f16", 256};
+  // the part lists the commands wrote their results with, in their order
+  const std::string gen = generation_config(id, PromptFormat::kChat, "none", "src");
+  EXPECT_EQ(gen, config_hash({"model=m.gguf:0", "format=chat", "kv=f16", "batch=256", "press=none",
+                              "protocol=kvpress-v1", "src"}));
+  EXPECT_EQ(gen, "81873e6c8169c259");
+  EXPECT_EQ(mc_config(id, "piqa", "snapkv:ratio=0.5", "s"),
+            config_hash({"model=m.gguf:0", "bench=piqa", "kv=f16", "batch=256", "press=snapkv:ratio=0.5",
+                         "protocol=mc-loglik-v1", "s"}));
+  PplConfig c;
+  c.ctx = 512;
+  c.mode = PplMode::kThroughout;
+  c.chunk = 4;
+  EXPECT_EQ(ppl_config(id, "/x/test.txt", c, "none"),
+            config_hash({"model=m.gguf:0", "data=test.txt:0", "kv=f16", "batch=256", "press=none", "mode=throughout",
+                         "ctx=512", "prefix=256", "chunk=4", "protocol=ppl-v1"}));
+
+  std::vector<SweepCell> cells(1);
+  set_generation_sweep_configs(&cells, id, PromptFormat::kBase, "src", "gsm8k", false);
+  EXPECT_EQ(cells[0].config, config_hash({"model=m.gguf:0", "kv=f16", "batch=256", "format=base", "src",
+                                          "press=none", "protocol=sweep-gsm8k-v1"}));
+  EXPECT_EQ(cells[0].config, "9b40e46484046a53");
+  set_generation_sweep_configs(&cells, id, PromptFormat::kChat, "src", "ruler", true);
+  EXPECT_EQ(cells[0].config, config_hash({"model=m.gguf:0", "kv=f16", "batch=256", "format=chat", "src",
+                                          "press=none", "protocol=sweep-ruler-query-aware-v1"}));
+  set_mc_sweep_configs(&cells, id, "mmlu", "s");
+  EXPECT_EQ(cells[0].config, config_hash({"model=m.gguf:0", "kv=f16", "batch=256", "bench=mmlu", "s", "press=none",
+                                          "protocol=sweep-mc-loglik-v1"}));
+  c.mode = PplMode::kPcc;
+  set_ppl_sweep_configs(&cells, id, "/x/test.txt", c);
+  EXPECT_EQ(cells[0].config, config_hash({"model=m.gguf:0", "data=test.txt:0", "kv=f16", "batch=256", "mode=pcc",
+                                          "ctx=512", "prefix=256", "chunk=0", "press=none", "protocol=sweep-ppl-v1"}));
+}
+
+TEST(EvalRecipe, SampleSetIdentities) {
+  EXPECT_EQ(ruler_data_source("abc"), ruler_data_source("abc"));
+  EXPECT_NE(ruler_data_source("abc"), ruler_data_source("abd"));
+  EXPECT_EQ(gsm8k_source("/d/test.jsonl", 5, 256), "gsm8k=test.jsonl:0,shots=5,max_new=256");
+  EXPECT_EQ(mc_source("mmlu", "/d/mmlu", 100, 5), "data=/d/mmlu:100,shots=5");
+  EXPECT_EQ(mc_source("piqa", "/d/piqa", 10, 0), "data=valid.jsonl:0,valid-labels.lst:0");
+  EXPECT_EQ(mc_source("hellaswag", "/d/h.txt.bz2", 10, 0), "data=h.txt.bz2:0");
+}
+
+TEST(EvalRecipe, SharedDataPathNamesTheOption) {
+  const fs::path dir = fs::temp_directory_path() / "kvtrim_recipe_shared";
+  fs::create_directories(dir / "x");
+  ::setenv("KVTRIM_SHARED_DATA", dir.string().c_str(), 1);
+  EXPECT_EQ(shared_data_path("x", "--data DIR"), (dir / "x").string());
+  try {
+    shared_data_path("no/such/file.jsonl", "--data FILE");
+    ADD_FAILURE() << "found a file that does not exist";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no no/such/file.jsonl found (give --data FILE"), std::string::npos) << e.what();
+  }
+  ::unsetenv("KVTRIM_SHARED_DATA");
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace kvtrim::eval
