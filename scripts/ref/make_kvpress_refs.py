@@ -11,6 +11,11 @@ offsets, tokenized by transformers from the GGUF, no BOS, no chat template):
     (key_channel_compression_ratio 0.5) the key CHANNELS each (layer, kv head) keeps, as a
     bitmask over head_dim, in transformers' rotate-half channel order (GGUF llama files store
     q/k rows interleaved: HF channel i < d/2 is kvtrim's 2i, channel i + d/2 is kvtrim's 2i+1);
+  - KVCompose task-aware ("kvcompose_aware"): kvpress 0.5.5's KVComposePress feeds every
+    registered prompt after the context with the cache and aggregates each prompt token's
+    attention to the context (so the prompt's own keys are in each softmax's denominator); its
+    pipeline never registers one, so the script sets QUESTION's ids (stored as question_ids)
+    right after the press registers the context;
   - each press's options (dataclass fields), so the C++ test sets kvtrim's to match, or the
     error string when the press failed to run. KVzip: its pipeline expects the chat template's
     user prefix before the context and reconstructs only what follows; here the context's first
@@ -29,6 +34,7 @@ Needs (never a dependency of the build or CI; CPU torch is enough, ~3 min):
   python3 -m venv /opt/kvpress-venv && /opt/kvpress-venv/bin/pip install kvpress==0.5.5 gguf
   models/smollm2.gguf (python3 scripts/install_models.py smollm2), ../shared/data/wikitext-2.
 usage: /opt/kvpress-venv/bin/python scripts/ref/make_kvpress_refs.py [--out tests/data/kvpress_refs.json]
+       [--only NAME,...]  (re-run only these presses, keeping the rest of --out as it is)
 """
 import argparse
 import dataclasses
@@ -41,6 +47,8 @@ import traceback
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RATIO = 0.5
+# The task of the task-aware KVCompose reference (appended to each context, no BOS).
+QUESTION = "\n\nQuestion: What is the passage above about, and who is in it? Answer:"
 TOP_LOGITS = 20
 # (name, file relative to the repo, character offset, tokens): fixed and deterministic. The
 # text from the offset's next line start is tokenized and cut to `tokens` ids.
@@ -182,7 +190,7 @@ def clear_masks(model):
         layer.self_attn.masked_key_indices = None
 
 
-def run_press(name, make, model, ids, kvp, tok):
+def run_press(name, make, model, ids, kvp, tok, question_ids=None):
     import torch
     from transformers import DynamicCache
 
@@ -215,6 +223,15 @@ def run_press(name, make, model, ids, kvp, tok):
                 return inner(m)
 
             press.compress_cache = compress_cache
+            if question_ids is not None:
+                inner_register = press.register_context_ids
+
+                def register_context_ids(context_ids):
+                    inner_register(context_ids)
+                    press.register_prompt_ids([torch.tensor([question_ids], dtype=torch.long)])
+
+                press.register_context_ids = register_context_ids
+                extra["question_ids"] = list(question_ids)
         if isinstance(press, kvp.KVzipPress):
             # It loads the tokenizer (for the chat template) by model.config.name_or_path, a
             # GGUF directory here: hand it the GGUF's own tokenizer instead.
@@ -285,6 +302,7 @@ def main():
     ap.add_argument("--gguf", default="smollm2.gguf")
     ap.add_argument("--out", default=os.path.join(REPO, "tests", "data", "kvpress_refs.json"))
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--only", default="", help="comma-separated press names: re-run these, keep the others from --out")
     args = ap.parse_args()
 
     import torch
@@ -304,7 +322,7 @@ def main():
     model = AutoModelForCausalLM.from_pretrained(args.model_dir, gguf_file=args.gguf, dtype=torch.float32,
                                                  attn_implementation="sdpa")
     model.eval()
-    contexts = load_contexts(tok)
+    contexts = None  # read after the press list: --only takes them (their ids) from --out
 
     presses = [
         ("snapkv", lambda: kvp.SnapKVPress(compression_ratio=RATIO)),
@@ -318,7 +336,23 @@ def main():
         ("kvzip", lambda: kvp.KVzipPress(compression_ratio=RATIO)),
         ("adakv_snapkv", lambda: kvp.AdaKVPress(kvp.SnapKVPress(compression_ratio=RATIO))),
         ("think", lambda: kvp.ThinKPress(key_channel_compression_ratio=RATIO)),
+        ("kvcompose_aware", lambda: kvp.KVComposePress(compression_ratio=RATIO)),
     ]
+    only = [x for x in args.only.split(",") if x]
+    known = [n for n, _ in presses]
+    for x in only:
+        if x not in known:
+            sys.exit(f"--only: unknown press '{x}' (known: {', '.join(known)})")
+    old = None
+    if only:
+        with open(args.out) as f:
+            old = json.load(f)
+        if old.get("versions") != {p: md.version(p) for p in ("kvpress", "transformers", "torch", "gguf")}:
+            sys.exit(f"--only: {args.out} was made with {old.get('versions')}; re-run every press instead")
+        presses = [(n, m) for n, m in presses if n in only]
+        contexts = [{k: v for k, v in c.items() if k in ("name", "source", "char_offset", "ids")} for c in old["contexts"]]
+    else:
+        contexts = load_contexts(tok)
 
     out = {
         "about": "kvpress reference selections for tests/press/kvpress_ref_model_test.cpp; made by "
@@ -333,8 +367,20 @@ def main():
         "bitmask": "hex digit i = tokens (or channels) 4i..4i+3, bit j of the digit = index 4i+j",
         "contexts": [],
     }
-    for c in contexts:
+    question_ids = tok(QUESTION, add_special_tokens=False)["input_ids"]
+    for ci, c in enumerate(contexts):
         ids = torch.tensor([c["ids"]], dtype=torch.long)
+        if old is not None:  # only some presses: the rest of the entry as it was
+            assert old["contexts"][ci]["ids"] == c["ids"], "the contexts changed: re-run every press"
+            entry = old["contexts"][ci]
+            for name, make in presses:
+                t = time.time()
+                entry["presses"][name] = run_press(name, make, model, ids, kvp, tok,
+                                                   question_ids if name == "kvcompose_aware" else None)
+                entry["presses"][name]["seconds"] = round(time.time() - t, 2)
+                print(f"{c['name']:16s} {name:20s} {time.time() - t:6.2f} s", file=sys.stderr, flush=True)
+            out["contexts"].append(entry)
+            continue
         with torch.no_grad():
             logits = model(input_ids=ids).logits[0, -1].float()
         top = logits.topk(TOP_LOGITS)
@@ -345,13 +391,18 @@ def main():
         entry["presses"] = {}
         for name, make in presses:
             t = time.time()
-            entry["presses"][name] = run_press(name, make, model, ids, kvp, tok)
+            entry["presses"][name] = run_press(name, make, model, ids, kvp, tok,
+                                               question_ids if name == "kvcompose_aware" else None)
             entry["presses"][name]["seconds"] = round(time.time() - t, 2)
             err = entry["presses"][name].get("error")
             print(f"{c['name']:16s} {name:20s} {time.time() - t:6.2f} s" + (f"  ERROR {err}" if err else ""),
                   file=sys.stderr, flush=True)
         out["contexts"].append(entry)
-    out["seconds"] = round(time.time() - t0, 1)
+    if old is not None:
+        out["seconds"] = old.get("seconds")
+        out["command"] = old.get("command", "") + " ; " + out["command"]
+    else:
+        out["seconds"] = round(time.time() - t0, 1)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(out, f, separators=(",", ":"))

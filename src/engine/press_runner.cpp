@@ -12,6 +12,18 @@
 
 namespace kvtrim {
 
+namespace {
+
+// What every attention statistic of layer il needs: the layer's sliding window (0 = none) and
+// the attention scale.
+int layer_window(const HParams& hp, int il) {
+  return il < static_cast<int>(hp.sliding_window.size()) ? hp.sliding_window[static_cast<size_t>(il)] : 0;
+}
+float attention_scale(const HParams& hp) {
+  return hp.attn_scale > 0 ? hp.attn_scale : 1.f / std::sqrt(static_cast<float>(hp.head_dim_k));
+}
+}  // namespace
+
 PressObserver::PressObserver(const Model& model, const KvCache& cache, PressNeeds needs)
     : model_(model), cache_(cache), needs_(needs) {
   reset();
@@ -101,9 +113,15 @@ void PressObserver::begin_refeed(RefeedMode mode, int32_t lo, int32_t hi) {
 void PressObserver::begin_question() {
   question_mode_ = true;
   question_started_.assign(static_cast<size_t>(model_.hparams().n_layer), 0);
+  question_k_.assign(static_cast<size_t>(model_.hparams().n_layer), {});
+  question_kpos_.assign(static_cast<size_t>(model_.hparams().n_layer), {});
   if (obs_.question.empty()) obs_.question.assign(static_cast<size_t>(model_.hparams().n_layer), {});
 }
-void PressObserver::end_question() { question_mode_ = false; }
+void PressObserver::end_question() {
+  question_mode_ = false;
+  question_k_.clear();
+  question_kpos_.clear();
+}
 void PressObserver::clear_question() {
   for (auto& q : obs_.question) q = ObservedQueries{};
 }
@@ -124,6 +142,15 @@ void PressObserver::on_qkv(int il, int64_t n, const float* q, const float* k, co
     oq.q.insert(oq.q.end(), q, q + static_cast<size_t>(n) * row);
     oq.pos.insert(oq.pos.end(), pos, pos + n);
     oq.n += n;
+    // the new queries see the question's keys so far, their own chunk's included
+    auto& qk = question_k_[static_cast<size_t>(il)];
+    auto& qp = question_kpos_[static_cast<size_t>(il)];
+    qk.insert(qk.end(), k, k + static_cast<size_t>(n) * static_cast<size_t>(hp.n_head_kv) * static_cast<size_t>(hp.head_dim_k));
+    qp.insert(qp.end(), pos, pos + n);
+    const size_t at = oq.self_lse.size();
+    oq.self_lse.resize(at + static_cast<size_t>(n) * static_cast<size_t>(hp.n_head));
+    self_logsumexp(q, pos, n, hp.n_head, hp.n_head_kv, hp.head_dim_k, qk.data(), qp.data(),
+                   static_cast<int64_t>(qp.size()), attention_scale(hp), layer_window(hp, il), oq.self_lse.data() + at);
     return;
   }
   if (il == 0 && obs_.refeed_current) reset_refeed();  // the context grows: the re-feed is stale
@@ -164,14 +191,6 @@ void PressObserver::on_qkv(int il, int64_t n, const float* q, const float* k, co
 
 namespace {
 
-// What every attention statistic of layer il needs: the layer's sliding window (0 = none) and
-// the attention scale.
-int layer_window(const HParams& hp, int il) {
-  return il < static_cast<int>(hp.sliding_window.size()) ? hp.sliding_window[static_cast<size_t>(il)] : 0;
-}
-float attention_scale(const HParams& hp) {
-  return hp.attn_scale > 0 ? hp.attn_scale : 1.f / std::sqrt(static_cast<float>(hp.head_dim_k));
-}
 // Appends kv head ih's keys of a forward chunk (k [n, n_kv, d], as forward computed them) and
 // their positions to a head's stored keys and positions.
 void append_chunk_keys(const float* k, const int32_t* pos, int64_t n, int n_kv, int ih, int d, std::vector<float>* kk,

@@ -35,7 +35,9 @@ class PressObserver : public ForwardObserver {
   // compression is scheduled (a later compression then sees prefill-time statistics only).
   void set_accumulate(bool on) { accumulate_ = on; }
 
-  void begin_question();  // the next forward calls are the question: capture its queries
+  // The next forward calls are the question: capture its queries and, for each, the log-sum-exp
+  // of its attention logits over the question's own keys (ObservedQueries::self_lse).
+  void begin_question();
   void end_question();
   void clear_question();
   // Prefill-time compression (Press::plans_after_append): while a press is set here and hooks
@@ -92,6 +94,10 @@ class PressObserver : public ForwardObserver {
   const Press* hook_press_ = nullptr;
   bool hooks_ = true;
   std::vector<char> question_started_;  // per layer: first chunk of the current question seen
+  // per layer: the current question's keys [n, n_head_kv, head_dim_k] and positions, for its
+  // queries' self_lse (they leave the cache with the question)
+  std::vector<std::vector<float>> question_k_;
+  std::vector<std::vector<int32_t>> question_kpos_;
   RefeedMode refeed_mode_ = RefeedMode::kOff;
   int32_t refeed_n_past_ = 0;  // the context's length (n_context): the re-feed's results belong to it
   int32_t refeed_lo_ = 0, refeed_hi_ = 0;

@@ -22,7 +22,7 @@ constexpr int64_t kLogitBudget = int64_t{4} << 20;  // floats
 
 void attention_max_sum(const float* q, const int32_t* q_pos, int64_t n_q, int n_head, int ih, int group,
                        int head_dim, const float* k, const int32_t* k_pos, int64_t n_k, float scale, int window,
-                       float* acc_max, float* acc_sum, ThreadPool* pool) {
+                       float* acc_max, float* acc_sum, ThreadPool* pool, const float* extra_lse) {
   if (n_q <= 0 || n_k <= 0 || (acc_max == nullptr && acc_sum == nullptr)) return;
   KVTRIM_ASSERT(group > 0 && (ih + 1) * group <= n_head && head_dim > 0);
   const size_t d = static_cast<size_t>(head_dim);
@@ -60,7 +60,13 @@ void attention_max_sum(const float* q, const int32_t* q_pos, int64_t n_q, int n_
         float* row = logits.data() + static_cast<size_t>(r) * static_cast<size_t>(n_k) + l;
         const int64_t w = h - l;
         for (int64_t c = 0; c < w; ++c) row[c] *= scale;
-        const float sum = exp_sub_sum(row, w, max_of(row, w));  // SIMD exp (ops/nn.h)
+        const float extra =
+            extra_lse ? extra_lse[static_cast<size_t>(i0 + r / group) * static_cast<size_t>(n_head) +
+                                  static_cast<size_t>(ih * group + static_cast<int>(r % group))]
+                      : -INFINITY;
+        const float mx = std::max(max_of(row, w), extra);
+        float sum = exp_sub_sum(row, w, mx);  // SIMD exp (ops/nn.h)
+        if (extra_lse && extra > -INFINITY) sum += std::exp(extra - mx);
         const float inv = 1.f / sum;
         for (int64_t c = 0; c < w; ++c) row[c] *= inv;
       }
@@ -86,6 +92,37 @@ void attention_max_sum(const float* q, const int32_t* q_pos, int64_t n_q, int n_
       }
     });
   }
+}
+
+void self_logsumexp(const float* q, const int32_t* q_pos, int64_t n_q, int n_head, int n_head_kv, int head_dim,
+                    const float* k, const int32_t* k_pos, int64_t n_k, float scale, int window, float* out) {
+  KVTRIM_ASSERT(n_head_kv > 0 && n_head % n_head_kv == 0);
+  const int group = n_head / n_head_kv;
+  const size_t d = static_cast<size_t>(head_dim);
+  std::vector<double> logit(static_cast<size_t>(n_k));
+  for (int64_t i = 0; i < n_q; ++i)
+    for (int h = 0; h < n_head; ++h) {
+      const float* qi = q + (static_cast<size_t>(i) * static_cast<size_t>(n_head) + static_cast<size_t>(h)) * d;
+      double mx = -INFINITY;
+      for (int64_t j = 0; j < n_k; ++j) {
+        const bool vis = k_pos[j] <= q_pos[i] && (window <= 0 || q_pos[i] - k_pos[j] < window);
+        if (!vis) {
+          logit[static_cast<size_t>(j)] = -INFINITY;
+          continue;
+        }
+        const float* kj = k + (static_cast<size_t>(j) * static_cast<size_t>(n_head_kv) + static_cast<size_t>(h / group)) * d;
+        double dot = 0;
+        for (size_t c = 0; c < d; ++c) dot += static_cast<double>(qi[c]) * static_cast<double>(kj[c]);
+        logit[static_cast<size_t>(j)] = dot * static_cast<double>(scale);
+        mx = std::max(mx, logit[static_cast<size_t>(j)]);
+      }
+      double z = 0;
+      if (mx > -INFINITY)
+        for (int64_t j = 0; j < n_k; ++j)
+          if (logit[static_cast<size_t>(j)] > -INFINITY) z += std::exp(logit[static_cast<size_t>(j)] - mx);
+      out[static_cast<size_t>(i) * static_cast<size_t>(n_head) + static_cast<size_t>(h)] =
+          mx > -INFINITY ? static_cast<float>(mx + std::log(z)) : -INFINITY;
+    }
 }
 
 }  // namespace kvtrim

@@ -20,9 +20,17 @@ class ThreadPool;
 // k: [n_k, head_dim] (RoPE applied), k_pos: [n_k] increasing; accumulators [n_k, group],
 // initialised by the caller. Logits run as one sgemm per block of queries (about 16 MiB of
 // logits at a time), the softmax with the SIMD exp; rows and columns split over `pool` (may be
-// nullptr).
+// nullptr). extra_lse (may be nullptr): [n_q, n_head], log of a further term in each query
+// head's softmax denominator (keys the query saw that are not in k, e.g. a question's own).
 void attention_max_sum(const float* q, const int32_t* q_pos, int64_t n_q, int n_head, int ih, int group,
                        int head_dim, const float* k, const int32_t* k_pos, int64_t n_k, float scale, int window,
-                       float* acc_max, float* acc_sum, ThreadPool* pool);
+                       float* acc_max, float* acc_sum, ThreadPool* pool, const float* extra_lse = nullptr);
+
+// log Σ_j exp(scale · q·k_j) over the keys j query i sees (k_pos[j] <= q_pos[i] and, when
+// window > 0, q_pos[i] - k_pos[j] < window), for every query head: out [n_q, n_head]; -inf where
+// it sees none. q: [n_q, n_head, head_dim]; k: [n_k, n_head_kv, head_dim] (grouped query
+// heads: head h reads kv head h / (n_head / n_head_kv)). Scalar (for a question's few tokens).
+void self_logsumexp(const float* q, const int32_t* q_pos, int64_t n_q, int n_head, int n_head_kv, int head_dim,
+                    const float* k, const int32_t* k_pos, int64_t n_k, float scale, int window, float* out);
 
 }  // namespace kvtrim

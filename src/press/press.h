@@ -65,6 +65,11 @@ struct ObservedQueries {
   int64_t n = 0;
   std::vector<float> q;
   std::vector<int32_t> pos;
+  // The question's only (Observations::question): [n, n_head], log Σ_j exp(scale · q·k_j) over
+  // the question's own keys visible to each query (causal, sliding window): the part of its
+  // softmax denominator that is gone with the question's tokens when the press plans. Empty
+  // elsewhere.
+  std::vector<float> self_lse;
   const float* query(int64_t i, int h, int n_head, int head_dim) const {
     return q.data() + (static_cast<size_t>(i) * static_cast<size_t>(n_head) + static_cast<size_t>(h)) * static_cast<size_t>(head_dim);
   }

@@ -35,8 +35,9 @@ struct Fixture {
   int M_aware = 4;  // question tokens, positions N..N+M-1
   std::vector<int> window;  // per layer
   float scale = 0;
-  // k[l][h][c][d], v[l][h][c][dv], qctx[l][m][hq][d] (positions m), qtask[l][m][hq][d]
-  std::vector<float> k, v, qctx, qtask;
+  // k[l][h][c][d], v[l][h][c][dv], qctx[l][m][hq][d] (positions m), qtask[l][m][hq][d],
+  // ktask[l][m][h][d]: the question's own keys (positions N + m)
+  std::vector<float> k, v, qctx, qtask, ktask;
   std::vector<std::vector<float>> wo;  // [l] [n_embd, H*G*dv] row-major
   int Hq() const { return H * G; }
   float& K(int l, int h, int c, int i) { return k[((static_cast<size_t>(l) * H + h) * N + c) * d + i]; }
@@ -64,6 +65,7 @@ struct Fixture {
         }
     fill(&qctx, static_cast<size_t>(L * N * Hq() * d), 1.5f);
     fill(&qtask, static_cast<size_t>(L * M_aware * Hq() * d), 1.5f);
+    fill(&ktask, static_cast<size_t>(L * M_aware * H * d), 1.5f);
     wo.resize(static_cast<size_t>(L));
     for (auto& w : wo) fill(&w, static_cast<size_t>(n_embd * Hq() * dv), 1.f);
   }
@@ -75,6 +77,7 @@ struct Fixture {
 struct Opt {
   std::string agg_task = "max", agg_group = "mean", agg_head = "mean", weight = "none";
   bool mean_heads = true, structured = true, aware = false;
+  bool question_keys = true;  // aware: the question's own keys in the softmax denominator
   std::string budget_kind = "ratio";  // ratio | budget | total
   double ratio = 0.5;
   int64_t amount = 0;
@@ -85,10 +88,34 @@ struct Opt {
     else s << budget_kind << "=" << amount;
     s << ",agg_task=" << agg_task << ",agg_group=" << agg_group << ",agg_head=" << agg_head << ",weight=" << weight
       << ",mean_heads=" << (mean_heads ? 1 : 0) << ",mode=" << (structured ? "structured" : "unstructured")
-      << ",task=" << (aware ? "aware" : "causal");
+      << ",task=" << (aware ? "aware" : "causal") << ",question_keys=" << (question_keys ? 1 : 0);
     return s.str();
   }
 };
+
+// log Σ exp(scale · q·k) of each question query head over the question's keys it sees (what
+// the observer records as ObservedQueries::self_lse), straight from the definition.
+std::vector<float> question_self_lse(const Fixture& f, int l) {
+  const int M = f.M_aware, Hq = f.Hq();
+  std::vector<float> out;
+  for (int m = 0; m < M; ++m)
+    for (int hq = 0; hq < Hq; ++hq) {
+      std::vector<double> x;
+      for (int j = 0; j <= m; ++j) {
+        if (f.window[l] != 0 && m - j >= f.window[l]) continue;
+        double dot = 0;
+        const float* q = &f.qtask[((static_cast<size_t>(l) * M + m) * Hq + hq) * f.d];
+        const float* k = &f.ktask[((static_cast<size_t>(l) * M + j) * f.H + hq / f.G) * f.d];
+        for (int i = 0; i < f.d; ++i) dot += static_cast<double>(q[i]) * k[i];
+        x.push_back(dot * f.scale);
+      }
+      const double mx = *std::max_element(x.begin(), x.end());
+      double z = 0;
+      for (double v : x) z += std::exp(v - mx);
+      out.push_back(static_cast<float>(mx + std::log(z)));
+    }
+  return out;
+}
 
 // keep[l][h] = set of kept token indices
 using KeepSets = std::vector<std::vector<std::set<int>>>;
@@ -122,9 +149,21 @@ KeepSets brute_force(Fixture& f, const Opt& o) {
           logit[c] = dot * f.scale;
           mx = std::max(mx, logit[c]);
         }
+        // the question's own keys it sees (positions N .. N + m): in the denominator only
+        std::vector<double> own;
+        if (o.aware && o.question_keys)
+          for (int j = 0; j <= m; ++j) {
+            if (f.window[l] != 0 && m - j >= f.window[l]) continue;
+            double dot = 0;
+            const float* kj = &f.ktask[((static_cast<size_t>(l) * M + j) * H + h) * f.d];
+            for (int i = 0; i < f.d; ++i) dot += static_cast<double>(qv(l, m, hq)[i]) * kj[i];
+            own.push_back(dot * f.scale);
+            mx = std::max(mx, own.back());
+          }
         double z = 0;
         for (int c = 0; c < N; ++c)
           if (vis[c]) z += std::exp(logit[c] - mx);
+        for (double x : own) z += std::exp(x - mx);
         for (int c = 0; c < N; ++c) a_at(l, hq, c, m) = vis[c] ? std::exp(logit[c] - mx) / z : 0.0;
       }
   // eq. 14, weights, eq. 15, eq. 16
@@ -294,6 +333,7 @@ struct Harness {
       qq.q.assign(f.qtask.begin() + static_cast<std::ptrdiff_t>(l) * f.M_aware * f.Hq() * f.d,
                   f.qtask.begin() + static_cast<std::ptrdiff_t>(l + 1) * f.M_aware * f.Hq() * f.d);
       for (int m = 0; m < f.M_aware; ++m) qq.pos.push_back(f.N + m);
+      qq.self_lse = question_self_lse(f, l);
     }
   }
 
@@ -353,8 +393,9 @@ void sweep(bool sliding, uint32_t seed, ThreadPool* pool, int* n_checked) {
         for (const std::string w : {"none", "vnorm", "vonorm"})
           for (bool mh : {true, false})
             for (bool st : {true, false})
-              for (bool aware : {false, true})
+              for (int aware_qk : {0, 1, 2})  // causal, aware without / with the question's keys
                 for (const B& b : budgets) {
+                  const bool aware = aware_qk > 0;
                   Opt o;
                   o.agg_task = at;
                   o.agg_group = ag;
@@ -363,6 +404,7 @@ void sweep(bool sliding, uint32_t seed, ThreadPool* pool, int* n_checked) {
                   o.mean_heads = mh;
                   o.structured = st;
                   o.aware = aware;
+                  o.question_keys = aware_qk == 2;
                   o.budget_kind = b.kind;
                   o.ratio = b.ratio;
                   o.amount = b.amount;
@@ -378,20 +420,20 @@ void sweep(bool sliding, uint32_t seed, ThreadPool* pool, int* n_checked) {
 TEST(KVCompose, MatchesBruteForceAllOptions) {
   int n = 0;
   sweep(false, 7, nullptr, &n);
-  EXPECT_EQ(n, 864);
+  EXPECT_EQ(n, 1296);
 }
 
 TEST(KVCompose, MatchesBruteForceWithSlidingWindowLayer) {
   int n = 0;
   sweep(true, 11, nullptr, &n);
-  EXPECT_EQ(n, 864);
+  EXPECT_EQ(n, 1296);
 }
 
 TEST(KVCompose, MatchesBruteForceOnThreadPool) {
   ThreadPool pool(3);
   int n = 0;
   sweep(true, 23, &pool, &n);
-  EXPECT_EQ(n, 864);
+  EXPECT_EQ(n, 1296);
 }
 
 // Structured plans keep the same number of tokens in every head of a layer, layers differ,
@@ -586,6 +628,16 @@ struct TeeObserver : ForwardObserver {
   }
 };
 
+// Captures the keys of every forward call per layer ([n, n_head_kv, head_dim] appended).
+struct KeyTap : ForwardObserver {
+  std::vector<std::vector<float>> k;
+  int row = 0;
+  void on_qkv(int il, int64_t n, const float*, const float* kk, const float*, const int32_t*) override {
+    if (k.size() <= static_cast<size_t>(il)) k.resize(static_cast<size_t>(il) + 1);
+    k[static_cast<size_t>(il)].insert(k[static_cast<size_t>(il)].end(), kk, kk + static_cast<size_t>(n) * row);
+  }
+};
+
 // Task-agnostic observations hold the accumulators (2 floats per (layer, query head, token),
 // aligned with the cache) and no query.
 void expect_task_accumulators_only(const Observations& ob, const KvCache& cache, const HParams& hp, int64_t n_queries) {
@@ -655,9 +707,15 @@ void run_model_case(const ModelCase& mc) {
   }
   ASSERT_EQ(s.n_past(), N);
   if (!mc.opt.aware) expect_task_accumulators_only(obs.observations(), s.cache(), hp, N);
+  KeyTap question_keys;  // the question's keys leave the cache: the brute force needs them
+  question_keys.row = hp.n_head_kv * hp.head_dim_k;
   if (mc.opt.aware) {
     obs.begin_question();
-    model->forward(question.data(), M, s.n_past(), s.cache(), logits.data(), false, &s.pool(), &obs);
+    TeeObserver qtee;
+    qtee.to = {&obs, &question_keys};
+    for (int i = 0; i < M; i += 3)  // in chunks: later queries see earlier chunks' keys
+      model->forward(question.data() + i, std::min(3, M - i), s.n_past(), s.cache(), logits.data(), false,
+                     &s.pool(), &qtee);
     obs.end_question();
     s.cache().truncate(N);
   }
@@ -699,10 +757,22 @@ void run_model_case(const ModelCase& mc) {
       ASSERT_EQ(q.n, M);
       for (int m = 0; m < M; ++m) ASSERT_EQ(q.pos[m], N + m);
       f.qtask.insert(f.qtask.end(), q.q.begin(), q.q.end());
+      f.ktask.insert(f.ktask.end(), question_keys.k[static_cast<size_t>(l)].begin(),
+                     question_keys.k[static_cast<size_t>(l)].end());
     }
     const WeightView& wo = model->layers()[static_cast<size_t>(l)].wo;
     f.wo.emplace_back(static_cast<size_t>(wo.n_rows * wo.n_cols));
     for (int64_t r = 0; r < wo.n_rows; ++r) get_row(wo, r, f.wo.back().data() + r * wo.n_cols);
+  }
+  if (mc.opt.aware) {
+    // the observer's self_lse against the definition, from the captured keys
+    for (int l = 0; l < f.L; ++l) {
+      const std::vector<float> want_lse = question_self_lse(f, l);
+      const std::vector<float>& got_lse = ob.question[static_cast<size_t>(l)].self_lse;
+      ASSERT_EQ(got_lse.size(), want_lse.size());
+      for (size_t i = 0; i < want_lse.size(); ++i)
+        EXPECT_NEAR(got_lse[i], want_lse[i], 1e-4 * (1 + std::fabs(want_lse[i]))) << "layer " << l << " row " << i;
+    }
   }
   const KeepSets want = brute_force(f, mc.opt);
   PressContext pctx(s.cache(), hp, &ob, &s.pool());
@@ -809,6 +879,20 @@ TEST(KVComposeTinyModel, LlamaTaskAware) {
   o.agg_group = "max";
   o.agg_head = "max";
   run_model_case({Arch::kLlama, "kvcompose:ratio=0.6,task=aware,agg_group=max,agg_head=max", o});
+}
+
+TEST(KVComposeTinyModel, LlamaTaskAwareContextOnlySoftmax) {
+  Opt o = opt_of("ratio", 0.6, 0);
+  o.aware = true;
+  o.question_keys = false;
+  run_model_case({Arch::kLlama, "kvcompose:ratio=0.6,task=aware,question_keys=0", o});
+}
+
+TEST(KVComposeTinyModel, Gemma3TaskAwareSlidingWindowLayers) {
+  Opt o = opt_of("ratio", 0.5, 0);
+  o.aware = true;
+  o.agg_task = "mean";
+  run_model_case({Arch::kGemma3, "kvcompose:ratio=0.5,task=aware,agg_task=mean", o});
 }
 
 TEST(KVComposeTinyModel, Gemma3SlidingWindowLayers) {

@@ -25,6 +25,8 @@
 // Also: kvtrim's forward against transformers' on the same ids (top-1 and top-20 logits).
 #include <gtest/gtest.h>
 
+#include <regex>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -90,6 +92,11 @@ TEST(KvpressReference, EvictionPressesKeepWhatKvpressKeeps) {
   const std::string kvc_spec =
       "kvcompose:ratio=0.5,mode=structured,agg_task=max,agg_group=mean,agg_head=mean,mean_heads=1,weight=none,"
       "task=agnostic,refeed_chunk=0,layer0_max=1";
+  // task-aware kvcompose as kvpress's KVComposePress with a registered prompt (the question fed
+  // after the context with the cache: its own keys in each softmax's denominator).
+  const std::string kvc_aware_spec =
+      "kvcompose:ratio=0.5,mode=structured,agg_task=max,agg_group=mean,agg_head=mean,mean_heads=1,weight=none,"
+      "task=aware,question_keys=1,layer0_max=1";
   // kvzip as kvpress's KVzipPress defaults (layerwise=False, n_sink=4, chunk_size=2048).
   const std::string kvzip_spec = "kvzip:ratio=0.5,layerwise=0,sinks=4,chunk=2048";
 
@@ -111,6 +118,7 @@ TEST(KvpressReference, EvictionPressesKeepWhatKvpressKeeps) {
       {"kvcompose", "kvcompose", kvc_spec, 0.98},
       {"kvzip", "kvzip", kvzip_spec, 0.98},
       {"think", "think", "think:ratio=0.5,window=32,count=code", 0.98, true},
+      {"kvcompose_aware", "kvcompose", kvc_aware_spec, 0.98},
       // Controls: kvtrim's own defaults where they differ from kvpress's on purpose. Their
       // overlap must stay clearly below 1, or the comparison above would prove nothing.
       {"snapkv", "snapkv", "snapkv:ratio=0.5", 0.97, false, true},  // window=32, pool=max
@@ -119,6 +127,10 @@ TEST(KvpressReference, EvictionPressesKeepWhatKvpressKeeps) {
       // (max) over the queries m >= c only, each softmax over tokens <= m; kvpress's re-fed
       // query m sees the whole context. Measured 0.566.
       {"kvcompose", "kvcompose", "kvcompose:ratio=0.5,task=causal", 0.9, false, true},
+      // task-aware with the softmax over the context only (question_keys=0): the question's
+      // own keys take a share of each query's attention that differs from query to query,
+      // which changes the max over queries. Measured 0.923 (question_keys=1: 1.0000).
+      {"kvcompose_aware", "kvcompose", std::regex_replace(kvc_aware_spec, std::regex("question_keys=1"), "question_keys=0"), 0.97, false, true},
   };
 
   std::vector<Row> rows(cases.size());
@@ -145,6 +157,11 @@ TEST(KvpressReference, EvictionPressesKeepWhatKvpressKeeps) {
     s.set_press(make_press("knorm:0.5"), {}, all);
     const auto tp = std::chrono::steady_clock::now();
     const std::vector<float> logits = s.prefill(ids);
+    if (all.question) {  // the task-aware reference's question, as kvpress fed it
+      const auto& qa = c["presses"]["kvcompose_aware"];
+      ASSERT_TRUE(qa.contains("question_ids")) << "tests/data/kvpress_refs.json predates kvcompose_aware";
+      s.observe_question(qa["question_ids"].get<std::vector<int32_t>>());
+    }
     const auto tr = std::chrono::steady_clock::now();
     s.prepare_compress();
     prefill_s += std::chrono::duration<double>(tr - tp).count();
@@ -253,6 +270,7 @@ TEST(KvpressReference, EvictionPressesKeepWhatKvpressKeeps) {
     if (k.control) EXPECT_LT(mean, k.bound) << "control " << k.spec << ": the comparison does not tell definitions apart";
     else EXPECT_GE(mean, k.bound) << k.ref << " (kvtrim " << k.spec << ")";
   }
+  std::printf("kvcompose (task-aware) spec: %s\n", kvc_aware_spec.c_str());
   std::printf("kvcompose spec: %s\nkvzip spec: %s\nthe 3 contexts: prefills (capturing every press's needs) %.1f s, re-feeds %.1f s\n",
               kvc_spec.c_str(), kvzip_spec.c_str(), prefill_s, refeed_s);
   for (size_t ci = 0; ci < cases.size(); ++ci)

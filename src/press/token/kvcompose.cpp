@@ -117,8 +117,13 @@ std::vector<std::vector<std::vector<float>>> KVComposePress::scores(const PressC
         acc = ctx.task_attn(il, ih, o_.agg_task == Agg::kMax, "kvcompose");
       } else {
         acc.assign(n * static_cast<size_t>(group), 0.f);
+        const bool self_keys = o_.task == Task::kAware && o_.question_keys;
+        KVTRIM_CHECK(!self_keys || q->self_lse.size() == static_cast<size_t>(q->n) * static_cast<size_t>(n_head),
+                     "press 'kvcompose': question_keys=1 needs the question's own attention (captured by "
+                     "Session::observe_question); use question_keys=0 for the softmax over the context only");
         kvcompose::accumulate_task_attention(q->q.data(), q->pos.data(), q->n, n_head, ih, group, dk, hd.k.data(),
-                                             hd.pos.data(), hd.n, scale, window, o_.agg_task, acc.data(), ctx.pool());
+                                             hd.pos.data(), hd.n, scale, window, o_.agg_task, acc.data(), ctx.pool(),
+                                             self_keys ? q->self_lse.data() : nullptr);
       }
       if (want_v) {
         w.resize(n * static_cast<size_t>(group));
@@ -199,6 +204,7 @@ std::unique_ptr<Press> make_kvcompose(const PressArgs& a) {
   o.task = a.get_choice<Task>("task", {{"agnostic", Task::kAgnostic}, {"causal", Task::kCausal}, {"aware", Task::kAware}});
   if (a.get_bool("query_aware")) o.task = Task::kAware;
   o.refeed_chunk = a.get_int_min("refeed_chunk", 0);
+  o.question_keys = a.get_bool("question_keys");
   o.select.layer0_max = a.get_bool("layer0_max");
   o.select.keep_min = a.get_int_min("keep_min", 0);
   KVTRIM_CHECK(o.structured || (!o.select.layer0_max && o.select.keep_min == 0),
@@ -234,6 +240,9 @@ PressInfo kvcompose_press_info() {
   i.options.push_back({"refeed_chunk", "512",
                        "task=agnostic: re-fed tokens per chunk; the cache holds the context + one chunk (0 = one "
                        "chunk, the reference exactly, 2x the cache)"});
+  i.options.push_back({"question_keys", "1",
+                       "task=aware: the question's own keys in each softmax's denominator, as the authors' code "
+                       "(which feeds the question with the cache): 1 | 0 (the softmax over the context only)"});
   i.options.push_back({"layer0_max", "0", "the reference code's layer-0 boost (layer 0 keeps at least as many as any layer): 1 | 0"});
   i.options.push_back({"keep_min", "0", "the reference code's keep_token_lower_bound: each layer keeps at least N composite tokens"});
   i.options.push_back({"agg_task", "max", "aggregation over task tokens (eq. 14): max | mean"});

@@ -17,6 +17,9 @@ struct KVComposeOptions {
   enum class Task { kAgnostic, kCausal, kAware };
   Task task = Task::kAgnostic;
   int64_t refeed_chunk = 512; // agnostic: re-fed tokens per chunk (0 = one chunk: the reference, 2x the cache)
+  // aware: the question's own keys in each softmax's denominator (the authors' code feeds the
+  // question with the cache; ObservedQueries::self_lse), else the softmax over the context only
+  bool question_keys = true;
   kvcompose::StructuredOptions select;  // the reference's layer-0 boost and lower bound (off)
   kvcompose::Agg agg_task = kvcompose::Agg::kMax;   // eq. 14
   kvcompose::Agg agg_group = kvcompose::Agg::kMean; // eq. 15

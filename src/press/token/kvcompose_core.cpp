@@ -18,9 +18,9 @@ const char* agg_name(Agg a) { return a == Agg::kMax ? "max" : "mean"; }
 void accumulate_task_attention(const float* q, const int32_t* q_pos, int64_t n_q, int n_head,
                                int ih, int group, int head_dim, const float* k,
                                const int32_t* k_pos, int64_t n_k, float scale, int window,
-                               Agg agg_task, float* acc, ThreadPool* pool) {
+                               Agg agg_task, float* acc, ThreadPool* pool, const float* extra_lse) {
   attention_max_sum(q, q_pos, n_q, n_head, ih, group, head_dim, k, k_pos, n_k, scale, window,
-                    agg_task == Agg::kMax ? acc : nullptr, agg_task == Agg::kMean ? acc : nullptr, pool);
+                    agg_task == Agg::kMax ? acc : nullptr, agg_task == Agg::kMean ? acc : nullptr, pool, extra_lse);
 }
 
 void group_scores(const float* acc, int64_t n_tok, int group, int64_t n_task, Agg agg_task,

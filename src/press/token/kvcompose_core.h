@@ -34,11 +34,13 @@ const char* agg_name(Agg a);
 // chunks: only acc [n_k, group] is kept, never the queries).
 // q: [n_q, n_head, head_dim] (all query heads; the group's are read), q_pos: [n_q];
 // k: [n_k, head_dim] (the head's stored keys, RoPE applied), k_pos: [n_k] increasing;
-// acc: [n_k, group], initialised to 0 by the caller. pool may be nullptr.
+// acc: [n_k, group], initialised to 0 by the caller. pool may be nullptr. extra_lse (may be
+// nullptr): [n_q, n_head], the log of a further term in each softmax denominator (the
+// question's own keys, ObservedQueries::self_lse).
 void accumulate_task_attention(const float* q, const int32_t* q_pos, int64_t n_q, int n_head,
                                int ih, int group, int head_dim, const float* k,
                                const int32_t* k_pos, int64_t n_k, float scale, int window,
-                               Agg agg_task, float* acc, ThreadPool* pool);
+                               Agg agg_task, float* acc, ThreadPool* pool, const float* extra_lse = nullptr);
 
 // Both aggregates at once: press/attention_stats.h (attention_max_sum), which the session's
 // observer also runs during the forward pass (task-agnostic causal accumulation, the re-feeds).
