@@ -9,6 +9,7 @@
 #include <memory>
 #include <vector>
 
+#include "engine/observation_stats.h"
 #include "kv/kv_cache.h"
 #include "model/model.h"
 #include "press/press.h"
@@ -60,12 +61,12 @@ class PressObserver : public ForwardObserver {
   //   kKvzip: softmax over the stored tokens at positions < sinks, those in [lo, hi) (the
   //     context span the chunk reconstructs) and the chunk's own (>= n_context), causal; the
   //     max over queries and the group's heads of the probabilities on [lo, hi) is the score.
-  enum class RefeedMode { kOff, kContext, kKvzip };
+  using RefeedMode = RefeedScores::Mode;
   void start_refeed(bool context, bool kvzip, int kvzip_sinks);
   void finish_refeed();  // every chunk ran: the results are current (until the context changes)
   bool refeed_current() const { return obs_.refeed_current; }
   void begin_refeed(RefeedMode mode, int32_t lo = 0, int32_t hi = 0);
-  void end_refeed() { refeed_mode_ = RefeedMode::kOff; }
+  void end_refeed() { refeed_.end(); }
   void reset_refeed();  // drops the re-feed's results (not current any more)
   // Keeps the observations aligned with the cache after it applied `plan`.
   void on_apply(const CompressionPlan& plan);
@@ -77,13 +78,11 @@ class PressObserver : public ForwardObserver {
   void restore(Observations obs) {
     obs_ = std::move(obs);
     question_mode_ = false;
-    refeed_n_past_ = cache_.n_past();  // current re-feed results were saved with this cache
+    refeed_.on_restore(cache_);  // current re-feed results were saved with this cache
   }
 
  private:
-  void accumulate_attention(int il, int64_t n, const float* q, const float* k, const int32_t* pos);
-  void accumulate_task_attention(int il, int64_t n, const float* q, const float* k, const int32_t* pos);
-  void refeed_scores(int il, int64_t n, const float* q, const float* k, const int32_t* pos);
+  StatContext stat_context() { return StatContext{model_, cache_, obs_, pool_}; }
   const Model& model_;
   const KvCache& cache_;
   PressNeeds needs_;
@@ -93,15 +92,10 @@ class PressObserver : public ForwardObserver {
   bool accumulate_ = true;
   const Press* hook_press_ = nullptr;
   bool hooks_ = true;
-  std::vector<char> question_started_;  // per layer: first chunk of the current question seen
-  // per layer: the current question's keys [n, n_head_kv, head_dim_k] and positions, for its
-  // queries' self_lse (they leave the cache with the question)
-  std::vector<std::vector<float>> question_k_;
-  std::vector<std::vector<int32_t>> question_kpos_;
-  RefeedMode refeed_mode_ = RefeedMode::kOff;
-  int32_t refeed_n_past_ = 0;  // the context's length (n_context): the re-feed's results belong to it
-  int32_t refeed_lo_ = 0, refeed_hi_ = 0;
-  int refeed_sinks_ = 0;
+  // the statistics the press needs, fed by every context chunk (observation_stats.h)
+  std::vector<std::unique_ptr<ObservationStat>> stats_;
+  QuestionQueries question_;
+  RefeedScores refeed_;
 };
 
 // What one compress step did.
