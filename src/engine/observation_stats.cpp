@@ -34,15 +34,7 @@ void append_chunk_keys(const float* k, const int32_t* pos, int64_t n, int n_kv, 
 }
 
 // Rows of `width` floats per stored token: keep the rows of the plan's kept tokens.
-void keep_rows(std::vector<float>* vec, const HeadPlan& h, size_t width) {
-  std::vector<float> out(h.keep.size() * width);
-  for (size_t j = 0; j < h.keep.size(); ++j) {
-    const size_t src = static_cast<size_t>(h.keep[j]) * width;
-    std::copy(vec->begin() + static_cast<std::ptrdiff_t>(src), vec->begin() + static_cast<std::ptrdiff_t>(src + width),
-              out.begin() + static_cast<std::ptrdiff_t>(j * width));
-  }
-  *vec = std::move(out);
-}
+void keep_rows(std::vector<float>* vec, const HeadPlan& h, size_t width) { *vec = kept_rows(*vec, h, width); }
 
 // Per-(layer, kv head) rows of `width` floats per stored token, sized for the cache (zeros).
 void size_rows(std::vector<std::vector<float>>* rows, const StatContext& c, size_t width) {

@@ -352,4 +352,17 @@ CompressionPlan compose_plans(const CompressionPlan& first, const CompressionPla
   return out;
 }
 
+std::vector<float> kept_rows(const std::vector<float>& rows, const HeadPlan& h, size_t width) {
+  if (h.keep_all) return rows;
+  std::vector<float> out(h.keep.size() * width);
+  for (size_t j = 0; j < h.keep.size(); ++j) {
+    const size_t src = static_cast<size_t>(h.keep[j]) * width;
+    KVTRIM_CHECK(src + width <= rows.size(), "kept_rows: token %d is past the %zu rows held", h.keep[j],
+                 rows.size() / (width ? width : 1));
+    std::copy(rows.begin() + static_cast<std::ptrdiff_t>(src), rows.begin() + static_cast<std::ptrdiff_t>(src + width),
+              out.begin() + static_cast<std::ptrdiff_t>(j * width));
+  }
+  return out;
+}
+
 }  // namespace kvtrim

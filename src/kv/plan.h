@@ -112,6 +112,10 @@ struct HeadPlan {
   }
 };
 
+// Per-token rows of `width` floats (a statistic aligned with a head's stored tokens) through
+// the plan: the rows of the kept tokens, in order (all of them when keep_all).
+std::vector<float> kept_rows(const std::vector<float>& rows, const HeadPlan& h, size_t width);
+
 // A plan for the whole cache: one HeadPlan per (layer, kv head).
 struct CompressionPlan {
   int n_layer = 0;

@@ -165,14 +165,7 @@ std::vector<float> PressContext::cum_count(int il, int ih, const char* who) cons
 namespace {
 // Rows of `width` floats per stored token of (il, ih) through the view (sel may be nullptr).
 std::vector<float> rows_through_view(const std::vector<float>& full, const HeadPlan* sel, size_t width) {
-  if (!sel || sel->keep_all) return full;
-  std::vector<float> out(sel->keep.size() * width);
-  for (size_t j = 0; j < sel->keep.size(); ++j) {
-    const size_t src = static_cast<size_t>(sel->keep[j]) * width;
-    std::copy(full.begin() + static_cast<std::ptrdiff_t>(src), full.begin() + static_cast<std::ptrdiff_t>(src + width),
-              out.begin() + static_cast<std::ptrdiff_t>(j * width));
-  }
-  return out;
+  return sel ? kept_rows(full, *sel, width) : full;
 }
 }  // namespace
 
