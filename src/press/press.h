@@ -268,6 +268,11 @@ class Press {
   // must leave every other layer unplanned. ctx.new_from() = the first position of the chunk.
   virtual bool plans_after_append() const { return false; }
   virtual CompressionPlan plan_after_append(const PressContext& ctx, int il) const;
+  // The token budget this press takes from the context it sees (a ratio or a count per
+  // (layer, kv head)) and that a caller may restate through PressContext::budget_override
+  // (the server: a follow-up turn keeps the ratio of the whole conversation, not of what the
+  // earlier turns left); nullptr for presses without one.
+  virtual const Budget* token_budget() const { return nullptr; }
 
  private:
   std::string spec_;
@@ -280,6 +285,7 @@ class ScorerPress : public Press {
   explicit ScorerPress(Budget b) : budget_(b) {}
   const Budget& budget() const { return budget_; }
   void set_budget(const Budget& b) { budget_ = b; }
+  const Budget* token_budget() const override { return &budget_; }
   // The budget in force for ctx (its override if any, else this press's).
   const Budget& effective_budget(const PressContext& ctx) const {
     return ctx.budget_override() ? *ctx.budget_override() : budget_;

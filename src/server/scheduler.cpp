@@ -542,10 +542,10 @@ void Scheduler::step() {
       // ratio of the whole conversation, not of what the earlier turns left), then sample
       if (s->session->press()) {
         try {
-          const auto* sp = dynamic_cast<const ScorerPress*>(s->session->press());
-          if (!s->first_turn && sp && sp->budget().n_keep <= 0 && sp->budget().ratio > 0) {
+          const Budget* tb = s->session->press()->token_budget();
+          if (!s->first_turn && tb && tb->n_keep <= 0 && tb->ratio > 0) {
             Budget b;
-            b.n_keep = sp->budget().keep_count(s->session->n_past());
+            b.n_keep = tb->keep_count(s->session->n_past());
             s->session->compress(b);
           } else {
             s->session->compress();

@@ -171,6 +171,19 @@ TEST(PressSpecTree, ErrorsNameTheMistake) {
   EXPECT_NE(err("adakv(snapkv:nosuch=1)").find("press 'snapkv' has no option 'nosuch'"), std::string::npos);
 }
 
+// The budget a caller may restate (the server's follow-up turns): every press that takes its
+// token count from the context's size, none where there is no such budget.
+TEST(PressRegistry, TokenBudgetOfThePressesThatHaveOne) {
+  for (const char* spec : {"snapkv:0.3", "pyramidkv:0.3", "tova:0.3", "kvzip:0.3", "kvcompose:0.3"}) {
+    const auto p = make_press(spec);
+    ASSERT_NE(p->token_budget(), nullptr) << spec;
+    EXPECT_DOUBLE_EQ(p->token_budget()->ratio, 0.3) << spec;
+  }
+  EXPECT_EQ(make_press("kvcompose:total=100")->token_budget(), nullptr);  // absolute over all layers
+  EXPECT_EQ(make_press("snapkv:0.3+tova:0.3")->token_budget(), nullptr);
+  EXPECT_EQ(make_press("think:0.3")->token_budget(), nullptr);  // channels, not tokens
+}
+
 TEST(PressRegistry, BudgetKeepCountFollowsKvpress) {
   Budget b;
   b.ratio = 0.5;

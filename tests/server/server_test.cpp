@@ -229,6 +229,38 @@ TEST_F(ServerTest, FollowUpTurnReusesTheConversationsCache) {
   EXPECT_GE(metric("kvtrim_prompt_tokens_cached_total"), first_prompt);
 }
 
+// A follow-up turn compresses the whole conversation to the press's ratio, not what the
+// earlier turn left: for scoring presses and for the re-feed presses (KVzip, KVCompose) alike.
+TEST_F(ServerTest, FollowUpTurnKeepsThePressRatioOfTheWholeConversation) {
+  for (const char* press : {"snapkv:0.5", "kvzip:0.5", "kvcompose:0.5"}) {
+    SCOPED_TRACE(press);
+    start({});
+    const std::string extra = std::string(R"("kv_press":")") + press + "\",";
+    std::vector<int32_t> p = prompt(40, 3);
+    auto r = post("/v1/completions", completion_body(p, 1, extra));
+    ASSERT_EQ(r->status, 200) << r->body;
+    for (int i = 0; i < 20; ++i) p.push_back(40 + i);  // the conversation goes on
+    r = post("/v1/completions", completion_body(p, 1, extra));
+    ASSERT_EQ(r->status, 200) << r->body;
+    EXPECT_GE(json::parse(r->body)["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), 40);
+    const json sl = json::parse(client_->Get("/v1/kvtrim/slots")->body);
+    bool found = false;
+    for (const json& slot : sl["slots"]) {
+      if (slot["n_past"].get<int>() != 60) continue;
+      found = true;
+      int64_t held = 0, heads = 0;
+      for (const json& layer : slot["layers"])
+        for (const json& t : layer["tokens"]) {
+          held += t.get<int64_t>();
+          ++heads;
+        }
+      EXPECT_EQ(held, 30 * heads) << "60 positions at ratio 0.5: 30 tokens per (layer, kv head) on average";
+    }
+    EXPECT_TRUE(found) << sl.dump();
+    TearDown();
+  }
+}
+
 // Two conversations that share a long beginning (a document) but not each other's prompt keep
 // separate slots: the second does not truncate the first while a slot is free.
 TEST_F(ServerTest, ASharedBeginningDoesNotTakeAnotherConversationsSlot) {

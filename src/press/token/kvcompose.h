@@ -35,6 +35,8 @@ class KVComposePress : public Press {
   PressNeeds needs() const override;
   CompressionPlan plan(const PressContext& ctx) const override;
   const KVComposeOptions& options() const { return o_; }
+  // total= is an absolute B_total over all layers, not restated per head
+  const Budget* token_budget() const override { return o_.total > 0 ? nullptr : &o_.budget; }
   // weight=vonorm needs W_O (model.layers()[il].wo, [n_embd, n_head * head_dim_v]), which
   // the PressContext does not carry: bind the model (or the per-layer W_O views) before
   // planning; plan() throws a clear Error otherwise.

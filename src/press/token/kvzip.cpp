@@ -38,6 +38,7 @@ class KvzipPress : public Press {
  public:
   explicit KvzipPress(KvzipOptions o) : o_(o) {}
   std::string name() const override { return "kvzip"; }
+  const Budget* token_budget() const override { return &o_.budget; }
   PressNeeds needs() const override {
     PressNeeds n;
     n.refeed.kvzip = true;
