@@ -73,6 +73,46 @@ std::vector<RefeedChunk> kvzip_refeed_chunks(const KvzipPrompts& p, const std::v
   return out;
 }
 
+RefeedPlan plan_refeed(const Model& model, const RefeedNeeds& rn, const std::vector<int32_t>& context,
+                       int64_t n_ctx) {
+  RefeedPlan plan;
+  if (!rn.any()) return plan;
+  const int64_t n_context = static_cast<int64_t>(context.size());
+  // The pass appends one chunk at a time after the context: it needs that much room. A chunk
+  // larger than the room left is cut down to it (a perplexity window's session holds exactly
+  // the window; decode-time compressions re-feed a growing context): smaller chunks change the
+  // scores a little (docs/presses-kvcompose.md, presses-kvzip.md).
+  const int64_t room = n_ctx - n_context;
+  const KvzipPrompts zp = rn.kvzip ? kvzip_prompts(model) : KvzipPrompts{};
+  const int64_t zip_extra =
+      static_cast<int64_t>(std::max(zp.first.size(), zp.next.size() + kKvzipOverlap) + zp.suffix.size());
+  constexpr int64_t kMinChunk = 16;
+  plan.ctx_chunk = rn.context_chunk > 0 ? rn.context_chunk : n_context;
+  plan.zip_chunk = rn.kvzip_chunk;
+  if ((rn.context && plan.ctx_chunk > room) || (rn.kvzip && plan.zip_chunk + zip_extra > room)) {
+    if ((rn.context && room < kMinChunk) || (rn.kvzip && room - zip_extra < kMinChunk))
+      throw LimitError(strprintf(
+          "re-feed: %lld context tokens leave %lld tokens of the context limit of %lld for the re-feed pass, fewer "
+          "than a chunk of %lld (+ %lld prompt tokens for kvzip); use a larger --ctx",
+          static_cast<long long>(n_context), static_cast<long long>(room), static_cast<long long>(n_ctx),
+          static_cast<long long>(kMinChunk), static_cast<long long>(rn.kvzip ? zip_extra : 0)));
+    if (rn.context && plan.ctx_chunk > room) plan.ctx_chunk = room;
+    if (rn.kvzip && plan.zip_chunk + zip_extra > room) plan.zip_chunk = room - zip_extra;
+    plan.cut = true;
+  }
+  if (rn.context) plan.ctx_chunks = context_refeed_chunks(context, plan.ctx_chunk);
+  if (rn.kvzip) plan.zip_chunks = kvzip_refeed_chunks(zp, context, plan.zip_chunk, rn.kvzip_sinks);
+  for (const auto* v : {&plan.ctx_chunks, &plan.zip_chunks})
+    for (const RefeedChunk& c : *v) plan.longest = std::max(plan.longest, static_cast<int64_t>(c.tokens.size()));
+  return plan;
+}
+
+int64_t refeed_peak_tokens(const Model& model, const RefeedNeeds& rn, int64_t n_context, int64_t n_ctx) {
+  if (!rn.any() || n_context <= 0) return 0;
+  // the chunks' sizes depend on the context's length only
+  return plan_refeed(model, rn, std::vector<int32_t>(static_cast<size_t>(n_context), 0), n_ctx).longest;
+}
+
 void Session::prepare_compress() {
   if (!observer_) return;
   const RefeedNeeds& rn = observer_->needs().refeed;
@@ -82,39 +122,18 @@ void Session::prepare_compress() {
   KVTRIM_CHECK(static_cast<int32_t>(history_.size()) == n_context,
                "re-feed: the session knows %zu of its %d context tokens (a state restored without its tokens?)",
                history_.size(), n_context);
-  // The pass appends one chunk at a time after the context: it needs that much room. A chunk
-  // larger than the room left is cut down to it (a perplexity window's session holds exactly
-  // the window; decode-time compressions re-feed a growing context), with a warning: smaller
-  // chunks change the scores a little (docs/presses-kvcompose.md, presses-kvzip.md).
-  const int64_t room = n_ctx_ - static_cast<int64_t>(n_context);
-  const KvzipPrompts zp = rn.kvzip ? kvzip_prompts(model_) : KvzipPrompts{};
-  const int64_t zip_extra =
-      static_cast<int64_t>(std::max(zp.first.size(), zp.next.size() + kKvzipOverlap) + zp.suffix.size());
-  constexpr int64_t kMinChunk = 16;
-  int64_t ctx_chunk = rn.context_chunk > 0 ? rn.context_chunk : static_cast<int64_t>(n_context);
-  int64_t zip_chunk = rn.kvzip_chunk;
-  if ((rn.context && ctx_chunk > room) || (rn.kvzip && zip_chunk + zip_extra > room)) {
-    if ((rn.context && room < kMinChunk) || (rn.kvzip && room - zip_extra < kMinChunk))
-      throw LimitError(strprintf(
-          "re-feed: %d context tokens leave %lld tokens of the context limit of %lld for the re-feed pass, fewer "
-          "than a chunk of %lld (+ %lld prompt tokens for kvzip); use a larger --ctx",
-          n_context, static_cast<long long>(room), static_cast<long long>(n_ctx_), static_cast<long long>(kMinChunk),
-          static_cast<long long>(rn.kvzip ? zip_extra : 0)));
-    if (rn.context && ctx_chunk > room) ctx_chunk = room;
-    if (rn.kvzip && zip_chunk + zip_extra > room) zip_chunk = room - zip_extra;
+  const RefeedPlan plan = plan_refeed(model_, rn, history_, n_ctx_);
+  if (plan.cut)
     KVTRIM_LOG_WARN("re-feed: %d context tokens leave %lld of the context limit of %lld: re-feed chunks cut to %lld "
-             "(context) / %lld (kvzip) tokens, smaller than asked (refeed_chunk / chunk); a larger --ctx avoids it",
-             n_context, static_cast<long long>(room), static_cast<long long>(n_ctx_),
-             static_cast<long long>(rn.context ? ctx_chunk : 0), static_cast<long long>(rn.kvzip ? zip_chunk : 0));
-  }
-  std::vector<RefeedChunk> ctx_chunks, zip_chunks;
-  if (rn.context) ctx_chunks = context_refeed_chunks(history_, ctx_chunk);
-  if (rn.kvzip) zip_chunks = kvzip_refeed_chunks(zp, history_, zip_chunk, rn.kvzip_sinks);
-  size_t longest = 0;
-  for (const auto* v : {&ctx_chunks, &zip_chunks})
-    for (const RefeedChunk& c : *v) longest = std::max(longest, c.tokens.size());
-  KVTRIM_ASSERT(static_cast<int64_t>(n_context) + static_cast<int64_t>(longest) <= n_ctx_);
-  check_memory(static_cast<int64_t>(longest));
+                    "(context) / %lld (kvzip) tokens, smaller than asked (refeed_chunk / chunk); a larger --ctx avoids it",
+                    n_context, static_cast<long long>(n_ctx_ - n_context), static_cast<long long>(n_ctx_),
+                    static_cast<long long>(rn.context ? plan.ctx_chunk : 0),
+                    static_cast<long long>(rn.kvzip ? plan.zip_chunk : 0));
+  const std::vector<RefeedChunk>& ctx_chunks = plan.ctx_chunks;
+  const std::vector<RefeedChunk>& zip_chunks = plan.zip_chunks;
+  const int64_t longest = plan.longest;
+  KVTRIM_ASSERT(static_cast<int64_t>(n_context) + longest <= n_ctx_);
+  check_memory(longest);
   for (const RefeedChunk& c : zip_chunks) check_tokens(c.tokens.data(), static_cast<int64_t>(c.tokens.size()));
 
   const double t0 = now_seconds();

@@ -57,4 +57,20 @@ inline constexpr int kKvzipOverlap = 8;  // tokens of the previous chunk quoted 
 std::vector<RefeedChunk> kvzip_refeed_chunks(const KvzipPrompts& p, const std::vector<int32_t>& context,
                                              int64_t chunk, int sinks);
 
+struct RefeedNeeds;
+// The chunks of the passes `rn` over `context` in a session whose context limit is n_ctx: each
+// chunk is cut to the room the context leaves (cut = true) and a room under 16 tokens (plus
+// KVzip's prompt) is a LimitError naming the numbers. longest: the most tokens one chunk adds
+// to the cache (what the pass needs beyond the context).
+struct RefeedPlan {
+  std::vector<RefeedChunk> ctx_chunks, zip_chunks;
+  int64_t ctx_chunk = 0, zip_chunk = 0;  // chunk sizes after any cut
+  bool cut = false;
+  int64_t longest = 0;
+};
+RefeedPlan plan_refeed(const Model& model, const RefeedNeeds& rn, const std::vector<int32_t>& context, int64_t n_ctx);
+// RefeedPlan::longest for a context of n_context tokens (0 without a pass): what a memory
+// budget must allow beyond the context while the pass runs (the server's --kv-budget).
+int64_t refeed_peak_tokens(const Model& model, const RefeedNeeds& rn, int64_t n_context, int64_t n_ctx);
+
 }  // namespace kvtrim

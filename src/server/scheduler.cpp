@@ -9,6 +9,7 @@
 #include "core/timer.h"
 #include "engine/limit_error.h"
 #include "engine/press_runner.h"
+#include "engine/refeed.h"
 #include "engine/session.h"
 #include "model/model.h"
 #include "press/press.h"
@@ -46,6 +47,7 @@ struct Scheduler::Slot {
   std::vector<int32_t> tokens;  // the token at every position the cache has seen (0 .. n_past-1)
   int64_t last_used = 0;
   bool pressured = false;  // compressed by the pressure press since its last job
+  RefeedNeeds refeed;      // the re-feed passes the session's compressions run (its observer's)
   // the running job
   std::shared_ptr<Job> job;
   size_t prompt_done = 0;  // prompt tokens in the cache
@@ -174,32 +176,44 @@ std::shared_ptr<Job> Scheduler::submit(const CompletionRequest& r) {
   if (!r.has_seed) j->sampling.seed = static_cast<uint64_t>(now_seconds() * 1e6);
   j->stop = r.stop;
   j->press = r.cache.press ? *r.cache.press : opt_.press;
-  if (!j->press.empty() && pressure_press_) {
-    // the slot's observer serves both presses: they must agree on the passes they share
-    // (a re-feed's chunk size), or the request is refused here rather than failing in its slot
+  if (!j->press.empty()) {
+    PressNeeds n = make_press(j->press)->needs();
+    if (pressure_press_) {
+      // the slot's observer serves both presses: they must agree on the passes they share
+      // (a re-feed's chunk size), or the request is refused here rather than failing in its slot
+      try {
+        n.merge(pressure_press_->needs());
+      } catch (const Error& e) {
+        throw ApiError(400, std::string("kv_press '") + j->press + "' cannot run beside the server's pressure press '" +
+                                pressure_press_->spec() + "': " + e.what(),
+                       "kv_press");
+      }
+    }
+    // the compression after the prompt runs the observer's re-feed passes: their chunk sits
+    // in the cache beside the prompt for a moment
     try {
-      PressNeeds n = make_press(j->press)->needs();
-      n.merge(pressure_press_->needs());
-    } catch (const Error& e) {
-      throw ApiError(400, std::string("kv_press '") + j->press + "' cannot run beside the server's pressure press '" +
-                              pressure_press_->spec() + "': " + e.what(),
-                     "kv_press");
+      j->refeed_peak = refeed_peak_tokens(model_, n.refeed, n_prompt, opt_.n_ctx);
+    } catch (const LimitError& e) {
+      throw ApiError(400, std::string("kv_press '") + j->press + "': " + e.what(), "kv_press",
+                     "context_length_exceeded");
     }
   }
   j->k = r.cache.k.value_or(opt_.kv_k);
   j->v = r.cache.v.value_or(opt_.kv_v);
   j->t_submit = now_seconds();
   if (opt_.kv_budget > 0) {
-    const size_t alone = static_cast<size_t>(n_prompt + j->max_tokens) * bytes_per_token(j->k, j->v);
+    const size_t alone = static_cast<size_t>(n_prompt + peak_beside_prompt(*j)) * bytes_per_token(j->k, j->v);
     if (alone > opt_.kv_budget) {
       std::lock_guard<std::mutex> lk(mu_);
       ++stats_.rejected_budget;
       throw ApiError(503,
-                     strprintf("this request needs up to %zu bytes of KV cache (%lld prompt + %d max_tokens tokens at "
+                     strprintf("this request needs up to %zu bytes of KV cache (%lld prompt + %lld %s tokens at "
                                "%zu bytes each, %s) and the server's --kv-budget is %zu bytes; lower max_tokens, "
-                               "shorten the prompt or use a smaller kv_cache_type",
-                               alone, static_cast<long long>(n_prompt), j->max_tokens, bytes_per_token(j->k, j->v),
-                               types_name(j->k, j->v).c_str(), opt_.kv_budget),
+                               "shorten the prompt%s or use a smaller kv_cache_type",
+                               alone, static_cast<long long>(n_prompt), static_cast<long long>(peak_beside_prompt(*j)),
+                               j->refeed_peak > j->max_tokens ? "re-feed chunk (kv_press's second pass)" : "max_tokens",
+                               bytes_per_token(j->k, j->v), types_name(j->k, j->v).c_str(), opt_.kv_budget,
+                               j->refeed_peak > j->max_tokens ? ", use a smaller refeed_chunk / chunk" : ""),
                      {}, "kv_budget_exceeded");
     }
   }
@@ -264,9 +278,14 @@ size_t Scheduler::reserved(const Slot& s) const {
   size_t held = s.session->cache().bytes().total();
   if (!s.job) return held;
   const size_t bpt = bytes_per_token(s.k, s.v);
-  const size_t left = (s.job->prompt.size() - s.prompt_done) + static_cast<size_t>(s.job->max_tokens - s.n_gen);
+  size_t left = (s.job->prompt.size() - s.prompt_done) + static_cast<size_t>(s.job->max_tokens - s.n_gen);
+  // until the prompt's compression ran: its re-feed chunk, where larger than the decode's room
+  if (s.state == Slot::State::kPrefill && s.job->refeed_peak > s.job->max_tokens)
+    left += static_cast<size_t>(s.job->refeed_peak - s.job->max_tokens);
   return held + left * bpt;
 }
+
+int64_t Scheduler::peak_beside_prompt(const Job& j) { return std::max<int64_t>(j.max_tokens, j.refeed_peak); }
 
 size_t Scheduler::reserved_total(const Slot* except) const {
   size_t t = 0;
@@ -283,6 +302,16 @@ bool Scheduler::relieve_pressure(size_t need, const Slot* chosen) {
   std::sort(idle.begin(), idle.end(), [](const Slot* a, const Slot* b) { return a->last_used < b->last_used; });
   const auto compress = [&](Slot& s) {
     const size_t before = s.session->cache().bytes().total();
+    // a re-feed pass holds one chunk beside the conversation while it runs: only where the
+    // budget has room for it (else the conversation is dropped below instead)
+    int64_t chunk = 0;
+    try {
+      chunk = refeed_peak_tokens(model_, s.refeed, s.session->n_past(), opt_.n_ctx);
+    } catch (const LimitError&) {
+      return;  // no room in the context for the pass: the press would fail
+    }
+    if (chunk > 0 && reserved_total(nullptr) + static_cast<size_t>(chunk) * bytes_per_token(s.k, s.v) > opt_.kv_budget)
+      return;
     try {
       s.session->compress_with(*pressure_press_);
     } catch (const Error& e) {
@@ -363,8 +392,9 @@ bool Scheduler::admit_front() {
   if (opt_.kv_budget > 0) {
     const size_t bpt = bytes_per_token(j->k, j->v);
     const size_t reuse = best_prefix > 0 && best->session ? best->session->cache().bytes().total() : 0;
-    const size_t fresh = (j->prompt.size() + static_cast<size_t>(j->max_tokens)) * bpt;
-    const size_t need = reuse > 0 ? reuse + (j->prompt.size() - best_prefix + static_cast<size_t>(j->max_tokens)) * bpt : fresh;
+    const size_t beside = static_cast<size_t>(peak_beside_prompt(*j));
+    const size_t fresh = (j->prompt.size() + beside) * bpt;
+    const size_t need = reuse > 0 ? reuse + (j->prompt.size() - best_prefix + beside) * bpt : fresh;
     // the chosen slot's current cache is replaced by this job's (counted in `need` when reused)
     if (!relieve_pressure(need, best)) {
       if (reuse == 0 || !relieve_pressure(fresh, best)) return false;  // wait for running jobs
@@ -420,6 +450,9 @@ void Scheduler::prepare_slot(Slot& s, Job& j) {
   if (keep == 0 || s.press != j.press) {
     s.session->reset();
     const PressNeeds extra = pressure_press_ ? pressure_press_->needs() : PressNeeds{};
+    PressNeeds all = extra;
+    if (!j.press.empty()) all.merge(make_press(j.press)->needs());
+    s.refeed = all.refeed;  // the passes every compression of this session runs
     if (!j.press.empty()) {
       s.session->set_press(make_press(j.press), PressSchedule{}, extra);
     } else if (pressure_press_) {

@@ -81,6 +81,8 @@ class Job {
   std::vector<std::string> stop;
   std::string press;
   KvDtype k = KvDtype::kF16, v = KvDtype::kF16;
+  // tokens the press's re-feed pass adds beside the prompt while it compresses (0 without one)
+  int64_t refeed_peak = 0;
   double t_submit = 0;
 
   std::mutex mu_;
@@ -141,6 +143,9 @@ class Scheduler {
   void release_slot(Slot& s);
   void prepare_slot(Slot& s, Job& j);
   size_t reserved(const Slot& s) const;
+  // Tokens beside the prompt a job may hold at its fullest: its max_tokens, or its press's re-feed
+  // chunk while the prompt is compressed, whichever is more.
+  static int64_t peak_beside_prompt(const Job& j);
   size_t reserved_total(const Slot* except) const;
   bool relieve_pressure(size_t need, const Slot* chosen);
   void publish();

@@ -229,6 +229,27 @@ TEST_F(ServerTest, FollowUpTurnReusesTheConversationsCache) {
   EXPECT_GE(metric("kvtrim_prompt_tokens_cached_total"), first_prompt);
 }
 
+// The budget counts a re-feed press's second pass: its chunk sits beside the prompt while the
+// prompt is compressed. One chunk of the whole prompt does not fit; chunks of 16 do.
+TEST_F(ServerTest, BudgetCountsTheRefeedChunk) {
+  pool_ = std::make_unique<ThreadPool>(1);
+  ServerOptions probe;
+  probe.n_ctx = 256;
+  const size_t bpt = Scheduler(*model_, *pool_, probe).bytes_per_token(KvDtype::kF16, KvDtype::kF16);
+  ServerOptions so;
+  so.kv_budget = bpt * 90;
+  start(so);
+  const std::vector<int32_t> p = prompt(50, 4);  // + 4 max_tokens: 54 tokens, within 90
+  auto r = post("/v1/completions", completion_body(p, 4, R"("kv_press":"kvcompose:0.5,refeed_chunk=0",)"));
+  expect_error(r, 503, "50 re-feed chunk (kv_press's second pass) tokens");
+  r = post("/v1/completions", completion_body(p, 4, R"("kv_press":"kvzip:0.5",)"));
+  expect_error(r, 503, "re-feed chunk");
+  r = post("/v1/completions", completion_body(p, 4, R"("kv_press":"kvcompose:0.5,refeed_chunk=16",)"));
+  ASSERT_EQ(r->status, 200) << r->body;
+  r = post("/v1/completions", completion_body(p, 4, R"("kv_press":"snapkv:0.5",)"));
+  ASSERT_EQ(r->status, 200) << r->body;
+}
+
 // A follow-up turn compresses the whole conversation to the press's ratio, not what the
 // earlier turn left: for scoring presses and for the re-feed presses (KVzip, KVCompose) alike.
 TEST_F(ServerTest, FollowUpTurnKeepsThePressRatioOfTheWholeConversation) {
