@@ -66,7 +66,7 @@ void attention_max_sum(const float* q, const int32_t* q_pos, int64_t n_q, int n_
                       : -INFINITY;
         const float mx = std::max(max_of(row, w), extra);
         float sum = exp_sub_sum(row, w, mx);  // SIMD exp (ops/nn.h)
-        if (extra_lse && extra > -INFINITY) sum += std::exp(extra - mx);
+        if (extra > -INFINITY) sum += std::exp(extra - mx);  // -inf without extra_lse
         const float inv = 1.f / sum;
         for (int64_t c = 0; c < w; ++c) row[c] *= inv;
       }

@@ -203,6 +203,8 @@ PressSpec parse_press_spec(const std::string& text) { return parse_spec(text, tr
 
 std::string canonical_press_spec(const PressSpec& spec) { return print(spec, true); }
 
+std::string canonical_press_spec(const PressSpecItem& item) { return print_item(item, true); }
+
 std::string written_press_spec(const PressSpec& spec) { return print(spec, false); }
 
 PressSpecItem& ratio_target(PressSpec& spec) {

@@ -46,6 +46,8 @@ PressSpec parse_press_spec(const std::string& text);
 // The canonical form (Press::spec()): each press's given options in the order its press
 // declares them, always name=value; wrappers' inner presses likewise.
 std::string canonical_press_spec(const PressSpec& spec);
+// The same for one press of a composition (its Press::spec()).
+std::string canonical_press_spec(const PressSpecItem& item);
 // The options in the order given, bare values kept bare (what the user wrote, normalised).
 std::string written_press_spec(const PressSpec& spec);
 

@@ -43,9 +43,7 @@ std::unique_ptr<Press> build_item(const PressSpecItem& item) {
   if (!item.inner.empty()) args.set_inner(build(item.inner[0]));
   std::unique_ptr<Press> p = item.info->make(args);
   KVTRIM_ASSERT(p != nullptr);
-  PressSpec one;
-  one.items.push_back(item);
-  p->set_spec(canonical_press_spec(one));
+  p->set_spec(canonical_press_spec(item));
   return p;
 }
 

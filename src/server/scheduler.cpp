@@ -451,15 +451,16 @@ void Scheduler::prepare_slot(Slot& s, Job& j) {
     s.session->reset();
     const PressNeeds extra = pressure_press_ ? pressure_press_->needs() : PressNeeds{};
     PressNeeds all = extra;
-    if (!j.press.empty()) all.merge(make_press(j.press)->needs());
-    s.refeed = all.refeed;  // the passes every compression of this session runs
     if (!j.press.empty()) {
-      s.session->set_press(make_press(j.press), PressSchedule{}, extra);
+      std::unique_ptr<Press> press = make_press(j.press);
+      all.merge(press->needs());
+      s.session->set_press(std::move(press), PressSchedule{}, extra);
     } else if (pressure_press_) {
       s.session->set_observer(extra);
     } else {
       s.session->set_press(nullptr);
     }
+    s.refeed = all.refeed;  // the passes every compression of this session runs
     s.press = j.press;
     keep = 0;
   } else {

@@ -98,8 +98,12 @@ std::vector<std::vector<std::vector<float>>> KVComposePress::scores(const PressC
   using Task = KVComposeOptions::Task;
   const bool refeed = o_.task == Task::kAgnostic;
   const bool from_acc = refeed || (o_.task == Task::kCausal && ctx.has_task_attn());
+  const bool self_keys = o_.task == Task::kAware && o_.question_keys;  // the question's own keys too
   for (int il = 0; il < n_layer; ++il) {
     const ObservedQueries* q = from_acc ? nullptr : &ctx.queries(il, o_.task == Task::kAware, "kvcompose");
+    KVTRIM_CHECK(!self_keys || q->self_lse.size() == static_cast<size_t>(q->n) * static_cast<size_t>(n_head),
+                 "press 'kvcompose': question_keys=1 needs the question's own attention (captured by "
+                 "Session::observe_question); use question_keys=0 for the softmax over the context only");
     const int64_t n_task = refeed ? ctx.refeed_count(il) : from_acc ? ctx.task_count(il) : q->n;
     const int window = il < static_cast<int>(hp.sliding_window.size()) ? hp.sliding_window[static_cast<size_t>(il)] : 0;
     if (o_.weight == KVComposeOptions::Weight::kVoNorm) {
@@ -117,10 +121,6 @@ std::vector<std::vector<std::vector<float>>> KVComposePress::scores(const PressC
         acc = ctx.task_attn(il, ih, o_.agg_task == Agg::kMax, "kvcompose");
       } else {
         acc.assign(n * static_cast<size_t>(group), 0.f);
-        const bool self_keys = o_.task == Task::kAware && o_.question_keys;
-        KVTRIM_CHECK(!self_keys || q->self_lse.size() == static_cast<size_t>(q->n) * static_cast<size_t>(n_head),
-                     "press 'kvcompose': question_keys=1 needs the question's own attention (captured by "
-                     "Session::observe_question); use question_keys=0 for the softmax over the context only");
         kvcompose::accumulate_task_attention(q->q.data(), q->pos.data(), q->n, n_head, ih, group, dk, hd.k.data(),
                                              hd.pos.data(), hd.n, scale, window, o_.agg_task, acc.data(), ctx.pool(),
                                              self_keys ? q->self_lse.data() : nullptr);
