@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "core/fp16.h"
 #include "core/quant_blocks.h"
@@ -578,6 +579,27 @@ KV_ATTR void legacy_rows_loop(const WeightView& w, int64_t r0, int64_t r1, const
 }
 #endif
 
+#include "ops/legacy_strips-inl.h"
+
+#if KV_X86
+// A legacy type's rows: in strips of 8 where the type has a strip kernel, else one row at a time
+// (tokens grouped by 4 for a batch; a single token keeps the plain row loop, the grouped one
+// costs it 5-10 % on Q4_1 rows).
+template <GgmlType kT>
+KV_ATTR void legacy_dot_rows(const WeightView& w, int64_t r0, int64_t r1, const void* act, size_t act_stride,
+                             int64_t n_tok, float* y, int64_t ldy, int64_t nb) {
+  if constexpr (kStripType<kT>) {
+    strip_rows_loop<kT>(w, r0, r1, act, act_stride, n_tok, y, ldy, nb);
+  } else if (n_tok > 1) {
+    legacy_rows_loop<kT>(w, r0, r1, act, act_stride, n_tok, y, ldy, nb);
+  } else {
+    rows_loop(w, r0, r1, act, act_stride, n_tok, y, ldy, [nb](const uint8_t* row, const uint8_t* a) {
+      return dot_legacy<kT>(row, reinterpret_cast<const BlockQ8A*>(a), nb);
+    });
+  }
+}
+#endif
+
 void DotRows(const WeightView& w, int64_t r0, int64_t r1, const void* act, size_t act_stride,
              int64_t n_tok, float* y, int64_t ldy) {
   const int64_t n = w.n_cols, nb = n / kQK, nbk = n / kQK_K;
@@ -589,23 +611,19 @@ void DotRows(const WeightView& w, int64_t r0, int64_t r1, const void* act, size_
               });                                                                         \
     return;
 #if KV_X86
-#define KV_LEGACY_BATCH(T)                                                          \
-  if (n_tok > 1) {                                                                  \
-    legacy_rows_loop<GgmlType::T>(w, r0, r1, act, act_stride, n_tok, y, ldy, nb);   \
-    return;                                                                         \
-  }
+#define KV_LEGACY(T)                                                                   \
+  case GgmlType::T:                                                                    \
+    legacy_dot_rows<GgmlType::T>(w, r0, r1, act, act_stride, n_tok, y, ldy, nb);      \
+    return;
 #else
-#define KV_LEGACY_BATCH(T)
-#endif
-// (a single token keeps the plain row loop: the grouped one costs it 5-10 % on Q4_1 rows)
 #define KV_LEGACY(T)                                                                           \
   case GgmlType::T:                                                                            \
-    KV_LEGACY_BATCH(T)                                                                         \
     rows_loop(w, r0, r1, act, act_stride, n_tok, y, ldy,                                       \
               [nb](const uint8_t* row, const uint8_t* a) {                                     \
                 return dot_legacy<GgmlType::T>(row, reinterpret_cast<const BlockQ8A*>(a), nb); \
               });                                                                              \
     return;
+#endif
   switch (w.type) {
     KV_FLOAT(F32)
     KV_FLOAT(F16)
@@ -638,7 +656,6 @@ void DotRows(const WeightView& w, int64_t r0, int64_t r1, const void* act, size_
   }
 #undef KV_FLOAT
 #undef KV_LEGACY
-#undef KV_LEGACY_BATCH
 }
 
 // Rounds x[0..n) (n a multiple of the lane count, n <= 256) by 1/d into q (int8) and returns

@@ -345,6 +345,86 @@ TEST(Matmul, ManyWeightsEqualMatmulPerWeightBitForBit) {
   EXPECT_THROW(matmul_many(bad, yb, 2, x.data(), 1, &pool2), Error);
 }
 
+// The legacy types' kernels (the 8-row strips of ops/legacy_strips-inl.h where the type and
+// target have them, the row kernels otherwise) against a scalar reference of the same arithmetic
+// in double: the activation quantized exactly as the kernels quantize it (quantize_act), then
+// Σ_i w_i · q_i · d_x per block. The integer part is exact in the kernels, so what remains is
+// their f32 accumulation: far tighter than error_bound (which also covers the activation
+// rounding). Every target, 1 to 11 tokens, strips cut by the row count and by the thread split.
+TEST(Matmul, LegacyKernelsEqualQuantizedActivationDotInDouble) {
+  ThreadPool pool2(2), pool3(3);
+  TargetSweep sweep;
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0}) {
+    SCOPED_TRACE(type_name(t));
+    for (bool random_blocks : {false, true}) {
+      for (const Shape& s : {Shape{13, 64}, Shape{40, 576}, Shape{130, 1536}}) {
+        SCOPED_TRACE(std::to_string(s.n_rows) + "x" + std::to_string(s.n_cols));
+        const TestWeight w = make_weight(t, s.n_rows, s.n_cols, random_blocks, 17 + static_cast<uint32_t>(s.n_rows));
+        for (int64_t n_tok : {int64_t{1}, int64_t{3}, int64_t{11}}) {
+          const auto x = make_x(n_tok * s.n_cols, 23 + static_cast<uint32_t>(n_tok));
+          const size_t stride = detail::act_row_bytes(detail::ActFormat::kQ8A, s.n_cols);
+          std::vector<uint8_t> q(stride * static_cast<size_t>(n_tok));
+          for (int64_t tk = 0; tk < n_tok; ++tk)
+            detail::quantize_act(detail::ActFormat::kQ8A, x.data() + tk * s.n_cols, q.data() + stride * static_cast<size_t>(tk),
+                                 s.n_cols);
+          std::vector<double> want(static_cast<size_t>(n_tok * s.n_rows)), mag(want.size());
+          for (int64_t tk = 0; tk < n_tok; ++tk) {
+            const auto* xb = reinterpret_cast<const detail::BlockQ8A*>(q.data() + stride * static_cast<size_t>(tk));
+            for (int64_t r = 0; r < s.n_rows; ++r) {
+              double acc = 0.0, m = 0.0;
+              for (int64_t i = 0; i < s.n_cols; ++i) {
+                const double v = static_cast<double>(w.deq[static_cast<size_t>(r * s.n_cols + i)]) *
+                                 xb[i / kQK].qs[i % kQK] * xb[i / kQK].d;
+                acc += v;
+                m += std::fabs(v);
+              }
+              want[static_cast<size_t>(tk * s.n_rows + r)] = acc;
+              mag[static_cast<size_t>(tk * s.n_rows + r)] = m;
+            }
+          }
+          sweep.each([&] {
+            for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool2, &pool3}) {
+              std::vector<float> y(want.size(), NAN);
+              matmul(w.view, x.data(), n_tok, y.data(), p);
+              for (size_t k = 0; k < y.size(); ++k)
+                ASSERT_NEAR(y[k], want[k], 2e-6 * mag[k] + 1e-6)
+                    << "tok " << k / static_cast<size_t>(s.n_rows) << " row " << k % static_cast<size_t>(s.n_rows)
+                    << " n_tok " << n_tok << " threads " << (p ? p->n_threads() : 1);
+            }
+          });
+        }
+      }
+    }
+  }
+}
+
+// A row's result does not depend on where its strip of 8 starts (the row range a thread gets,
+// the rows left over at the end): the rows of a view that starts k rows into the matrix give
+// bit for bit what they give in the whole matrix, for one token and for a batch.
+TEST(Matmul, RowResultsDoNotDependOnTheStripTheyFallIn) {
+  for (GgmlType t : kTypes) {
+    SCOPED_TRACE(type_name(t));
+    const Shape s = is_kquant(t) ? Shape{45, 512} : Shape{45, 160};
+    const TestWeight w = make_weight(t, s.n_rows, s.n_cols, false, 31);
+    for (int64_t n_tok : {int64_t{1}, int64_t{5}}) {
+      const auto x = make_x(n_tok * s.n_cols, 32);
+      std::vector<float> all(static_cast<size_t>(n_tok * s.n_rows));
+      matmul(w.view, x.data(), n_tok, all.data(), nullptr);
+      for (int64_t k : {1, 3, 7, 9}) {
+        WeightView sub = w.view;
+        sub.data = w.data.data() + static_cast<size_t>(k) * w.view.row_bytes;
+        sub.n_rows = s.n_rows - k;
+        std::vector<float> part(static_cast<size_t>(n_tok * sub.n_rows));
+        matmul(sub, x.data(), n_tok, part.data(), nullptr);
+        for (int64_t tk = 0; tk < n_tok; ++tk)
+          for (int64_t r = 0; r < sub.n_rows; ++r)
+            ASSERT_EQ(part[static_cast<size_t>(tk * sub.n_rows + r)], all[static_cast<size_t>(tk * s.n_rows + r + k)])
+                << "offset " << k << " row " << r << " tok " << tk;
+      }
+    }
+  }
+}
+
 TEST(Matmul, RefMatmulRowsAreRefMatvecs) {
   const TestWeight w = make_weight(GgmlType::Q4_1, 9, 64, false, 3);
   const auto x = make_x(3 * 64, 4);

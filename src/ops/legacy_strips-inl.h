@@ -1,0 +1,241 @@
+// Legacy-type weights eight rows at a time ("strips"), the rows as SIMD lanes. Included by
+// matmul_kernels.cpp inside its per-target namespace, after its x86 helpers (half,
+// KV_ATTR, KV_VNNI); x86 targets only.
+//
+// Why: the row-at-a-time kernels (dot_legacy / dot_legacy_n) reduce each row's block products
+// across lanes and pay per block and token a scalar scale product, a broadcast, a conversion
+// and an FMA for one row: ~7 operations per 32 multiply-adds of one token, and a horizontal sum
+// per row and token. A batched decode step (several streams, one weight pass) is bound by that
+// work, not by the weight bytes. Here the lanes are 8 rows: each i32 lane accumulates 4 weight
+// bytes of its row times 4 activation bytes broadcast to every lane (one dpbusd; maddubs + madd
+// without VNNI), so a block of 32 columns is 8 such products per token for all 8 rows at once,
+// and the scale, the min / offset and the final store are one vector operation each for the 8
+// rows. The weights are read in place (no repacked copy, no extra memory): each block's 8 row
+// slices are loaded and transposed in registers once per strip and block, and shared by every
+// token of the step (up to kStripTokens at once).
+//
+// Numerics: a row's result is a chain over its blocks of fma(float(isum_b), d_b·x_b.d, acc)
+// (then, for Q4_1, fma(m_b, x_b.s, acc): the block's min term); isum_b is the exact integer
+// dot product (Q4_0 and Q8_0 subtract their offset, 8 and 128, times the activation block's
+// integer sum Σq before the conversion). Every lane is computed by the same operations whatever
+// the other lanes and tokens are, so a row's result does not depend on the strip it falls in,
+// the thread split, or how many tokens share the step: a batched step equals the solo ones bit
+// for bit.
+//
+// Q8_0 needs VNNI (u8 x s8 dot products of full-range bytes: its weights are used as w + 128,
+// which overflows maddubs' i16 pairs); without it Q8_0 keeps the row kernels. Q5_0 / Q5_1 keep
+// the row kernels (their fifth bit would be expanded per strip; not done yet).
+#if defined(KVTRIM_OPS_LEGACY_STRIPS_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef KVTRIM_OPS_LEGACY_STRIPS_INL_H_
+#undef KVTRIM_OPS_LEGACY_STRIPS_INL_H_
+#else
+#define KVTRIM_OPS_LEGACY_STRIPS_INL_H_
+#endif
+
+#if KV_X86
+
+constexpr int kStripRows = 8;
+// Tokens sharing one decoded strip: one accumulator each, next to the 8 weight vectors and 2
+// scale vectors (AVX2 has 16 registers, AVX-512 32).
+constexpr int kStripTokens = KV_AVX512 ? 8 : 4;
+
+// (-DKVTRIM_LEGACY_STRIPS=0 builds the row kernels only: the A/B of docs/results/perf.)
+#ifndef KVTRIM_LEGACY_STRIPS
+#define KVTRIM_LEGACY_STRIPS 1
+#endif
+template <GgmlType kT>
+constexpr bool kStripType =
+    KVTRIM_LEGACY_STRIPS &&
+    (kT == GgmlType::Q4_0 || kT == GgmlType::Q4_1 || (KV_VNNI && kT == GgmlType::Q8_0));
+
+template <GgmlType kT>
+using StripBlock = std::conditional_t<
+    kT == GgmlType::Q4_0, BlockQ4_0,
+    std::conditional_t<kT == GgmlType::Q4_1, BlockQ4_1, BlockQ8_0>>;
+
+// One block of a strip, decoded: u[k] lane r = row r's 4 weight bytes for columns 4k..4k+3,
+// unsigned (Q4: the nibble, Q8_0: w + 128); d, m lane r = row r's scale and min (Q4_1).
+struct StripBlockVecs {
+  __m256i u[8];
+  __m256 d, m;
+};
+
+// w[j] lane r = dword j of the 16 bytes at p[r] + off (an 8 x 4 dword transpose).
+KV_ATTR inline void transpose_dwords(const uint8_t* const* p, size_t off, __m256i* w) {
+  auto pair = [&](int r) {
+    return _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p[r] + off))),
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(p[r + 4] + off)), 1);
+  };
+  const __m256i r0 = pair(0), r1 = pair(1), r2 = pair(2), r3 = pair(3);
+  const __m256i t0 = _mm256_unpacklo_epi32(r0, r1), t1 = _mm256_unpackhi_epi32(r0, r1);
+  const __m256i t2 = _mm256_unpacklo_epi32(r2, r3), t3 = _mm256_unpackhi_epi32(r2, r3);
+  w[0] = _mm256_unpacklo_epi64(t0, t2);
+  w[1] = _mm256_unpackhi_epi64(t0, t2);
+  w[2] = _mm256_unpacklo_epi64(t1, t3);
+  w[3] = _mm256_unpackhi_epi64(t1, t3);
+}
+
+// The f16 in the low (shift 0) or high (shift 16) half of each dword, as f32.
+template <int kShift>
+KV_ATTR inline __m256 halves_to_ps(__m256i g) {
+  const __m256i h = kShift ? _mm256_srli_epi32(g, 16) : _mm256_and_si256(g, _mm256_set1_epi32(0xffff));
+  return _mm256_cvtph_ps(_mm_packus_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
+}
+
+// Block i of the strip whose rows start at p[0..8) (lane r's byte offset from p[0] in gidx).
+template <GgmlType kT>
+KV_ATTR inline void strip_block(const uint8_t* const* p, __m256i gidx, int64_t i, StripBlockVecs& s) {
+  using B = StripBlock<kT>;
+  const size_t off = static_cast<size_t>(i) * sizeof(B);
+  const __m256i g = _mm256_i32gather_epi32(reinterpret_cast<const int*>(p[0] + off), gidx, 1);
+  s.d = halves_to_ps<0>(g);
+  if constexpr (kT == GgmlType::Q4_1) s.m = halves_to_ps<16>(g);
+  if constexpr (kT == GgmlType::Q8_0) {
+    transpose_dwords(p, off + offsetof(B, qs), s.u);
+    transpose_dwords(p, off + offsetof(B, qs) + 16, s.u + 4);
+    const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x80));
+    for (int k = 0; k < 8; ++k) s.u[k] = _mm256_xor_si256(s.u[k], bias);
+  } else {
+    // low nibbles: columns 0..15 (dword j: 4j..4j+3), high nibbles: columns 16..31
+    __m256i q[4];
+    transpose_dwords(p, off + offsetof(B, qs), q);
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    for (int j = 0; j < 4; ++j) {
+      s.u[j] = _mm256_and_si256(q[j], m4);
+      s.u[4 + j] = _mm256_and_si256(_mm256_srli_epi16(q[j], 4), m4);
+    }
+  }
+}
+
+// Σ_k u[k] · (activation bytes 4k..4k+3 broadcast): lane r = row r's exact block dot product.
+template <GgmlType kT>
+KV_ATTR inline __m256i strip_isum(const StripBlockVecs& s, const int8_t* xq) {
+  auto bc = [xq](int k) {
+    int32_t v;
+    std::memcpy(&v, xq + 4 * k, 4);
+    return _mm256_set1_epi32(v);
+  };
+#if KV_VNNI
+  __m256i a0 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), s.u[0], bc(0));
+  __m256i a1 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), s.u[1], bc(1));
+  for (int k = 2; k < 8; k += 2) {
+    a0 = _mm256_dpbusd_epi32(a0, s.u[k], bc(k));
+    a1 = _mm256_dpbusd_epi32(a1, s.u[k + 1], bc(k + 1));
+  }
+  return _mm256_add_epi32(a0, a1);
+#else
+  static_assert(kT != GgmlType::Q8_0, "Q8_0 strips need VNNI");
+  // u <= 15, |x| <= 127: a maddubs pair is at most 3810, eight of them summed 30480 (< 2^15)
+  __m256i p = _mm256_maddubs_epi16(s.u[0], bc(0));
+  for (int k = 1; k < 8; ++k) p = _mm256_add_epi16(p, _mm256_maddubs_epi16(s.u[k], bc(k)));
+  return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+#endif
+}
+
+// out[t] lane r = row p[r] · token t's activation (NT tokens, blocks x[t][0..nb)); qsum[t][i]
+// = the offset (8 or 128) times Σq of x[t][i] (Q4_0, Q8_0).
+template <GgmlType kT, int NT>
+KV_ATTR void dot_strip(const uint8_t* const* p, __m256i gidx, const BlockQ8A* const* x,
+                       const int32_t* const* qsum, int64_t nb, __m256* out) {
+  __m256 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+  StripBlockVecs s;
+  for (int64_t i = 0; i < nb; ++i) {
+    strip_block<kT>(p, gidx, i, s);
+    for (int t = 0; t < NT; ++t) {
+      const BlockQ8A& xb = x[t][i];
+      __m256i isum = strip_isum<kT>(s, xb.qs);
+      if constexpr (kT != GgmlType::Q4_1) isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(qsum[t][i]));
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(s.d, _mm256_set1_ps(xb.d)), acc[t]);
+      if constexpr (kT == GgmlType::Q4_1) acc[t] = _mm256_fmadd_ps(s.m, _mm256_set1_ps(xb.s), acc[t]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) out[t] = acc[t];
+}
+
+// Rows [r0, r1) of w times n_tok activations in strips of 8 (the last one padded by repeating
+// its last row; the padding lanes are not stored).
+template <GgmlType kT>
+KV_ATTR void strip_rows_loop(const WeightView& w, int64_t r0, int64_t r1, const void* act, size_t act_stride,
+                             int64_t n_tok, float* y, int64_t ldy, int64_t nb) {
+  const auto* base = static_cast<const uint8_t*>(w.data);
+  const auto* a = static_cast<const uint8_t*>(act);
+  // offset times Σq per token and block (Q4_0: 8, Q8_0: 128), once per call
+  constexpr int32_t kOffset = kT == GgmlType::Q4_0 ? 8 : kT == GgmlType::Q8_0 ? 128 : 0;
+  thread_local std::vector<int32_t> qsum_buf;
+  if constexpr (kOffset != 0) {
+    qsum_buf.resize(static_cast<size_t>(n_tok * nb));
+    for (int64_t t = 0; t < n_tok; ++t) {
+      const auto* xb = reinterpret_cast<const BlockQ8A*>(a + static_cast<size_t>(t) * act_stride);
+      for (int64_t i = 0; i < nb; ++i) {
+        int32_t s = 0;
+        for (int j = 0; j < kQK; ++j) s += xb[i].qs[j];
+        qsum_buf[static_cast<size_t>(t * nb + i)] = kOffset * s;
+      }
+    }
+  }
+  // The strip two ahead is prefetched while this one is computed (decode streams W from DRAM;
+  // the hardware prefetcher stops at page boundaries). Measured on SmolLM2's Q8_0 output matrix
+  // (49152 x 576, 1 thread, medians of 10): one strip ahead 917-937 us, two 876-878 us, three
+  // 1017+ us; the row kernels 976-1057 us.
+  constexpr int kAhead = 2;
+  const size_t strip_bytes = kStripRows * w.row_bytes;
+  const size_t pf_bytes = std::min<size_t>(strip_bytes, 16384);
+  const BlockQ8A* x[kStripTokens];
+  const int32_t* qs[kStripTokens] = {};
+  __m256 out[kStripTokens];
+  for (int64_t r = r0; r < r1; r += kStripRows) {
+    const int nr = static_cast<int>(std::min<int64_t>(kStripRows, r1 - r));
+    const uint8_t* p[kStripRows];
+    alignas(32) int32_t off[kStripRows];
+    for (int k = 0; k < kStripRows; ++k) {
+      p[k] = base + static_cast<size_t>(r + std::min(k, nr - 1)) * w.row_bytes;
+      off[k] = static_cast<int32_t>(p[k] - p[0]);
+    }
+    const __m256i gidx = _mm256_load_si256(reinterpret_cast<const __m256i*>(off));
+    if (r + kAhead * kStripRows < r1) {
+      const uint8_t* next = p[0] + kAhead * strip_bytes;
+      for (size_t o = 0; o < pf_bytes; o += 64) __builtin_prefetch(next + o);
+    }
+    for (int64_t t0 = 0; t0 < n_tok; t0 += kStripTokens) {
+      const int nt = static_cast<int>(std::min<int64_t>(kStripTokens, n_tok - t0));
+      for (int t = 0; t < nt; ++t) {
+        x[t] = reinterpret_cast<const BlockQ8A*>(a + static_cast<size_t>(t0 + t) * act_stride);
+        if constexpr (kOffset != 0) qs[t] = qsum_buf.data() + (t0 + t) * nb;
+      }
+      switch (nt) {
+#define KV_STRIP_CASE(N)                              \
+  case N:                                             \
+    dot_strip<kT, N>(p, gidx, x, qs, nb, out);        \
+    break;
+        KV_STRIP_CASE(1)
+        KV_STRIP_CASE(2)
+        KV_STRIP_CASE(3)
+        KV_STRIP_CASE(4)
+#if KV_AVX512
+        KV_STRIP_CASE(5)
+        KV_STRIP_CASE(6)
+        KV_STRIP_CASE(7)
+        KV_STRIP_CASE(8)
+#endif
+#undef KV_STRIP_CASE
+        default:
+          break;
+      }
+      for (int t = 0; t < nt; ++t) {
+        float* yt = y + (t0 + t) * ldy + r;
+        if (nr == kStripRows) {
+          _mm256_storeu_ps(yt, out[t]);
+        } else {
+          alignas(32) float tmp[kStripRows];
+          _mm256_store_ps(tmp, out[t]);
+          std::memcpy(yt, tmp, static_cast<size_t>(nr) * sizeof(float));
+        }
+      }
+    }
+  }
+}
+
+#endif  // KV_X86
+#endif  // KVTRIM_OPS_LEGACY_STRIPS_INL_H_
