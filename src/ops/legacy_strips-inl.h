@@ -23,8 +23,9 @@
 // for bit.
 //
 // Q8_0 needs VNNI (u8 x s8 dot products of full-range bytes: its weights are used as w + 128,
-// which overflows maddubs' i16 pairs); without it Q8_0 keeps the row kernels. Q5_0 / Q5_1 keep
-// the row kernels (their fifth bit would be expanded per strip; not done yet).
+// which overflows maddubs' i16 pairs); without it Q8_0 keeps the row kernels. Q5_0 / Q5_1 get
+// their fifth bits from one gather of the 8 rows' qh words per block, spread to bytes by
+// shuffles and a bit test.
 #if defined(KVTRIM_OPS_LEGACY_STRIPS_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef KVTRIM_OPS_LEGACY_STRIPS_INL_H_
 #undef KVTRIM_OPS_LEGACY_STRIPS_INL_H_
@@ -46,15 +47,26 @@ constexpr int kStripTokens = KV_AVX512 ? 8 : 4;
 template <GgmlType kT>
 constexpr bool kStripType =
     KVTRIM_LEGACY_STRIPS &&
-    (kT == GgmlType::Q4_0 || kT == GgmlType::Q4_1 || (KV_VNNI && kT == GgmlType::Q8_0));
+    (kT == GgmlType::Q4_0 || kT == GgmlType::Q4_1 || kT == GgmlType::Q5_0 || kT == GgmlType::Q5_1 ||
+     (KV_VNNI && kT == GgmlType::Q8_0));
 
 template <GgmlType kT>
 using StripBlock = std::conditional_t<
     kT == GgmlType::Q4_0, BlockQ4_0,
-    std::conditional_t<kT == GgmlType::Q4_1, BlockQ4_1, BlockQ8_0>>;
+    std::conditional_t<kT == GgmlType::Q4_1, BlockQ4_1,
+                       std::conditional_t<kT == GgmlType::Q5_0, BlockQ5_0,
+                                          std::conditional_t<kT == GgmlType::Q5_1, BlockQ5_1, BlockQ8_0>>>>;
+template <GgmlType kT>
+constexpr bool kHasMin = kT == GgmlType::Q4_1 || kT == GgmlType::Q5_1;
+template <GgmlType kT>
+constexpr bool kFiveBit = kT == GgmlType::Q5_0 || kT == GgmlType::Q5_1;
+// The unsigned weight's offset (x = (u - offset) · d), applied through the activation's Σq.
+template <GgmlType kT>
+constexpr int32_t kStripOffset = kT == GgmlType::Q4_0 ? 8 : kT == GgmlType::Q5_0 ? 16 : kT == GgmlType::Q8_0 ? 128 : 0;
 
 // One block of a strip, decoded: u[k] lane r = row r's 4 weight bytes for columns 4k..4k+3,
-// unsigned (Q4: the nibble, Q8_0: w + 128); d, m lane r = row r's scale and min (Q4_1).
+// unsigned (Q4: the nibble, Q5: nibble | fifth bit << 4, Q8_0: w + 128); d, m lane r = row r's
+// scale and min (Q4_1, Q5_1).
 struct StripBlockVecs {
   __m256i u[8];
   __m256 d, m;
@@ -90,7 +102,7 @@ KV_ATTR inline void strip_block(const uint8_t* const* p, __m256i gidx, int64_t i
   const size_t off = static_cast<size_t>(i) * sizeof(B);
   const __m256i g = _mm256_i32gather_epi32(reinterpret_cast<const int*>(p[0] + off), gidx, 1);
   s.d = halves_to_ps<0>(g);
-  if constexpr (kT == GgmlType::Q4_1) s.m = halves_to_ps<16>(g);
+  if constexpr (kHasMin<kT>) s.m = halves_to_ps<16>(g);
   if constexpr (kT == GgmlType::Q8_0) {
     transpose_dwords(p, off + offsetof(B, qs), s.u);
     transpose_dwords(p, off + offsetof(B, qs) + 16, s.u + 4);
@@ -104,6 +116,23 @@ KV_ATTR inline void strip_block(const uint8_t* const* p, __m256i gidx, int64_t i
     for (int j = 0; j < 4; ++j) {
       s.u[j] = _mm256_and_si256(q[j], m4);
       s.u[4 + j] = _mm256_and_si256(_mm256_srli_epi16(q[j], 4), m4);
+    }
+    if constexpr (kFiveBit<kT>) {
+      // u[k] byte b of lane r needs bit 4k + b of row r's qh: byte k / 2 of qh copied to the 4
+      // bytes of the lane, tested against bits (k odd: 4..7, even: 0..3) b.
+      const __m256i h = _mm256_i32gather_epi32(reinterpret_cast<const int*>(p[0] + off + offsetof(B, qh)), gidx, 1);
+      const __m256i lo_bits = _mm256_set1_epi32(0x08040201), hi_bits = _mm256_set1_epi32(static_cast<int>(0x80402010u));
+      const __m256i five = _mm256_set1_epi8(0x10);
+      for (int byte = 0; byte < 4; ++byte) {
+        const int c = byte * 0x01010101;  // dword j of each half <- byte 4j + `byte`, 4 times
+        const __m256i sp = _mm256_shuffle_epi8(
+            h, _mm256_setr_epi32(c, c + 0x04040404, c + 0x08080808, c + 0x0c0c0c0c, c, c + 0x04040404,
+                                 c + 0x08080808, c + 0x0c0c0c0c));
+        const __m256i b_lo = _mm256_cmpeq_epi8(_mm256_and_si256(sp, lo_bits), lo_bits);
+        const __m256i b_hi = _mm256_cmpeq_epi8(_mm256_and_si256(sp, hi_bits), hi_bits);
+        s.u[2 * byte] = _mm256_or_si256(s.u[2 * byte], _mm256_and_si256(b_lo, five));
+        s.u[2 * byte + 1] = _mm256_or_si256(s.u[2 * byte + 1], _mm256_and_si256(b_hi, five));
+      }
     }
   }
 }
@@ -126,15 +155,22 @@ KV_ATTR inline __m256i strip_isum(const StripBlockVecs& s, const int8_t* xq) {
   return _mm256_add_epi32(a0, a1);
 #else
   static_assert(kT != GgmlType::Q8_0, "Q8_0 strips need VNNI");
-  // u <= 15, |x| <= 127: a maddubs pair is at most 3810, eight of them summed 30480 (< 2^15)
-  __m256i p = _mm256_maddubs_epi16(s.u[0], bc(0));
-  for (int k = 1; k < 8; ++k) p = _mm256_add_epi16(p, _mm256_maddubs_epi16(s.u[k], bc(k)));
-  return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+  // A maddubs pair is at most 2 · 15 · 127 = 3810 (Q4) or 2 · 31 · 127 = 7874 (Q5): eight (Q4)
+  // or four (Q5) of them summed in i16 stay below 2^15.
+  constexpr int kRun = kFiveBit<kT> ? 4 : 8;
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i acc = _mm256_setzero_si256();
+  for (int k0 = 0; k0 < 8; k0 += kRun) {
+    __m256i p = _mm256_maddubs_epi16(s.u[k0], bc(k0));
+    for (int k = k0 + 1; k < k0 + kRun; ++k) p = _mm256_add_epi16(p, _mm256_maddubs_epi16(s.u[k], bc(k)));
+    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, ones));
+  }
+  return acc;
 #endif
 }
 
 // out[t] lane r = row p[r] · token t's activation (NT tokens, blocks x[t][0..nb)); qsum[t][i]
-// = the offset (8 or 128) times Σq of x[t][i] (Q4_0, Q8_0).
+// = kStripOffset times Σq of x[t][i] (types without a min).
 template <GgmlType kT, int NT>
 KV_ATTR void dot_strip(const uint8_t* const* p, __m256i gidx, const BlockQ8A* const* x,
                        const int32_t* const* qsum, int64_t nb, __m256* out) {
@@ -146,9 +182,9 @@ KV_ATTR void dot_strip(const uint8_t* const* p, __m256i gidx, const BlockQ8A* co
     for (int t = 0; t < NT; ++t) {
       const BlockQ8A& xb = x[t][i];
       __m256i isum = strip_isum<kT>(s, xb.qs);
-      if constexpr (kT != GgmlType::Q4_1) isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(qsum[t][i]));
+      if constexpr (kStripOffset<kT> != 0) isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(qsum[t][i]));
       acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(s.d, _mm256_set1_ps(xb.d)), acc[t]);
-      if constexpr (kT == GgmlType::Q4_1) acc[t] = _mm256_fmadd_ps(s.m, _mm256_set1_ps(xb.s), acc[t]);
+      if constexpr (kHasMin<kT>) acc[t] = _mm256_fmadd_ps(s.m, _mm256_set1_ps(xb.s), acc[t]);
     }
   }
   for (int t = 0; t < NT; ++t) out[t] = acc[t];
@@ -161,8 +197,8 @@ KV_ATTR void strip_rows_loop(const WeightView& w, int64_t r0, int64_t r1, const 
                              int64_t n_tok, float* y, int64_t ldy, int64_t nb) {
   const auto* base = static_cast<const uint8_t*>(w.data);
   const auto* a = static_cast<const uint8_t*>(act);
-  // offset times Σq per token and block (Q4_0: 8, Q8_0: 128), once per call
-  constexpr int32_t kOffset = kT == GgmlType::Q4_0 ? 8 : kT == GgmlType::Q8_0 ? 128 : 0;
+  // offset times Σq per token and block, once per call
+  constexpr int32_t kOffset = kStripOffset<kT>;
   thread_local std::vector<int32_t> qsum_buf;
   if constexpr (kOffset != 0) {
     qsum_buf.resize(static_cast<size_t>(n_tok * nb));
