@@ -26,6 +26,7 @@
 #include "core/ggml_type.h"
 #include "core/quant_blocks.h"
 #include "core/thread_pool.h"
+#include "engine/sampler.h"
 #include "ops/matmul.h"
 #include "ops/matmul_internal.h"
 #include "ops/nn.h"
@@ -284,6 +285,24 @@ void BM_Dot64(benchmark::State& state) {
   for (auto _ : state) benchmark::DoNotOptimize(dot(a.data(), b.data(), 64));
 }
 BENCHMARK(BM_Dot64);
+
+// One sampled token over a vocabulary of logits like a model's (normal, sd 3): the server's
+// default (temperature, no top-k, top_p 1) and the CLI's (top_k 40, top_p 0.95).
+// args: vocabulary, top_k, top_p x 100
+void BM_Sample(benchmark::State& state) {
+  const auto logits = rand_vec(state.range(0));
+  std::vector<float> scaled(logits.size());
+  for (size_t i = 0; i < logits.size(); ++i) scaled[i] = 3.f * logits[i];
+  Sampler s({0.8f, static_cast<int>(state.range(1)), static_cast<float>(state.range(2)) / 100.f, 1});
+  for (auto _ : state) benchmark::DoNotOptimize(s.sample(scaled.data(), static_cast<int32_t>(scaled.size())));
+}
+BENCHMARK(BM_Sample)
+    ->ArgNames({"vocab", "top_k", "top_p100"})
+    ->Args({49152, 0, 100})
+    ->Args({49152, 40, 95})
+    ->Args({151936, 0, 100})
+    ->Args({151936, 0, 90})
+    ->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace kvtrim

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "ops/nn.h"
 
 namespace kvtrim {
 
@@ -20,45 +21,77 @@ Sampler::Sampler(SamplerParams p) : p_(p), rng_(p.seed) {
   KVTRIM_CHECK(p_.top_p > 0.f && p_.top_p <= 1.f, "top-p must be in (0, 1] (got %g)", p_.top_p);
 }
 
+// Only as much of the candidate list is sorted as the walk reads. The cut to the top k is one
+// selection (nth_element); the sorted prefix then grows by partial sorts of the rest, doubling,
+// so a step that stops after a few candidates (the usual case: the top tokens hold the mass)
+// costs O(V) plus the exponentials, where a full sort of a 49k-151k vocabulary cost ~ms per
+// token (the server's default, top_k = 0 and top_p = 1, sorted it all). The candidates are
+// visited in the order of a full sort (logit descending, lower id first on ties), so a seed gives
+// the tokens the full sort gave; the exponentials are the SIMD ones of ops/nn.h (exp_sub_sum) and
+// the softmax sum is added in token order (last-bit differences from a sorted std::exp sum).
 int32_t Sampler::sample(const float* logits, int32_t n_vocab) {
   for (int32_t i = 0; i < n_vocab; ++i)
     KVTRIM_CHECK(!std::isnan(logits[i]), "model produced NaN logits (token %d)", i);
   if (p_.temperature <= 0.f) return argmax(logits, n_vocab);
 
-  cand_.resize(static_cast<size_t>(n_vocab));
-  for (int32_t i = 0; i < n_vocab; ++i) cand_[static_cast<size_t>(i)] = {logits[i] / p_.temperature, i};
-  size_t k = cand_.size();
-  if (p_.top_k > 0 && static_cast<size_t>(p_.top_k) < k) k = static_cast<size_t>(p_.top_k);
-  auto by_logit = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
-  std::partial_sort(cand_.begin(), cand_.begin() + static_cast<std::ptrdiff_t>(k), cand_.end(), by_logit);
-  cand_.resize(k);
-  // softmax over the top-k
-  const float mx = cand_[0].first;
-  double sum = 0;
-  for (auto& c : cand_) {
-    c.first = std::exp(c.first - mx);
-    sum += c.first;
+  // e_[i] = exp(l_i / T - max) for every token (SIMD), summed in double over the top k
+  const size_t n = static_cast<size_t>(n_vocab);
+  cand_.resize(n);
+  e_.resize(n);
+  const float inv_t = 1.f / p_.temperature;
+  for (size_t i = 0; i < n; ++i) {
+    e_[i] = logits[i] * inv_t;
+    cand_[i] = {e_[i], static_cast<int32_t>(i)};
   }
-  // nucleus: smallest prefix whose mass reaches top_p
-  double acc = 0;
-  size_t keep = cand_.size();
-  for (size_t i = 0; i < cand_.size(); ++i) {
-    acc += cand_[i].first / sum;
-    if (acc >= p_.top_p) {
-      keep = i + 1;
-      break;
+  const float mx = max_of(e_.data(), n_vocab);
+  exp_sub_sum(e_.data(), n_vocab, mx);
+  auto by_logit = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
+  size_t k = n;
+  if (p_.top_k > 0 && static_cast<size_t>(p_.top_k) < k) {
+    k = static_cast<size_t>(p_.top_k);
+    std::nth_element(cand_.begin(), cand_.begin() + static_cast<std::ptrdiff_t>(k - 1), cand_.end(), by_logit);
+  }
+  const auto first = cand_.begin();
+  const auto last = first + static_cast<std::ptrdiff_t>(k);
+  double sum = 0;
+  if (k == n) {
+    for (float v : e_) sum += v;
+  } else {
+    for (auto it = first; it != last; ++it) sum += e_[static_cast<size_t>(it->second)];
+  }
+  auto weight = [&](const std::pair<float, int32_t>& c) { return static_cast<double>(e_[static_cast<size_t>(c.second)]); };
+  size_t sorted = 0;  // [0, sorted) of the top k is in final order
+  auto at = [&](size_t i) -> const std::pair<float, int32_t>& {
+    if (i >= sorted) {
+      const size_t upto = std::min(k, std::max({i + 1, 2 * sorted, size_t{64}}));
+      std::partial_sort(first + static_cast<std::ptrdiff_t>(sorted), first + static_cast<std::ptrdiff_t>(upto), last,
+                        by_logit);
+      sorted = upto;
+    }
+    return cand_[i];
+  };
+  // nucleus: the smallest prefix whose mass reaches top_p (top_p = 1: every candidate)
+  size_t keep = k;
+  double mass = sum;
+  if (p_.top_p < 1.f) {
+    double acc = 0;
+    for (size_t i = 0; i < k; ++i) {
+      acc += weight(at(i));
+      if (acc / sum >= p_.top_p) {
+        keep = i + 1;
+        mass = acc;
+        break;
+      }
     }
   }
-  cand_.resize(keep);
-  double mass = 0;
-  for (const auto& c : cand_) mass += c.first;
   std::uniform_real_distribution<double> u(0.0, mass);
   double r = u(rng_);
-  for (const auto& c : cand_) {
-    r -= c.first;
+  for (size_t i = 0; i < keep; ++i) {
+    const auto& c = at(i);
+    r -= weight(c);
     if (r <= 0) return c.second;
   }
-  return cand_.back().second;
+  return at(keep - 1).second;
 }
 
 }  // namespace kvtrim

@@ -24,7 +24,8 @@ class Sampler {
  private:
   SamplerParams p_;
   std::mt19937_64 rng_;
-  std::vector<std::pair<float, int32_t>> cand_;  // scratch
+  std::vector<std::pair<float, int32_t>> cand_;  // scratch: (logit / T, id)
+  std::vector<float> e_;                         // scratch: exp(logit / T - max) per id
 };
 
 // Index of the largest logit (lowest index on ties).
