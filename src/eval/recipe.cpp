@@ -59,7 +59,9 @@ std::string mc_source(const std::string& bench, const std::string& data, size_t 
 namespace {
 
 std::string model_part(const RunIdentity& id) { return "model=" + file_identity(id.model_file); }
-std::string kv_part(const RunIdentity& id) { return "kv=" + id.kv; }
+// (the prefill precision joins the kv part only when it is not the default, so the hashes of
+// every earlier run stay as they were)
+std::string kv_part(const RunIdentity& id) { return "kv=" + id.kv + (id.prefill.empty() ? "" : ";prefill=" + id.prefill); }
 std::string batch_part(const RunIdentity& id) { return "batch=" + std::to_string(id.batch); }
 std::string format_part(PromptFormat f) { return "format=" + std::string(prompt_format_name(f)); }
 

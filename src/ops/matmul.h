@@ -25,17 +25,28 @@ void matvec(const WeightView& w, const float* x, float* y, ThreadPool* pool);
 
 // From this many tokens on, matmul dequantizes W to f32 tiles and runs sgemm; below it, it runs
 // the decode kernel (8-bit activations for quantized W) row by row, giving every token exactly
-// matvec's result.
+// matvec's result. With set_int8_prefill(true), types with a strip kernel on this CPU (Q4_0,
+// Q4_1, Q5_0, Q5_1, Q8_0 with VNNI; ops/legacy_strips-inl.h) take the decode kernel at every
+// token count, so their prefill gives each token matvec's result too.
 constexpr int64_t kMatmulGemmMinTokens = 16;
+
+// Prefill precision, process-wide (default off): off = from kMatmulGemmMinTokens tokens on, f32
+// activations times the dequantized weights (sgemm); on = 8-bit activations on the integer strip
+// kernels for the types that have them, as llama.cpp computes prefill. The strips are ~2x faster
+// on SmolLM2's weights (BM_SmolLM2Token, 512 tokens, 2 threads: 222 vs 451 ms) and cost a little
+// accuracy (WikiText-2 PPL 15.940 -> 15.982; max top-20 logit difference to transformers' f32
+// 0.12 -> 0.36). Off keeps the numerics of the committed results and of the reference checks.
+void set_int8_prefill(bool on);
+bool int8_prefill();
 
 // y[n_tok, n_rows] = x[n_tok, n_cols] · Wᵀ (prefill). pool may be nullptr.
 void matmul(const WeightView& w, const float* x, int64_t n_tok, float* y, ThreadPool* pool);
 
 // ys[i][n_tok, ws[i].n_rows] = x[n_tok, n_cols] · ws[i]ᵀ for several weights with the same
-// n_cols that read the same x (q/k/v, gate/up). Below kMatmulGemmMinTokens tokens (decode) the
-// rows of all the weights are split over the pool in one job, so the threads meet once instead
-// of once per weight; each y equals matmul's, bit for bit. From kMatmulGemmMinTokens on, it is
-// matmul per weight.
+// n_cols that read the same x (q/k/v, gate/up). Where every weight takes the decode kernel
+// (below kMatmulGemmMinTokens tokens, or strip types with int8_prefill()) the rows of all the weights
+// are split over the pool in one job, so the threads meet once instead of once per weight;
+// each y equals matmul's, bit for bit. Otherwise it is matmul per weight.
 void matmul_many(const WeightView* const* ws, float* const* ys, int n, const float* x, int64_t n_tok,
                  ThreadPool* pool);
 

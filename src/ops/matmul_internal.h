@@ -47,4 +47,8 @@ void dot_rows(const WeightView& w, int64_t r0, int64_t r1, const void* act, size
 // Name of the SIMD target dot_rows dispatches to now ("AVX3_DL", "AVX2", "EMU128", ...).
 const char* kernel_target_name();
 
+// True if dot_rows runs weights of type t in 8-row strips on the current target
+// (ops/legacy_strips-inl.h): then matmul uses it for every token count, prefill included.
+bool has_strip_kernel(GgmlType t);
+
 }  // namespace kvtrim::detail

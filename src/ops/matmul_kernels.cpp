@@ -715,6 +715,22 @@ const char* TargetName() {
   return hwy::TargetName(HWY_TARGET);
 }
 
+bool StripKernel(GgmlType t) {
+#if KV_X86
+  switch (t) {
+    case GgmlType::Q4_0: return kStripType<GgmlType::Q4_0>;
+    case GgmlType::Q4_1: return kStripType<GgmlType::Q4_1>;
+    case GgmlType::Q5_0: return kStripType<GgmlType::Q5_0>;
+    case GgmlType::Q5_1: return kStripType<GgmlType::Q5_1>;
+    case GgmlType::Q8_0: return kStripType<GgmlType::Q8_0>;
+    default: return false;
+  }
+#else
+  (void)t;
+  return false;
+#endif
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace kvtrim::detail
 HWY_AFTER_NAMESPACE();
@@ -726,6 +742,7 @@ HWY_EXPORT(DotRows);
 HWY_EXPORT(QuantizeQ8A);
 HWY_EXPORT(QuantizeQ8K);
 HWY_EXPORT(TargetName);
+HWY_EXPORT(StripKernel);
 
 void dot_rows(const WeightView& w, int64_t r0, int64_t r1, const void* act, size_t act_stride,
               int64_t n_tok, float* y, int64_t ldy) {
@@ -748,6 +765,10 @@ void quantize_act(ActFormat f, const float* x, void* dst, int64_t n_cols) {
 
 const char* kernel_target_name() {
   return HWY_DYNAMIC_DISPATCH(TargetName)();
+}
+
+bool has_strip_kernel(GgmlType t) {
+  return HWY_DYNAMIC_DISPATCH(StripKernel)(t);
 }
 
 }  // namespace kvtrim::detail

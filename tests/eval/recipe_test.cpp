@@ -23,7 +23,7 @@ TEST(EvalRecipe, FileIdentityIsNameAndSize) {
 }
 
 TEST(EvalRecipe, HashesArePinned) {
-  const RunIdentity id{"/nonexistent/m.gguf", "f16", 256};
+  const RunIdentity id{"/nonexistent/m.gguf", "f16", 256, ""};
   // the part lists the commands wrote their results with, in their order
   const std::string gen = generation_config(id, PromptFormat::kChat, "none", "src");
   EXPECT_EQ(gen, config_hash({"model=m.gguf:0", "format=chat", "kv=f16", "batch=256", "press=none",
@@ -55,6 +55,22 @@ TEST(EvalRecipe, HashesArePinned) {
   set_ppl_sweep_configs(&cells, id, "/x/test.txt", c);
   EXPECT_EQ(cells[0].config, config_hash({"model=m.gguf:0", "data=test.txt:0", "kv=f16", "batch=256", "mode=pcc",
                                           "ctx=512", "prefix=256", "chunk=0", "press=none", "protocol=sweep-ppl-v1"}));
+}
+
+// --int8-prefill changes the numerics of every forward pass: its runs get other hashes (a sweep
+// never mixes rows of the two), and the default's stay as pinned above.
+TEST(EvalRecipe, Int8PrefillIsPartOfTheIdentity) {
+  const RunIdentity f32{"/nonexistent/m.gguf", "f16", 256, ""}, int8{"/nonexistent/m.gguf", "f16", 256, "int8"};
+  EXPECT_EQ(generation_config(int8, PromptFormat::kChat, "none", "src"),
+            config_hash({"model=m.gguf:0", "format=chat", "kv=f16;prefill=int8", "batch=256", "press=none",
+                         "protocol=kvpress-v1", "src"}));
+  EXPECT_NE(generation_config(int8, PromptFormat::kChat, "none", "src"),
+            generation_config(f32, PromptFormat::kChat, "none", "src"));
+  std::vector<SweepCell> a(1), b(1);
+  set_generation_sweep_configs(&a, f32, PromptFormat::kBase, "src", "gsm8k", false);
+  set_generation_sweep_configs(&b, int8, PromptFormat::kBase, "src", "gsm8k", false);
+  EXPECT_EQ(a[0].config, "9b40e46484046a53");
+  EXPECT_NE(a[0].config, b[0].config);
 }
 
 TEST(EvalRecipe, SampleSetIdentities) {

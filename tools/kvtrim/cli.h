@@ -22,6 +22,7 @@ struct CommonOptions {
   std::string cache_type_k, cache_type_v;  // -ctk / -ctv ("": kv_type)
   bool no_kv_rotate = false;                // --no-kv-rotate: quantized rows unrotated
   std::string mem_limit;                    // --mem-limit: "" = available memory, "off", or a size
+  bool int8_prefill = false;                // --int8-prefill: set_int8_prefill (ops/matmul.h)
 };
 
 void add_common_options(CLI::App* app, CommonOptions& o);

@@ -9,6 +9,7 @@
 #include "core/memory.h"
 #include "core/thread_pool.h"
 #include "core/timer.h"
+#include "ops/matmul.h"
 
 namespace kvtrim::cli {
 
@@ -32,6 +33,10 @@ void add_common_options(CLI::App* app, CommonOptions& o) {
   app->add_option("--mem-limit", o.mem_limit,
                   "most memory the KV cache may take, e.g. 2GiB: a longer --ctx or prompt is refused before "
                   "allocation (default: the memory the OS reports available; off: no check)");
+  app->add_flag("--int8-prefill", o.int8_prefill,
+                "prefill with 8-bit activations on the integer kernels for Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 weights, "
+                "as llama.cpp does: ~1.5x faster SmolLM2 prefill for WikiText-2 PPL 15.94 -> 15.98 "
+                "(default: f32 activations and sgemm, the numerics of the reference checks)");
   app->add_flag("--no-kv-rotate", o.no_kv_rotate,
                 "store q8 / q4 keys and values as they are, without the Hadamard rotation "
                 "that spreads outlier channels before quantization");
@@ -93,6 +98,7 @@ std::string compress_line(const Press& p, const CompressStats& st) {
 std::unique_ptr<Model> load_model(const CommonOptions& o) {
   const std::string path = resolve_model_path(o.model);
   const double t0 = now_seconds();
+  set_int8_prefill(o.int8_prefill);
   auto m = Model::load(path);
   const auto& hp = m->hparams();
   std::fprintf(stderr, "model: %s (%s, %d layers, %d heads / %d kv heads, head_dim %d, ctx %d) from %s in %.2f s\n",
