@@ -194,10 +194,12 @@ BENCHMARK(BM_Matmul)
 // output projection, with distinct weights per layer (so nothing stays in cache that would
 // not in the model). Attention, norms and the KV cache are not included.
 // args: threads, n_tok (1 = decode via matvec; 2..15 = a batched decode step of n_tok streams
-// (the decode kernel, logits for every stream); >= 16 = prefill via matmul, output once)
+// (the decode kernel, logits for every stream); >= 16 = prefill via matmul, output once), int8
+// (1 = set_int8_prefill: prefill on the integer strip kernels instead of sgemm)
 void BM_SmolLM2Token(benchmark::State& state) {
   constexpr int64_t kEmbd = 576, kFf = 1536, kKv = 192, kVocab = 49152, kLayers = 30;
   const int64_t n_tok = state.range(1);
+  set_int8_prefill(state.range(2) != 0);
   ThreadPool* pool = pool_for(static_cast<int>(state.range(0)));
   static std::vector<std::unique_ptr<BenchWeight>> layers;
   static std::unique_ptr<BenchWeight> output;
@@ -226,19 +228,24 @@ void BM_SmolLM2Token(benchmark::State& state) {
       benchmark::Counter(static_cast<double>(n_tok), benchmark::Counter::kIsIterationInvariantRate);
   state.counters["GB/s"] = benchmark::Counter(static_cast<double>(bytes) / 1e9,
                                               benchmark::Counter::kIsIterationInvariantRate);
+  set_int8_prefill(false);
 }
 BENCHMARK(BM_SmolLM2Token)
-    ->ArgNames({"thr", "ntok"})
-    ->Args({1, 1})
-    ->Args({2, 1})
-    ->Args({2, 2})
-    ->Args({2, 4})
-    ->Args({2, 8})
-    ->Args({2, 15})
-    ->Args({2, 16})
-    ->Args({2, 64})
-    ->Args({2, 128})
-    ->Args({2, 512})
+    ->ArgNames({"thr", "ntok", "int8"})
+    ->Args({1, 1, 0})
+    ->Args({2, 1, 0})
+    ->Args({2, 2, 0})
+    ->Args({2, 4, 0})
+    ->Args({2, 8, 0})
+    ->Args({2, 15, 0})
+    ->Args({2, 16, 0})
+    ->Args({2, 64, 0})
+    ->Args({2, 128, 0})
+    ->Args({2, 512, 0})
+    ->Args({2, 16, 1})
+    ->Args({2, 64, 1})
+    ->Args({2, 128, 1})
+    ->Args({2, 512, 1})
     ->UseRealTime()
     ->ComputeStatistics("min", min_of)
     ->Unit(benchmark::kMillisecond);

@@ -327,7 +327,10 @@ void TokenCache::attend(int il, int64_t n_q, const float* q, const int32_t* q_po
     const int64_t n_items = n_base * job.n_split;
     for_range(pool, n_items, 1, [&](int64_t b, int64_t e) { job.items(b, e); });
   }
-  for_range(pool, n_base, 1, [&](int64_t b, int64_t e) { job.finish(b, e); });
+  // The merge is O(G · d · n_split) per (query, head): a decode step's few heads cost less than
+  // the pool's round trip (one per layer and stream of a batched step), so they merge here.
+  constexpr int64_t kPoolMinMerges = 64;
+  for_range(n_base < kPoolMinMerges ? nullptr : pool, n_base, 1, [&](int64_t b, int64_t e) { job.finish(b, e); });
 }
 
 }  // namespace kvtrim::kv
