@@ -55,6 +55,7 @@ import argparse
 import json
 import os
 import queue
+import shlex
 import shutil
 import subprocess
 import sys
@@ -192,12 +193,14 @@ def kvtrim_cmd(args, data, out, spec, extra=()):
            "--kv-type", args.kv_type, "-t", str(args.threads), "--out", out]
     if spec:
         cmd += ["--press", spec]
-    return cmd + list(extra)
+    return cmd + shlex.split(args.kvtrim_extra) + list(extra)
 
 
 def run_kvtrim(args, press, ratio, spec, pending, setup, res, progress):
     """Runs the pending samples in one kvtrim process; a row per sample as its last question lands."""
     tag = f"{press}_{ratio:g}" if spec else press
+    if args.kvtrim_extra:  # its own files: another setup
+        tag += "_" + "".join(c if c.isalnum() else "_" for c in args.kvtrim_extra).strip("_")
     data = os.path.join(args.out, f"kvtrim_in_{tag}.jsonl")
     out = os.path.join(args.out, f"kvtrim_out_{tag}.jsonl")
     log = os.path.join(args.out, f"kvtrim_{tag}.log")
@@ -533,6 +536,8 @@ def main():
                     help="kvtrim: kvpress gets the prefix without leading spaces, as kvtrim runs it (identical ids); "
                          "raw: the dataset's prefix, as kvpress's evaluation")
     ap.add_argument("--tools", default="kvtrim,kvpress")
+    ap.add_argument("--kvtrim-extra", default="",
+                    help="more kvtrim options, e.g. --int8-prefill (part of kvtrim's setup: its rows are kept apart)")
     ap.add_argument("--no-token-check", action="store_true")
     args = ap.parse_args()
 
@@ -564,7 +569,7 @@ def main():
     print(f"{len(samples)} samples from {args.samples_file}", flush=True)
 
     setups = {"kvtrim": f"{os.path.basename(args.kvtrim)} -m {args.model} --format chat --kv-type {args.kv_type} "
-                        f"-t {args.threads}",
+                        f"-t {args.threads}" + (f" {args.kvtrim_extra}" if args.kvtrim_extra else ""),
               "kvpress": f"kvpress {_version('kvpress')} {args.gguf} float32 sdpa, {args.threads} threads, "
                          f"answer prefix {args.answer_prefix}"}
     res = Results(os.path.join(args.out, "results.jsonl"))

@@ -149,6 +149,16 @@ bool integer_path(const WeightView& w, int64_t n_tok) {
   return n_tok < kGemmMinTok || (g_int8_prefill.load(std::memory_order_relaxed) && detail::has_strip_kernel(w.type));
 }
 
+// dst [n_tok rows of `stride` bytes] = x [n_tok, n_cols] quantized to f; a prefill's rows over
+// the pool (a decode step's few rows are not worth a round trip).
+void quantize_rows(ActFormat f, const float* x, int64_t n_tok, int64_t n_cols, uint8_t* dst, size_t stride,
+                   ThreadPool* pool) {
+  constexpr int64_t kPoolMinRows = 16;
+  for_rows(n_tok >= kPoolMinRows ? pool : nullptr, n_tok, 4, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) detail::quantize_act(f, x + t * n_cols, dst + static_cast<size_t>(t) * stride, n_cols);
+  });
+}
+
 void ensure_blas_single_thread() {
   static std::once_flag once;
   std::call_once(once, [] { openblas_set_num_threads(1); });
@@ -192,10 +202,7 @@ void matmul(const WeightView& w, const float* x, int64_t n_tok, float* y, Thread
     if (f != ActFormat::kF32) {
       auto& buf = act_scratch();
       buf.resize(stride * static_cast<size_t>(n_tok));
-      for (int64_t t = 0; t < n_tok; ++t) {
-        detail::quantize_act(f, x + t * n_cols, buf.data() + static_cast<size_t>(t) * stride,
-                             n_cols);
-      }
+      quantize_rows(f, x, n_tok, n_cols, buf.data(), stride, pool);
       act = buf.data();
     }
     for_rows(pool, n_rows, kRowGrain, [&](int64_t r0, int64_t r1) {
@@ -261,8 +268,7 @@ void matmul_many(const WeightView* const* ws, float* const* ys, int n, const flo
     if (!quantized[fi]) {
       auto& buf = bufs[fi];
       buf.resize(stride[i] * static_cast<size_t>(n_tok));
-      for (int64_t t = 0; t < n_tok; ++t)
-        detail::quantize_act(f, x + t * n_cols, buf.data() + static_cast<size_t>(t) * stride[i], n_cols);
+      quantize_rows(f, x, n_tok, n_cols, buf.data(), stride[i], pool);
       quantized[fi] = buf.data();
     }
     act[i] = quantized[fi];
