@@ -291,7 +291,8 @@ void TokenCache::attend(int il, int64_t n_q, const float* q, const int32_t* q_po
   AttendJob job{L, q, q_pos, p, out, nkv, cfg_.head_dim_k, cfg_.head_dim_v, p.n_head / nkv};
   const int G = job.G;
   const int64_t n_base = n_q * nkv;
-  job.n_split = split_count(L, n_q, q_pos, p.sliding_window, pool ? pool->n_threads() : 1);
+  job.n_split = split_count(L, n_q, q_pos, p.sliding_window,
+                            p.split_threads > 0 ? p.split_threads : pool ? pool->n_threads() : 1);
   for (const Head& H : L.heads) job.part_stride = std::max(job.part_stride, slots_floats(H, G));
   // (thread_local scratch is only touched here and through plain pointers inside the pool's
   // tasks: a thread_local named there would be the worker's own instance.)

@@ -92,6 +92,10 @@ struct AttnParams {
   float scale = 0;         // multiplies q·k
   int sliding_window = 0;  // 0 = none; else key visible iff q_pos - k_pos < window
   float softcap = 0;       // 0 = none; else s = softcap * tanh(s / softcap)
+  // Threads the decode splits are sized for (0 = the pool's). A batched decode step attends its
+  // sequences in one pool job, each on one thread, sized as on the whole pool: the same pieces
+  // and merge order, so the same result bit for bit as when the sequence runs alone.
+  int split_threads = 0;
 };
 
 class KvCache {

@@ -67,6 +67,41 @@ TEST_P(BatchTest, BatchedDecodeEqualsSoloDecode) {
   }
 }
 
+// Decode steps of as many sequences as threads attend in one pool job, a sequence per thread;
+// at contexts long enough for the decode splits (2 x kMinSplit tokens and more) each piece and
+// merge must still be what the sequence gets on the whole pool alone.
+TEST_P(BatchTest, OneAttentionJobKeepsTheSoloSplits) {
+  test::TinyModelSpec spec = test::tiny_spec(GetParam(), 7);
+  spec.n_ctx_train = 2048;
+  const std::string dir = test::temp_dir("batch_long");
+  auto model = Model::load(test::write_tiny_model(spec, dir));
+  ThreadPool pool(2);
+  SessionParams p;
+  p.n_ctx = 2048;
+  p.n_batch = 256;
+  p.pool = &pool;
+  const int n_seq = 2;
+  std::vector<std::unique_ptr<Session>> solo, batched;
+  for (int s = 0; s < n_seq; ++s) {
+    solo.push_back(std::make_unique<Session>(*model, p));
+    batched.push_back(std::make_unique<Session>(*model, p));
+    solo[s]->prefill(tokens(1100 + 300 * s, s));
+    batched[s]->prefill(tokens(1100 + 300 * s, s));
+  }
+  for (int step = 0; step < 3; ++step) {
+    std::vector<int32_t> next(n_seq);
+    std::vector<SessionChunk> chunks;
+    for (int s = 0; s < n_seq; ++s) {
+      next[s] = (step * 17 + s * 31 + 2) % 250;
+      solo[s]->decode(next[s]);
+      chunks.push_back(SessionChunk{batched[s].get(), &next[s], 1, true});
+    }
+    Session::step_batch(chunks);
+    for (int s = 0; s < n_seq; ++s)
+      ASSERT_EQ(batched[s]->logits(), solo[s]->logits()) << "sequence " << s << " step " << step;
+  }
+}
+
 // A prefill chunk next to decode steps (the server's continuous batching): the prefill's own
 // logits and the decoding sequence's logits equal their solo runs bit for bit (the 20-token
 // chunk takes the GEMM path as it does alone; the decode row stays on the decode kernel).
