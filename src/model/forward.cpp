@@ -184,12 +184,18 @@ void Model::forward_batch(const std::vector<ForwardSeq>& seqs, ThreadPool* pool)
   const RowGroups groups = row_groups(seqs, row0);
   bool any_layer_io = false;
   for (const ForwardSeq& sq : seqs) any_layer_io |= sq.observer && sq.observer->wants_layer_io();
-  // A decode step of at least as many sequences as threads, none observed by a press: the
-  // sequences' attention (append + attend) runs as one pool job, a sequence per thread at a
-  // time, instead of one or two jobs per sequence and layer (the pool's round trips were ~20 %
-  // of a 4-stream SmolLM2 step). Observers stay on the caller's thread (the other path).
-  bool one_attention_job = pool && pool->n_threads() > 1 && seqs.size() >= static_cast<size_t>(pool->n_threads());
-  for (const ForwardSeq& sq : seqs) one_attention_job = one_attention_job && sq.n == 1 && !sq.observer;
+  // The decode rows of sequences no press observes, when there are at least as many as threads:
+  // their attention (append + attend) runs as one pool job, a sequence per thread at a time,
+  // instead of one or two jobs per sequence and layer (the pool's round trips were ~20 % of a
+  // 4-stream SmolLM2 step). Prefill chunks and observed sequences (their observers stay on the
+  // caller's thread) attend one by one on the whole pool, as alone.
+  std::vector<size_t> job_seqs, own_seqs;
+  for (size_t s = 0; s < seqs.size(); ++s) (seqs[s].n == 1 && !seqs[s].observer ? job_seqs : own_seqs).push_back(s);
+  if (!pool || pool->n_threads() < 2 || job_seqs.size() < static_cast<size_t>(pool->n_threads())) {
+    own_seqs.insert(own_seqs.end(), job_seqs.begin(), job_seqs.end());
+    std::sort(own_seqs.begin(), own_seqs.end());
+    job_seqs.clear();
+  }
 
   for (int il = 0; il < hp.n_layer; ++il) {
     const LayerWeights& w = layers_[il];
@@ -250,15 +256,15 @@ void Model::forward_batch(const std::vector<ForwardSeq>& seqs, ThreadPool* pool)
       if (sq.observer) sq.observer->after_append(il, *sq.cache);
       sq.cache->attend(il, sq.n, q, pos, a, watt + r * n_o, p);
     };
-    if (one_attention_job) {
+    if (!job_seqs.empty()) {
       AttnParams one = ap;
       one.split_threads = pool->n_threads();
-      for_range(pool, static_cast<int64_t>(seqs.size()), 1, [&](int64_t b, int64_t e) {
-        for (int64_t s = b; s < e; ++s) seq_attention(static_cast<size_t>(s), nullptr, one);
+      const size_t* js = job_seqs.data();
+      for_range(pool, static_cast<int64_t>(job_seqs.size()), 1, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) seq_attention(js[i], nullptr, one);
       });
-    } else {
-      for (size_t s = 0; s < seqs.size(); ++s) seq_attention(s, pool, ap);
     }
+    for (size_t s : own_seqs) seq_attention(s, pool, ap);
     // x += [post_norm](att·Woᵀ)
     project_groups(w.wo, ws.att.data(), groups, xb, pool);
     if (w.post_attn_norm.data) rms_norm_rows(xb, w.post_attn_norm, xb, n, n_embd, hp.norm_eps);

@@ -123,6 +123,27 @@ TEST_P(BatchTest, PrefillChunkBesideDecodeSteps) {
   EXPECT_EQ(b.logits(), b_solo.logits());
 }
 
+// Two decode rows (as many as threads: they attend in one pool job) beside a prefill chunk
+// (it attends alone on the pool): every session still gets its solo logits.
+TEST_P(BatchTest, DecodeJobBesidePrefillChunk) {
+  ThreadPool pool(2);
+  SessionParams p = params(&pool);
+  p.n_batch = 32;
+  Session a_solo(*model_, p), b_solo(*model_, p), c_solo(*model_, p), a(*model_, p), b(*model_, p), c(*model_, p);
+  for (Session* s : {&a_solo, &a}) s->prefill(tokens(9, 1));
+  for (Session* s : {&c_solo, &c}) s->prefill(tokens(14, 4));
+  const std::vector<int32_t> prompt = tokens(20, 2);
+  b_solo.prefill(prompt);
+  const int32_t ta = 42, tc = 7;
+  a_solo.decode(ta);
+  c_solo.decode(tc);
+  Session::step_batch({SessionChunk{&a, &ta, 1, true}, SessionChunk{&b, prompt.data(), 20, false},
+                       SessionChunk{&c, &tc, 1, true}});
+  EXPECT_EQ(a.logits(), a_solo.logits());
+  EXPECT_EQ(b.logits(), b_solo.logits());
+  EXPECT_EQ(c.logits(), c_solo.logits());
+}
+
 // Press hooks run per session in a batch: a press that plans during prefill (streaming_llm
 // keeps sink + window) and one decoding uncompressed, batched, equal their solo runs.
 TEST_P(BatchTest, PressesActPerSession) {
