@@ -23,6 +23,28 @@ std::vector<int32_t> tokens(int n, int salt) {
   return t;
 }
 
+// Pairs of sessions (solo[s], batched[s]) with the same history decode `steps` more tokens: the
+// solo ones one by one, the batched ones in one step_batch per token; every batched session
+// must get its solo logits bit for bit.
+void decode_together_equals_solo(const std::vector<std::unique_ptr<Session>>& solo,
+                                 const std::vector<std::unique_ptr<Session>>& batched, int steps, int salt) {
+  const size_t n_seq = solo.size();
+  for (int step = 0; step < steps; ++step) {
+    std::vector<int32_t> next(n_seq);
+    std::vector<SessionChunk> chunks;
+    for (size_t s = 0; s < n_seq; ++s) {
+      next[s] = static_cast<int32_t>((step * 13 + static_cast<int>(s) * 29 + salt) % 250);
+      solo[s]->decode(next[s]);
+      chunks.push_back(SessionChunk{batched[s].get(), &next[s], 1, true});
+    }
+    Session::step_batch(chunks);
+    for (size_t s = 0; s < n_seq; ++s) {
+      ASSERT_EQ(batched[s]->n_past(), solo[s]->n_past());
+      ASSERT_EQ(batched[s]->logits(), solo[s]->logits()) << "sequence " << s << " step " << step;
+    }
+  }
+}
+
 class BatchTest : public ::testing::TestWithParam<Arch> {
  protected:
   void SetUp() override {
@@ -51,20 +73,7 @@ TEST_P(BatchTest, BatchedDecodeEqualsSoloDecode) {
     solo[s]->prefill(tokens(5 + 7 * s, s));
     batched[s]->prefill(tokens(5 + 7 * s, s));
   }
-  for (int step = 0; step < 6; ++step) {
-    std::vector<int32_t> next(n_seq);
-    std::vector<SessionChunk> chunks;
-    for (int s = 0; s < n_seq; ++s) {
-      next[s] = (step * 13 + s * 29 + 1) % 250;
-      solo[s]->decode(next[s]);
-      chunks.push_back(SessionChunk{batched[s].get(), &next[s], 1, true});
-    }
-    Session::step_batch(chunks);
-    for (int s = 0; s < n_seq; ++s) {
-      ASSERT_EQ(batched[s]->n_past(), solo[s]->n_past());
-      ASSERT_EQ(batched[s]->logits(), solo[s]->logits()) << "sequence " << s << " step " << step;
-    }
-  }
+  decode_together_equals_solo(solo, batched, 6, 1);
 }
 
 // Decode steps of as many sequences as threads attend in one pool job, a sequence per thread;
@@ -88,18 +97,7 @@ TEST_P(BatchTest, OneAttentionJobKeepsTheSoloSplits) {
     solo[s]->prefill(tokens(1100 + 300 * s, s));
     batched[s]->prefill(tokens(1100 + 300 * s, s));
   }
-  for (int step = 0; step < 3; ++step) {
-    std::vector<int32_t> next(n_seq);
-    std::vector<SessionChunk> chunks;
-    for (int s = 0; s < n_seq; ++s) {
-      next[s] = (step * 17 + s * 31 + 2) % 250;
-      solo[s]->decode(next[s]);
-      chunks.push_back(SessionChunk{batched[s].get(), &next[s], 1, true});
-    }
-    Session::step_batch(chunks);
-    for (int s = 0; s < n_seq; ++s)
-      ASSERT_EQ(batched[s]->logits(), solo[s]->logits()) << "sequence " << s << " step " << step;
-  }
+  decode_together_equals_solo(solo, batched, 3, 2);
 }
 
 // A prefill chunk next to decode steps (the server's continuous batching): the prefill's own
