@@ -189,13 +189,11 @@ void Model::forward_batch(const std::vector<ForwardSeq>& seqs, ThreadPool* pool)
   // instead of one or two jobs per sequence and layer (the pool's round trips were ~20 % of a
   // 4-stream SmolLM2 step). Prefill chunks and observed sequences (their observers stay on the
   // caller's thread) attend one by one on the whole pool, as alone.
-  std::vector<size_t> job_seqs, own_seqs;
-  for (size_t s = 0; s < seqs.size(); ++s) (seqs[s].n == 1 && !seqs[s].observer ? job_seqs : own_seqs).push_back(s);
-  if (!pool || pool->n_threads() < 2 || job_seqs.size() < static_cast<size_t>(pool->n_threads())) {
-    own_seqs.insert(own_seqs.end(), job_seqs.begin(), job_seqs.end());
-    std::sort(own_seqs.begin(), own_seqs.end());
-    job_seqs.clear();
-  }
+  auto joins_job = [](const ForwardSeq& sq) { return sq.n == 1 && !sq.observer; };
+  std::vector<size_t> job_seqs;
+  for (size_t s = 0; s < seqs.size(); ++s)
+    if (joins_job(seqs[s])) job_seqs.push_back(s);
+  if (!pool || pool->n_threads() < 2 || job_seqs.size() < static_cast<size_t>(pool->n_threads())) job_seqs.clear();
 
   for (int il = 0; il < hp.n_layer; ++il) {
     const LayerWeights& w = layers_[il];
@@ -264,7 +262,8 @@ void Model::forward_batch(const std::vector<ForwardSeq>& seqs, ThreadPool* pool)
         for (int64_t i = b; i < e; ++i) seq_attention(js[i], nullptr, one);
       });
     }
-    for (size_t s : own_seqs) seq_attention(s, pool, ap);
+    for (size_t s = 0; s < seqs.size(); ++s)
+      if (job_seqs.empty() || !joins_job(seqs[s])) seq_attention(s, pool, ap);
     // x += [post_norm](att·Woᵀ)
     project_groups(w.wo, ws.att.data(), groups, xb, pool);
     if (w.post_attn_norm.data) rms_norm_rows(xb, w.post_attn_norm, xb, n, n_embd, hp.norm_eps);
