@@ -142,7 +142,7 @@ struct AttendJob {
         acc.resize(static_cast<size_t>(R) * aw);
         ml.resize(2 * static_cast<size_t>(R));
         attend_rows_multi(S.k, S.v, *S.enc, qk.data(), R, p.scale, p.softcap, lo.data(), hi.data(), acc.data(),
-                          ml.data(), ml.data() + R);
+                          ml.data(), ml.data() + R, segment_positions(L, H, si));
         for (int64_t i = 0; i < nq; ++i) {  // query i's G rows into its slot
           float* slot = parts + ((i0 + i) * nkv + ih) * part_stride + off;
           std::copy_n(acc.data() + i * G * aw, static_cast<int64_t>(G) * aw, slot);
@@ -180,7 +180,8 @@ struct AttendJob {
         const auto [lo, hi] = visible_run(segment_positions(L, H, si), S.n(), q_pos[iq], p.sliding_window);
         const int64_t len = hi - lo;
         const int64_t t0 = lo + len * s / n_split, t1 = lo + len * (s + 1) / n_split;
-        attend_rows(S.k, S.v, *S.enc, qp[si], G, p.scale, p.softcap, t0, t1, acc, m, l);
+        attend_rows(S.k, S.v, *S.enc, qp[si], G, p.scale, p.softcap, t0, t1, acc, m, l,
+                    segment_positions(L, H, si));
       }
     }
   }

@@ -18,6 +18,7 @@ SideEncoding make_side(const SideSpec& sp, int d, KvDtype dflt, bool keys) {
   s.d = d;
   s.dtype = sp.dtype.value_or(dflt);
   if (sp.has_basis()) s.basis = intern_basis(d, sp.rank, sp.basis, sp.decoder);
+  if (keys) s.rope = sp.rope;
   const ChannelSpec& c = sp.channels;
   if (!c.subset.empty()) {
     s.mode = ChannelMode::kSubset;
@@ -57,7 +58,7 @@ SideEncoding make_side(const SideSpec& sp, int d, KvDtype dflt, bool keys) {
 bool same_side(const SideEncoding& a, const SideEncoding& b) {
   return a.d == b.d && a.basis == b.basis && a.mode == b.mode && a.subset == b.subset &&
          a.topk == b.topk && a.by_magnitude == b.by_magnitude && a.sparse_code == b.sparse_code && a.bitmask == b.bitmask && a.recovery == b.recovery && a.fill == b.fill && a.dtype == b.dtype && a.dist == b.dist &&
-         a.seed == b.seed && a.rec_sqrt == b.rec_sqrt;
+         a.seed == b.seed && a.rec_sqrt == b.rec_sqrt && a.rope == b.rope;
 }
 
 // Per-token channel rows of a spec: start of each row in token_channels, and its length.
@@ -105,9 +106,10 @@ void push_side(SideStore& st, const SideEncoding& e, const float* c, const Rows&
 
 // Encodes the rows x [n, d] of one side (rows ldx apart) into st: through the basis and the
 // channel stage (plan_rows[j]: row j's row in the plan's per-token arrays; nullptr = none), or,
-// sparse-coded, by OMP over the dictionary, all rows in one batch.
+// sparse-coded, by OMP over the dictionary, all rows in one batch. pos [n]: the rows' positions
+// (read by a pre-RoPE key basis only).
 void push_rows(SideStore& st, const SideEncoding& e, const float* x, int64_t n, int64_t ldx,
-               const Rows& rows, const int32_t* plan_rows) {
+               const Rows& rows, const int32_t* plan_rows, const int32_t* pos) {
   const int w = e.width();
   thread_local std::vector<float> c;
   if (e.sparse_code) {
@@ -127,7 +129,7 @@ void push_rows(SideStore& st, const SideEncoding& e, const float* x, int64_t n, 
     return;
   }
   c.resize(static_cast<size_t>(n * w));
-  e.to_coords(x, n, ldx, c.data());
+  e.to_coords(x, n, ldx, c.data(), pos);
   for (int64_t j = 0; j < n; ++j)
     push_side(st, e, c.data() + j * w, rows, plan_rows ? static_cast<size_t>(plan_rows[j]) : 0);
 }
@@ -270,11 +272,11 @@ void TokenCache::apply_head(Layer& L, Head& H, const HeadPlan& hp) {
     ns.pos.resize(static_cast<size_t>(n));
     for (int64_t r = 0; r < n; ++r) {
       const int64_t j = reenc[static_cast<size_t>(r)];
-      read_row(H, 0, j, kf.data() + r * dk, vf.data() + r * dv);
       ns.pos[static_cast<size_t>(r)] = D.pos[static_cast<size_t>(j)];
+      read_row(H, 0, j, ns.pos[static_cast<size_t>(r)], kf.data() + r * dk, vf.data() + r * dv);
     }
-    push_rows(ns.k, e.k, kf.data(), n, dk, rk, reenc_row.data());
-    push_rows(ns.v, e.v, vf.data(), n, dv, rv, reenc_row.data());
+    push_rows(ns.k, e.k, kf.data(), n, dk, rk, reenc_row.data(), ns.pos.data());
+    push_rows(ns.v, e.v, vf.data(), n, dv, rv, reenc_row.data(), ns.pos.data());
   }
   for (size_t sg = 0; sg < H.segs.size(); ++sg) {
     Segment& S = H.segs[sg];
@@ -303,14 +305,14 @@ Segment& TokenCache::current_segment(Head& H) const {
 }
 
 void TokenCache::encode_into(Segment& S, int64_t n, const float* k, int64_t ldk, const float* v,
-                             int64_t ldv) const {
+                             int64_t ldv, const int32_t* pos) const {
   const SegmentEncoding& e = *S.enc;
   const int64_t rows = S.n() + n;
   reserve(S, rows, e.k.per_token() ? rows * e.k.topk : 0, e.v.per_token() ? rows * e.v.topk : 0);
   static const ChannelSpec none;
   const Rows no_rows(none);
-  push_rows(S.k, e.k, k, n, ldk, no_rows, nullptr);
-  push_rows(S.v, e.v, v, n, ldv, no_rows, nullptr);
+  push_rows(S.k, e.k, k, n, ldk, no_rows, nullptr, pos);
+  push_rows(S.v, e.v, v, n, ldv, no_rows, nullptr, pos);
 }
 
 void TokenCache::spill_buffer(Head& H, int64_t keep) const {
@@ -321,9 +323,11 @@ void TokenCache::spill_buffer(Head& H, int64_t keep) const {
   thread_local std::vector<float> kf, vf;
   kf.resize(static_cast<size_t>(out * dk));
   vf.resize(static_cast<size_t>(out * dv));
-  for (int64_t j = 0; j < out; ++j) read_row(H, 0, first + j, kf.data() + j * dk, vf.data() + j * dv);
+  const std::vector<int32_t> spos(H.segs[0].pos.begin() + first, H.segs[0].pos.begin() + first + out);
+  for (int64_t j = 0; j < out; ++j)
+    read_row(H, 0, first + j, spos[static_cast<size_t>(j)], kf.data() + j * dk, vf.data() + j * dv);
   Segment& S = current_segment(H);  // may grow H.segs: segs[0] is looked up again below
-  encode_into(S, out, kf.data(), dk, vf.data(), dv);
+  encode_into(S, out, kf.data(), dk, vf.data(), dv, spos.data());
   Segment& D0 = H.segs[0];
   S.pos.insert(S.pos.end(), D0.pos.begin() + first, D0.pos.begin() + first + out);
   D0.k.erase_rows(first, out);
@@ -385,21 +389,21 @@ void TokenCache::bound_live_bases(Head& H) const {
   // coords[si] = {k [n, w_k], v [n, w_v]}.
   std::vector<std::pair<std::vector<float>, std::vector<float>>> coords(H.segs.size());
   auto side_coords = [](const SideStore& src, const SideEncoding& se, const SideEncoding& de,
-                        int64_t n, int d) {
+                        int64_t n, int d, const int32_t* pos) {
     std::vector<float> c(static_cast<size_t>(n * se.width()));
     for (int64_t j = 0; j < n; ++j) src.get(se, j, c.data() + j * se.width());
     if (same_side(se, de)) return c;  // same encoding (whole sides): decoded and re-encoded
     std::vector<float> x(static_cast<size_t>(n * d)), c2(static_cast<size_t>(n * de.width()));
-    se.from_coords(c.data(), n, x.data(), d);
-    de.to_coords(x.data(), n, d, c2.data());
+    se.from_coords(c.data(), n, x.data(), d, pos);
+    de.to_coords(x.data(), n, d, c2.data(), pos);
     return c2;
   };
   std::vector<size_t> srcs = from;
   srcs.push_back(ti);
   for (size_t si : srcs) {
     const Segment& S = H.segs[si];
-    coords[si] = {side_coords(S.k, S.enc->k, te.k, S.n(), cfg_.head_dim_k),
-                  side_coords(S.v, S.enc->v, te.v, S.n(), cfg_.head_dim_v)};
+    coords[si] = {side_coords(S.k, S.enc->k, te.k, S.n(), cfg_.head_dim_k, S.pos.data()),
+                  side_coords(S.v, S.enc->v, te.v, S.n(), cfg_.head_dim_v, S.pos.data())};
   }
   for (const auto& [p, sj] : rows) {
     const auto& [ck, cv] = coords[sj.first];

@@ -9,6 +9,7 @@
 #include <map>
 #include <mutex>
 
+#include "core/error.h"
 #include "kv/attn_kernels.h"
 #include "kv/quant_formats.h"
 #include "kv/sparse_code.h"
@@ -74,7 +75,76 @@ float SideEncoding::pruned_magnitude(const float* f, int i) const {
   return recovery_draw(dist, seed, f[0], dist == RecoveryDist::kGaussian ? f[1] : 0.f, i, rec_sqrt);
 }
 
-void SideEncoding::to_coords(const float* x, int64_t n, int64_t ldx, float* c) const {
+void rope_rows(const RopeSpec& r, float* x, int64_t n, int64_t ldx, const int32_t* pos, bool inverse) {
+  const int half = r.n_rot / 2;
+  // cos / sin of pos·ω_i as (hi·256 + lo)·ω_i: the lo table (256 positions) once per spec and
+  // thread, the hi row when it changes (rows come in position order), one complex product each
+  struct Tables {
+    RopeSpec spec;
+    std::vector<double> omega;
+    std::vector<float> lc, ls;  // [256, half]
+    int32_t hi = -1;
+    std::vector<float> hc, hs;  // [half] at hi · 256
+  };
+  thread_local Tables t;
+  if (!(t.spec == r) || t.omega.empty()) {
+    t.spec = r;
+    t.omega.resize(static_cast<size_t>(half));
+    for (int i = 0; i < half; ++i)
+      t.omega[static_cast<size_t>(i)] =
+          std::pow(static_cast<double>(r.base), -2.0 * i / static_cast<double>(r.n_rot)) *
+          static_cast<double>(r.freq_scale);
+    t.lc.resize(static_cast<size_t>(256 * half));
+    t.ls.resize(t.lc.size());
+    for (int l = 0; l < 256; ++l)
+      for (int i = 0; i < half; ++i) {
+        const double a = l * t.omega[static_cast<size_t>(i)];
+        t.lc[static_cast<size_t>(l * half + i)] = static_cast<float>(std::cos(a));
+        t.ls[static_cast<size_t>(l * half + i)] = static_cast<float>(std::sin(a));
+      }
+    t.hi = -1;
+    t.hc.resize(static_cast<size_t>(half));
+    t.hs.resize(static_cast<size_t>(half));
+  }
+  const float sgn = inverse ? -1.f : 1.f;
+  for (int64_t j = 0; j < n; ++j) {
+    const int32_t p = pos[j];
+    KVTRIM_ASSERT(p >= 0);
+    const int32_t hi = p >> 8, lo = p & 255;
+    if (hi != t.hi) {
+      for (int i = 0; i < half; ++i) {
+        const double a = static_cast<double>(hi) * 256.0 * t.omega[static_cast<size_t>(i)];
+        t.hc[static_cast<size_t>(i)] = static_cast<float>(std::cos(a));
+        t.hs[static_cast<size_t>(i)] = static_cast<float>(std::sin(a));
+      }
+      t.hi = hi;
+    }
+    const float* lc = t.lc.data() + static_cast<int64_t>(lo) * half;
+    const float* ls = t.ls.data() + static_cast<int64_t>(lo) * half;
+    float* row = x + j * ldx;
+    for (int i = 0; i < half; ++i) {
+      const float c = t.hc[static_cast<size_t>(i)] * lc[i] - t.hs[static_cast<size_t>(i)] * ls[i];
+      const float sn = sgn * (t.hs[static_cast<size_t>(i)] * lc[i] + t.hc[static_cast<size_t>(i)] * ls[i]);
+      const int i0 = r.neox ? i : 2 * i, i1 = r.neox ? i + half : 2 * i + 1;
+      const float x0 = row[i0], x1 = row[i1];
+      row[i0] = x0 * c - x1 * sn;
+      row[i1] = x0 * sn + x1 * c;
+    }
+  }
+}
+
+void SideEncoding::to_coords(const float* x, int64_t n, int64_t ldx, float* c, const int32_t* pos) const {
+  if (rope) {  // c = Uᵀ R_pos⁻¹ x
+    KVTRIM_ASSERT(basis && pos);
+    thread_local std::vector<float> xr;
+    xr.resize(static_cast<size_t>(n * d));
+    for (int64_t j = 0; j < n; ++j) std::copy(x + j * ldx, x + j * ldx + d, xr.data() + j * d);
+    rope_rows(*rope, xr.data(), n, d, pos, /*inverse=*/true);
+    const int r = basis->r;
+    std::fill(c, c + n * r, 0.f);
+    attn_accum_f32(xr.data(), static_cast<int>(n), d, basis->enc.data(), d, r, c);
+    return;
+  }
   if (!basis) {
     for (int64_t j = 0; j < n; ++j) std::copy(x + j * ldx, x + j * ldx + d, c + j * d);
     return;
@@ -86,6 +156,7 @@ void SideEncoding::to_coords(const float* x, int64_t n, int64_t ldx, float* c) c
 }
 
 void SideEncoding::query_coords(const float* q, int64_t n, float* qc) const {
+  KVTRIM_ASSERT(!rope);
   if (!basis) {
     std::copy(q, q + n * d, qc);
     return;
@@ -95,13 +166,17 @@ void SideEncoding::query_coords(const float* q, int64_t n, float* qc) const {
   attn_accum_f32(q, static_cast<int>(n), d, basis->decoder().data(), d, r, qc);
 }
 
-void SideEncoding::from_coords(const float* c, int64_t n, float* x, int64_t ldx) const {
+void SideEncoding::from_coords(const float* c, int64_t n, float* x, int64_t ldx, const int32_t* pos) const {
   if (!basis) {
     for (int64_t j = 0; j < n; ++j) std::copy(c + j * d, c + (j + 1) * d, x + j * ldx);
     return;
   }
   // x[j, i] = Σ_k D[i, k] c[j, k]
   rows_dot_f32(basis->decoder().data(), d, basis->r, c, static_cast<int>(n), basis->r, x, ldx);
+  if (rope) {
+    KVTRIM_ASSERT(pos);
+    rope_rows(*rope, x, n, ldx, pos, /*inverse=*/false);
+  }
 }
 
 }  // namespace kvtrim::kv

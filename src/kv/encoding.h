@@ -13,6 +13,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "kv/kv_types.h"
@@ -38,6 +39,11 @@ std::shared_ptr<const BasisMat> intern_basis(int d, int r, const std::vector<flo
 // interned basis; d a power of two.
 std::shared_ptr<const BasisMat> hadamard_basis(int d);
 
+// Rotates the first n_rot coordinates of each row of x [n, rows ldx apart] by the RoPE of r at
+// the row's position pos[j] >= 0 (inverse: back), as ops/nn.h rope does; its cos / sin come from
+// two float tables per thread (within ~1e-6 of rope's).
+void rope_rows(const RopeSpec& r, float* x, int64_t n, int64_t ldx, const int32_t* pos, bool inverse);
+
 enum class ChannelMode : uint8_t { kAll, kSubset, kPerToken };
 
 // One side (keys or values) of an encoding.
@@ -59,6 +65,10 @@ struct SideEncoding {
   uint32_t seed = 0;
   bool rec_sqrt = false;
   KvDtype dtype = KvDtype::kF16;
+  // keys with a basis and all channels: the basis describes the key before RoPE (plan.h
+  // SideSpec::rope, Palu): to_coords undoes each token's rotation, from_coords redoes it, and
+  // attention reconstructs the keys (segment_attend.cpp) instead of projecting the query.
+  std::optional<RopeSpec> rope;
 
   int width() const { return basis ? basis->r : d; }
   // Elements of a dense stored row: width(), or |subset|; per-token rows have their own count.
@@ -90,12 +100,15 @@ struct SideEncoding {
   // sparse_code: the OMP codes of x [n, d] (rows ldx apart) over the basis's atoms: idx [n, topk]
   // (increasing) and coef [n, topk].
   void sparse_encode(const float* x, int64_t n, int64_t ldx, int32_t* idx, float* coef) const;
-  // c [n, width()] = x [n, d] (rows ldx apart) through the basis.
-  void to_coords(const float* x, int64_t n, int64_t ldx, float* c) const;
+  // c [n, width()] = x [n, d] (rows ldx apart) through the basis. pos [n]: the tokens'
+  // positions, needed (and only read) with a rope: c = Uᵀ R_pos⁻¹ x.
+  void to_coords(const float* x, int64_t n, int64_t ldx, float* c, const int32_t* pos = nullptr) const;
   // The query seen by stored coordinates: qc [n, width()] = q [n, d] · D (D = decoder or U).
+  // Not for rope sides (their attention sees the whole query).
   void query_coords(const float* q, int64_t n, float* qc) const;
-  // x [n, d] = D · c [n, width()] (rows ldx apart): back from coordinates (values, read_head).
-  void from_coords(const float* c, int64_t n, float* x, int64_t ldx) const;
+  // x [n, d] = D · c [n, width()] (rows ldx apart): back from coordinates (values, read_head);
+  // with a rope, x = R_pos (D · c) at the positions pos [n].
+  void from_coords(const float* c, int64_t n, float* x, int64_t ldx, const int32_t* pos = nullptr) const;
 };
 
 // The encoding of one segment of a head: keys and values. id: the epoch id (unique in the

@@ -26,6 +26,17 @@ enum class RecoveryDist : unsigned char { kFill, kGaussian, kExponential };
 //         the plan's mean count), else a list.
 enum class IndexLayout : unsigned char { kAuto, kList, kBitmask };
 
+// The rotary embedding of a layer's keys (ops/nn.h rope): the first n_rot coordinates rotate in
+// pairs (neox: (i, i + n_rot/2), else (2i, 2i+1)) by pos · base^(-2i/n_rot) · freq_scale.
+// A key basis with a RopeSpec (plan.h SideSpec::rope) describes the key before RoPE (Palu).
+struct RopeSpec {
+  int n_rot = 0;
+  float base = 10000.f;
+  float freq_scale = 1.f;
+  bool neox = false;
+  bool operator==(const RopeSpec&) const = default;
+};
+
 const char* kv_dtype_name(KvDtype t);
 // Parses a cache type name: f32, f16, bf16, q8 (also q8_0, llama.cpp's name), fp8 (also
 // fp8_e4m3), q4 (also q4_0). Throws Error naming the accepted names otherwise.

@@ -190,6 +190,16 @@ void validate_head_plan(const HeadPlan& hp, const HeadShape& s) {
   const int64_t n = s.n_tokens;
   check_basis(hp.key, s.head_dim_k, "key", s);
   check_basis(hp.value, s.head_dim_v, "value", s);
+  PLAN_CHECK(!hp.value.rope, "a value basis cannot have a RoPE spec (only keys are rotated)");
+  if (hp.key.rope) {
+    const RopeSpec& r = *hp.key.rope;
+    PLAN_CHECK(hp.key.has_basis() && !hp.key.channels.set() && !hp.key.channels.sparse_code,
+               "a pre-RoPE key basis (rope) needs a basis and all channels");
+    PLAN_CHECK(r.n_rot >= 2 && r.n_rot % 2 == 0 && r.n_rot <= s.head_dim_k,
+               "key RoPE n_rot %d must be even and in [2, head_dim %d]", r.n_rot, s.head_dim_k);
+    PLAN_CHECK(std::isfinite(r.base) && r.base > 0 && std::isfinite(r.freq_scale) && r.freq_scale > 0,
+               "key RoPE base %g and freq_scale %g must be finite and positive", r.base, r.freq_scale);
+  }
   const size_t rows = hp.keep_all ? static_cast<size_t>(n) : hp.keep.size();
   check_channels(hp.key.channels, hp.key.rank > 0 ? hp.key.rank : s.head_dim_k, s.head_dim_k,
                  hp.key.has_basis(), true, rows, "key", s);
@@ -293,6 +303,7 @@ SideSpec compose_side(const SideSpec& a, const SideSpec& b, bool b_keeps_all,
   o.rank = bs.rank;
   o.basis = bs.basis;
   o.decoder = bs.decoder;
+  o.rope = bs.rope;
   o.dtype = a.dtype ? a.dtype : b.dtype;
   if (b.channels.set()) {
     o.channels = b.channels;  // b's rows follow b's keep order, which is the result's

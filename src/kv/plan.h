@@ -72,10 +72,15 @@ struct ChannelSpec {
 //  With sparse-coded channels the basis is a dictionary: rank = N atoms (any N >= 1, more than d
 //  allowed), columns of unit norm (| |D_j| - 1 | <= 1e-3), no decoder.
 //  dtype: the precision of this epoch's stored elements (default: the cache's type for the side).
+//  rope (keys only, with a basis and all channels): the basis describes the key before its
+//  rotary embedding (Palu's latent): the cache undoes the RoPE of each token's key at the
+//  token's position before projecting, c = basisᵀ R_pos⁻¹ k, and attention reads the key as
+//  R_pos (basis·c), reconstructed per token (no projected query can see a per-position rotation).
 struct SideSpec {
   int rank = 0;
   std::vector<float> basis;
   std::vector<float> decoder;
+  std::optional<RopeSpec> rope;
   ChannelSpec channels;
   std::optional<KvDtype> dtype;
   bool has_basis() const { return rank != 0 || !basis.empty() || !decoder.empty(); }

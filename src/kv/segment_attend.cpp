@@ -46,6 +46,21 @@ void dense_scores(const SideStore& k, const float* qs, int G, int64_t b, int64_t
   }
 }
 
+// s[g, t - b] = qs_g · R_pos[t] (D · c_t) for rows [b, b + nb) of a pre-RoPE key basis: the
+// block's keys reconstructed in f32 (a per-position rotation leaves no query projection that
+// could see the stored coefficients), then scored as dense rows.
+void rope_key_scores(const SideStore& k, const SideEncoding& e, const float* qs, int G,
+                     const int32_t* pos, int64_t b, int64_t nb, float* s, int64_t ld) {
+  KVTRIM_ASSERT(pos && !k.sparse());
+  const int w = e.width(), d = e.d;
+  thread_local std::vector<float> c, x;
+  c.resize(static_cast<size_t>(nb * w));
+  x.resize(static_cast<size_t>(nb * d));
+  for (int64_t j = 0; j < nb; ++j) k.get(e, b + j, c.data() + j * w);
+  e.from_coords(c.data(), nb, x.data(), d, pos + b);
+  rows_dot_f32(x.data(), nb, d, qs, G, d, s, ld);
+}
+
 SparseType sparse_type(KvDtype t) {
   switch (t) {
     case KvDtype::kF32:
@@ -345,9 +360,16 @@ void softmax_step(float* sv, int64_t w, float softcap, float* acc, int aw, float
 
 }  // namespace
 
-int key_query_width(const SideEncoding& k) { return k.per_token() ? k.width() : k.stored(); }
+int key_query_width(const SideEncoding& k) {
+  if (k.rope) return k.d;
+  return k.per_token() ? k.width() : k.stored();
+}
 
 void key_query(const SideEncoding& k, const float* q, int G, float* qk) {
+  if (k.rope) {  // the reconstructed keys meet the query itself
+    std::copy(q, q + static_cast<int64_t>(G) * k.d, qk);
+    return;
+  }
   if (k.mode != ChannelMode::kSubset) {
     k.query_coords(q, G, qk);
     return;
@@ -361,6 +383,7 @@ void key_query(const SideEncoding& k, const float* q, int G, float* qk) {
 }
 
 bool same_key_query(const SideEncoding& a, const SideEncoding& b) {
+  if (a.rope || b.rope) return a.rope.has_value() && b.rope.has_value() && a.d == b.d;
   return a.basis == b.basis && a.d == b.d && (a.mode == ChannelMode::kSubset) == (b.mode == ChannelMode::kSubset) &&
          a.subset == b.subset;
 }
@@ -369,7 +392,7 @@ int slot_width(const SegmentEncoding& e) { return value_stored(e.v) + (e.v.fill 
 
 void attend_rows(const SideStore& k, const SideStore& v, const SegmentEncoding& e, const float* qk,
                  int G, float scale, float softcap, int64_t t0, int64_t t1, float* acc, float* m,
-                 float* l) {
+                 float* l, const int32_t* pos) {
   const int kw = key_query_width(e.k), aw = slot_width(e);
   // scaled queries [G, kw]; recovery weights qr = qs ∘ r [G, kw]; scores [G, kBlock]
   thread_local std::vector<float> qs, qr, s;
@@ -396,7 +419,9 @@ void attend_rows(const SideStore& k, const SideStore& v, const SegmentEncoding& 
   for (int64_t b = t0; b < t1; b += kBlock) {
     const int64_t nb = std::min(kBlock, t1 - b);
     // s[g, t] = scale · q_g · k_t
-    if (k.sparse()) {
+    if (e.k.rope) {
+      rope_key_scores(k, e.k, qs.data(), G, pos, b, nb, s.data(), kBlock);
+    } else if (k.sparse()) {
       sparse_scores(k, e.k, kw, qs.data(), rec ? qr.data() : nullptr, rt, G, b, nb, s.data(), kBlock);
     } else {
       dense_scores(k, qs.data(), G, b, nb, s.data(), kBlock);
@@ -416,7 +441,7 @@ void attend_rows(const SideStore& k, const SideStore& v, const SegmentEncoding& 
 
 void attend_rows_multi(const SideStore& k, const SideStore& v, const SegmentEncoding& e, const float* qk,
                        int R, float scale, float softcap, const int64_t* lo, const int64_t* hi, float* acc,
-                       float* m, float* l) {
+                       float* m, float* l, const int32_t* pos) {
   KVTRIM_ASSERT(!k.sparse() && !v.sparse());
   const int kw = key_query_width(e.k), aw = slot_width(e);
   KVTRIM_ASSERT(aw == v.row_elems());
@@ -437,7 +462,11 @@ void attend_rows_multi(const SideStore& k, const SideStore& v, const SegmentEnco
   for (int64_t b = t0; b < t1; b += kBlock) {
     const int64_t nb = std::min(kBlock, t1 - b);
     // s[r, t] = scale · q_r · k_t for every row, then each row's softmax step over its part
-    dense_scores(k, qs.data(), R, b, nb, s.data(), kBlock);
+    if (e.k.rope) {
+      rope_key_scores(k, e.k, qs.data(), R, pos, b, nb, s.data(), kBlock);
+    } else {
+      dense_scores(k, qs.data(), R, b, nb, s.data(), kBlock);
+    }
     bool any = false;
     for (int r = 0; r < R; ++r) {
       float* sr = s.data() + static_cast<int64_t>(r) * kBlock;

@@ -27,9 +27,10 @@ int slot_width(const SegmentEncoding& e);
 
 // Rows [t0, t1) of segment stores (k, v) with encoding e for the group's G query heads:
 // qk [G, key_query_width] (unscaled), slot acc [G, slot_width] / m [G] / l [G] (initialised here).
+// pos: the segment's positions (read by a pre-RoPE key basis only).
 void attend_rows(const SideStore& k, const SideStore& v, const SegmentEncoding& e, const float* qk,
                  int G, float scale, float softcap, int64_t t0, int64_t t1, float* acc, float* m,
-                 float* l);
+                 float* l, const int32_t* pos);
 
 // The same for R query rows at once over dense key and value stores (neither sparse), each
 // row r over its own visible rows [lo[r], hi[r]) (empty when lo >= hi: m = -inf, acc = 0):
@@ -38,7 +39,7 @@ void attend_rows(const SideStore& k, const SideStore& v, const SegmentEncoding& 
 // tiles of attend.cpp). qk [R, key_query_width] (unscaled), acc [R, slot_width], m [R], l [R].
 void attend_rows_multi(const SideStore& k, const SideStore& v, const SegmentEncoding& e, const float* qk,
                        int R, float scale, float softcap, const int64_t* lo, const int64_t* hi, float* acc,
-                       float* m, float* l);
+                       float* m, float* l, const int32_t* pos);
 
 // out [G, dv] = the slot's accumulator acc [G, slot_width] in the output space.
 void lift_slot(const SegmentEncoding& e, const float* acc, int G, float* out);

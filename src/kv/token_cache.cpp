@@ -103,12 +103,12 @@ void TokenCache::append(int il, int64_t n, const float* k, const float* v, const
     const bool buffering = H.cur && H.cur->appends_here() && H.cur->buffer > 0;
     if (H.cur && H.cur->appends_here() && !buffering) {  // encoded at once with the current epoch
       S = &current_segment(H);
-      encode_into(*S, n, kh, nkv * dk, vh, nkv * dv);
+      encode_into(*S, n, kh, nkv * dk, vh, nkv * dv, pos);
     } else if (!S->enc->k.identity() || !S->enc->v.identity()) {  // rotated dense rows
       const SegmentEncoding& e = *S->enc;
       ck.resize(static_cast<size_t>(n * dk));
       cv.resize(static_cast<size_t>(n * dv));
-      e.k.to_coords(kh, n, nkv * dk, ck.data());
+      e.k.to_coords(kh, n, nkv * dk, ck.data(), pos);
       e.v.to_coords(vh, n, nkv * dv, cv.data());
       reserve(*S, S->n() + n, 0, 0);
       for (int64_t j = 0; j < n; ++j) {
@@ -165,14 +165,14 @@ std::vector<std::pair<int, int64_t>> TokenCache::order(const Layer& L, const Hea
   return r;
 }
 
-void TokenCache::read_row(const Head& H, size_t si, int64_t j, float* kt, float* vt) const {
+void TokenCache::read_row(const Head& H, size_t si, int64_t j, int32_t pos, float* kt, float* vt) const {
   const Segment& S = H.segs[si];
   const SegmentEncoding& e = *S.enc;
   thread_local std::vector<float> c;
   if (kt) {
     c.resize(static_cast<size_t>(e.k.width()));
     S.k.get(e.k, j, c.data());
-    e.k.from_coords(c.data(), 1, kt, cfg_.head_dim_k);
+    e.k.from_coords(c.data(), 1, kt, cfg_.head_dim_k, &pos);
   }
   if (vt) {
     c.resize(static_cast<size_t>(e.v.width()));
@@ -193,9 +193,10 @@ void TokenCache::read_head(int il, int ih, std::vector<float>* k, std::vector<fl
   if (pos) pos->resize(static_cast<size_t>(n));
   for (int64_t t = 0; t < n; ++t) {
     const auto [sg, j] = ord[static_cast<size_t>(t)];
-    read_row(H, static_cast<size_t>(sg), j, k ? k->data() + t * dk : nullptr,
+    const int32_t p = segment_positions(L, H, static_cast<size_t>(sg))[j];
+    read_row(H, static_cast<size_t>(sg), j, p, k ? k->data() + t * dk : nullptr,
              v ? v->data() + t * dv : nullptr);
-    if (pos) (*pos)[static_cast<size_t>(t)] = segment_positions(L, H, static_cast<size_t>(sg))[j];
+    if (pos) (*pos)[static_cast<size_t>(t)] = p;
   }
 }
 
@@ -218,8 +219,8 @@ void TokenCache::read_head_rows(int il, int ih, const std::vector<int32_t>& rows
   for (int64_t r = 0; r < m; ++r) {
     const int64_t t = rows[static_cast<size_t>(r)];
     const auto [sg, j] = H.plain() ? std::pair<int, int64_t>{0, t} : ord[static_cast<size_t>(t)];
-    read_row(H, static_cast<size_t>(sg), j, k ? k->data() + r * dk : nullptr,
-             v ? v->data() + r * dv : nullptr);
+    read_row(H, static_cast<size_t>(sg), j, segment_positions(L, H, static_cast<size_t>(sg))[j],
+             k ? k->data() + r * dk : nullptr, v ? v->data() + r * dv : nullptr);
   }
 }
 

@@ -83,8 +83,9 @@ class TokenCache final : public KvCache {
   // The head's tokens in position order: (segment, row).
   std::vector<std::pair<int, int64_t>> order(const Layer& L, const Head& H) const;
   int32_t last_pos(const Layer& L, const Head& H) const;
-  // Token (segment si, row j) reconstructed: kt [head_dim_k], vt [head_dim_v] (may be null).
-  void read_row(const Head& H, size_t si, int64_t j, float* kt, float* vt) const;
+  // Token (segment si, row j) at position pos reconstructed: kt [head_dim_k], vt [head_dim_v]
+  // (may be null).
+  void read_row(const Head& H, size_t si, int64_t j, int32_t pos, float* kt, float* vt) const;
   Segment new_segment(std::shared_ptr<const SegmentEncoding> enc) const;
   void reserve(Segment& S, int64_t rows, int64_t entries_k, int64_t entries_v) const;
   // apply() for one head (cache_apply.cpp).
@@ -93,10 +94,10 @@ class TokenCache final : public KvCache {
   void bound_live_bases(Head& H) const;
   // The segment of H holding its current epoch's tokens (created when missing).
   Segment& current_segment(Head& H) const;
-  // Encodes n tokens (head coordinates, rows ldk / ldv apart) with segment S's encoding and
-  // appends them to S (positions: the caller's).
+  // Encodes n tokens at positions pos [n] (head coordinates, rows ldk / ldv apart) with segment
+  // S's encoding and appends them to S (S.pos: the caller's).
   void encode_into(Segment& S, int64_t n, const float* k, int64_t ldk, const float* v,
-                   int64_t ldv) const;
+                   int64_t ldv, const int32_t* pos) const;
   // Moves the oldest dense-buffer rows into the current epoch until `keep` remain.
   void spill_buffer(Head& H, int64_t keep) const;
   HeadShape shape_of(const Layer& L, int il, int ih) const;

@@ -197,10 +197,7 @@ void Model::forward_batch(const std::vector<ForwardSeq>& seqs, ThreadPool* pool)
 
   for (int il = 0; il < hp.n_layer; ++il) {
     const LayerWeights& w = layers_[il];
-    const int window = hp.sliding_window[il];
-    // sliding-window layers use their own RoPE base and no frequency scaling (gemma3)
-    const float rope_base = window > 0 ? hp.rope_base_swa : hp.rope_base;
-    const float rope_scale = window > 0 ? 1.f : hp.rope_freq_scale;
+    const RopeSpec rs = layer_rope(hp, il);
 
     if (any_layer_io) ws.x_in.assign(x, x + n * n_embd);
     // --- attention: xb = rmsnorm(x); q, k, v = xb·Wqᵀ (+b), ...
@@ -222,18 +219,16 @@ void Model::forward_batch(const std::vector<ForwardSeq>& seqs, ThreadPool* pool)
     // RoPE at the original positions
     for (int64_t i = 0; i < n; ++i) {
       for (int ih = 0; ih < hp.n_head; ++ih) {
-        rope(ws.q.data() + i * n_q + ih * hdk, hdk, hp.n_rot, ws.pos[i], rope_base, rope_scale,
-             hp.rope_neox);
+        rope(ws.q.data() + i * n_q + ih * hdk, hdk, rs.n_rot, ws.pos[i], rs.base, rs.freq_scale, rs.neox);
       }
       for (int ih = 0; ih < hp.n_head_kv; ++ih) {
-        rope(ws.k.data() + i * n_k + ih * hdk, hdk, hp.n_rot, ws.pos[i], rope_base, rope_scale,
-             hp.rope_neox);
+        rope(ws.k.data() + i * n_k + ih * hdk, hdk, rs.n_rot, ws.pos[i], rs.base, rs.freq_scale, rs.neox);
       }
     }
     AttnParams ap;
     ap.n_head = hp.n_head;
     ap.scale = hp.attn_scale;
-    ap.sliding_window = window;
+    ap.sliding_window = hp.sliding_window[il];
     // per sequence: its cache stores its k, v, then attends over everything it holds
     // (the workspace by plain pointers: `ws` named inside a pool task would be the worker's own
     // thread_local instance)

@@ -239,6 +239,17 @@ size_t Model::decode_weight_bytes() const {
   return n;
 }
 
+RopeSpec layer_rope(const HParams& hp, int il) {
+  const bool swa = il >= 0 && il < static_cast<int>(hp.sliding_window.size()) &&
+                   hp.sliding_window[static_cast<size_t>(il)] > 0;
+  RopeSpec r;
+  r.n_rot = hp.n_rot;
+  r.base = swa ? hp.rope_base_swa : hp.rope_base;
+  r.freq_scale = swa ? 1.f : hp.rope_freq_scale;
+  r.neox = hp.rope_neox;
+  return r;
+}
+
 KvCacheConfig Model::cache_config(int64_t n_ctx) const {
   KvCacheConfig c;
   c.n_layer = hp_.n_layer;

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "kv/kv_types.h"
 #include "model/gguf.h"
 #include "model/tokenizer.h"
 #include "ops/matmul.h"
@@ -41,6 +42,10 @@ struct HParams {
   std::vector<int> sliding_window; // per layer, 0 = global
   float embd_scale = 1.f;          // gemma: sqrt(n_embd)
 };
+
+// The rotary embedding of layer il's queries and keys: sliding-window layers use their own
+// base and no frequency scaling (gemma3).
+RopeSpec layer_rope(const HParams& hp, int il);
 
 // Weights of one decoder layer (views into the mapping; data == nullptr when absent).
 // Shapes are [n_rows, n_cols] as WeightView (y = W x), vectors are f32 [n] (type F32,

@@ -22,6 +22,7 @@ std::vector<PressInfo> builtin_press_infos() {
   v.push_back(kqsvd_press_info());
   v.push_back(staticpca_press_info());
   v.push_back(ojakv_press_info());
+  v.push_back(palu_press_info());
   v.push_back(think_press_info());
   v.push_back(spark_press_info());
   v.push_back(swan_press_info());

@@ -24,6 +24,7 @@ PressInfo stiefattention_press_info(); // basis/stiefattention.cpp
 PressInfo kqsvd_press_info();          // basis/static_bases.cpp
 PressInfo staticpca_press_info();      // basis/static_bases.cpp
 PressInfo ojakv_press_info();          // basis/ojakv.cpp
+PressInfo palu_press_info();           // basis/palu.cpp
 PressInfo think_press_info();          // channel/think.cpp
 PressInfo spark_press_info();          // channel/spark.cpp
 PressInfo swan_press_info();           // channel/swan.cpp

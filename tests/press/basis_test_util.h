@@ -11,7 +11,9 @@
 #include "calib/lexico.h"
 #include "calib/lowrank.h"
 #include "calib/stief_fits.h"
+#include "model/model.h"
 #include "ops/dequant.h"
+#include "ops/nn.h"
 #include "press/basis/lowrank_press.h"
 #include "press_fixture.h"
 
@@ -64,6 +66,36 @@ inline std::shared_ptr<LexicoDicts> tiny_lexico(int n_layer, int dk, int dv) {
   return d;
 }
 
+// The statistics Palu's whiten=calib reads (gram_k_pre, gram_v; the other Grams stay empty),
+// brute force from a capture: RoPE undone with the reference rope at each token's position.
+inline std::vector<HeadStats> tiny_stats(const Model& model, const CaptureAll& c) {
+  const HParams& hp = model.hparams();
+  const int d = hp.head_dim_k;
+  std::vector<HeadStats> st;
+  for (int il = 0; il < hp.n_layer; ++il) {
+    const RopeSpec rs = layer_rope(hp, il);
+    for (int ih = 0; ih < hp.n_head_kv; ++ih) {
+      HeadStats h;
+      h.n_tokens = static_cast<int64_t>(c.pos.size());
+      h.n_group = hp.n_head / hp.n_head_kv;
+      h.gram_k_pre.assign(static_cast<size_t>(d * d), 0.0);
+      h.gram_v.assign(static_cast<size_t>(d * d), 0.0);
+      for (size_t t = 0; t < c.pos.size(); ++t) {
+        std::vector<float> k(c.krow(il, static_cast<int64_t>(t), ih), c.krow(il, static_cast<int64_t>(t), ih) + d);
+        ref::rope(k.data(), d, rs.n_rot, -c.pos[t], rs.base, rs.freq_scale, rs.neox);  // R_pos⁻¹ = R_{-pos}
+        const float* v = c.vrow(il, static_cast<int64_t>(t), ih);
+        for (int a = 0; a < d; ++a)
+          for (int b = 0; b < d; ++b) {
+            h.gram_k_pre[a * d + b] += double(k[a]) * k[b];
+            h.gram_v[a * d + b] += double(v[a]) * v[b];
+          }
+      }
+      st.push_back(std::move(h));
+    }
+  }
+  return st;
+}
+
 // Fits of every method from a capture of `prompt` through the tiny model. ksvd / staticpca:
 // PCA of keys; eigenattention: PCA of keys and the group's queries; kqsvd: oblique PCA.
 inline std::shared_ptr<Calibration> tiny_calibration(const Model& model, const CaptureAll& c) {
@@ -108,6 +140,7 @@ inline std::shared_ptr<Calibration> tiny_calibration(const Model& model, const C
   cal->set_fits(BasisMethod::kKqSvd, kq);
   cal->set_fits(BasisMethod::kSwan, swan);
   cal->set_lexico(tiny_lexico(nl, hp.head_dim_k, hp.head_dim_v));
+  cal->set_stats(tiny_stats(model, c));
   return cal;
 }
 

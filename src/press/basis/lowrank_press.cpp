@@ -113,7 +113,7 @@ std::vector<PressOption> lowrank_options(const LowRankDefaults& d, bool oja) {
 }
 
 LowRankConfig parse_lowrank_config(const PressArgs& a, BasisMethod method, bool oja,
-                                   bool ratio_unset_ok) {
+                                   bool ratio_unset_ok, bool error_anchors) {
   LowRankConfig c;
   c.name = a.press();
   c.method = method;
@@ -134,8 +134,10 @@ LowRankConfig parse_lowrank_config(const PressArgs& a, BasisMethod method, bool 
   c.prefill_lowrank = pf == "lowrank";
   c.sinks = a.get_int_min("sinks", 0);
   c.recent = a.get_int_min("recent", 0);
-  c.hybrid = a.get_double_in("hybrid", 0, 1, false);
-  c.window = a.get_int_min("w", 1);
+  if (error_anchors) {
+    c.hybrid = a.get_double_in("hybrid", 0, 1, false);
+    c.window = a.get_int_min("w", 1);
+  }
   c.interval = static_cast<int>(std::min<int64_t>(a.get_int_min("t", 1), 1 << 30));
   if (oja) {
     const std::string init = a.get_string("init");
@@ -273,9 +275,9 @@ void LowRankPress::plan_layer(const PressContext& ctx, int il, Phase phase,
     // A subclass choosing bases itself: before any read, so a head it leaves uncompressed costs
     // nothing at each plan.
     if (!h.has_basis && chooses_bases()) {
-      if (!cal) cal = calibration(ctx);
+      if (!cal && needs_calibration()) cal = calibration(ctx);
       ChosenBases cb;
-      choose_bases(ctx, *cal, il, ih, &cb);
+      choose_bases(ctx, cal.get(), il, ih, &cb);
       h.custom = true;
       h.skip = cb.rk == 0 || cb.rv == 0;
       if (h.skip) continue;
@@ -456,6 +458,7 @@ void LowRankPress::plan_layer(const PressContext& ctx, int il, Phase phase,
     p.value.basis = h.ev;
     p.key.decoder = h.dek;
     p.value.decoder = h.dev;
+    p.key.rope = key_rope(ctx, il);
     p.appends_dense = cfg_.oja || cfg_.has_anchors();
     for (int64_t j = 0; j < n; ++j)
       if (anchor[static_cast<size_t>(j)]) p.anchors.push_back(static_cast<int32_t>(j));

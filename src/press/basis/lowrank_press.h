@@ -21,6 +21,7 @@
 #pragma once
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -59,8 +60,10 @@ struct LowRankDefaults {
 };
 std::vector<PressOption> lowrank_options(const LowRankDefaults& d, bool oja);
 // ratio_unset_ok: `ratio` may be -1 ("not given": a subclass chooses the ranks another way).
+// error_anchors = false: a press without the error-scored anchors (Palu, whose keys the score
+// cannot see): the options hybrid and w are not declared and keep their defaults.
 LowRankConfig parse_lowrank_config(const PressArgs& a, BasisMethod method, bool oja,
-                                   bool ratio_unset_ok = false);
+                                   bool ratio_unset_ok = false, bool error_anchors = true);
 
 class LowRankPress : public Press {
  public:
@@ -88,14 +91,20 @@ class LowRankPress : public Press {
     int rk = 0, rv = 0;
     std::vector<float> ek, ev;  // [d, r] orthonormal encoders
   };
+  // cal: the calibration, null when needs_calibration() is false.
   virtual bool chooses_bases() const { return false; }
-  virtual void choose_bases(const PressContext& ctx, const Calibration& cal, int il, int ih,
+  virtual void choose_bases(const PressContext& ctx, const Calibration* cal, int il, int ih,
                             ChosenBases* out) const {}
+  // False for presses whose bases come from elsewhere (Palu: the model's weights).
+  virtual bool needs_calibration() const { return !(cfg_.oja && cfg_.init_prompt); }
+  // Set: the key bases describe layer il's keys before RoPE (plan.h SideSpec::rope).
+  virtual std::optional<RopeSpec> key_rope(const PressContext& ctx, int il) const {
+    return std::nullopt;
+  }
 
  private:
   enum class Phase { kCompress, kAppend, kDecode };
   void plan_layer(const PressContext& ctx, int il, Phase phase, CompressionPlan* out) const;
-  bool needs_calibration() const { return !(cfg_.oja && cfg_.init_prompt); }
 
   LowRankConfig cfg_;
   CalibrationSource cal_;

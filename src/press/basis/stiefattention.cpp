@@ -37,9 +37,10 @@ class StiefAttentionPress : public LowRankPress {
 
  protected:
   bool chooses_bases() const override { return true; }
-  void choose_bases(const PressContext& ctx, const Calibration& cal, int il, int ih,
+  void choose_bases(const PressContext& ctx, const Calibration* calp, int il, int ih,
                     ChosenBases* out) const override {
-    const StiefFits& f = cal.stief();
+    KVTRIM_ASSERT(calp);
+    const StiefFits& f = calp->stief();
     KVTRIM_CHECK(f.n_head_kv == ctx.n_head_kv() && f.dk == ctx.head_dim_k() && f.dv == ctx.head_dim_v(),
                  "press '%s': the calibration's StiefAttention bases do not match the model's heads",
                  config().name.c_str());
@@ -109,8 +110,10 @@ class EigenBudgetPress : public LowRankPress {
 
  protected:
   bool chooses_bases() const override { return true; }
-  void choose_bases(const PressContext& ctx, const Calibration& cal, int il, int ih,
+  void choose_bases(const PressContext& ctx, const Calibration* calp, int il, int ih,
                     ChosenBases* out) const override {
+    KVTRIM_ASSERT(calp);
+    const Calibration& cal = *calp;
     const double tau = thresholds(cal)[static_cast<size_t>(il)];
     const HeadFit& f = cal.fit(BasisMethod::kEigenAttention, il, ih);
     out->rk = f.k.rank_for_energy(tau);
