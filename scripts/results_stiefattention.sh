@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Reproduces docs/results/stiefattention.md's perplexity table: StiefAttention (Uniform, Pareto,
 # Weighted Pareto) and EigenAttention's procedure at the same error budgets, compressed
-# throughout, on WikiText-2 test and a held-apart book, with the KV bytes measured by the cache.
+# throughout, on WikiText-2 test and a held-apart book, with the KV bytes measured by the cache;
+# then Palu (fixed ratios PALU_RATIOS, whitened; two of them also unwhitened and with its bases
+# on the post-RoPE keys) and K-SVD at the same ratios.
 # Needs a calibration made with `kvtrim calibrate -m MODEL --stief` and the book from
 # scripts/install_books.sh. Every run appends to its own JSONL (rerunning resumes).
 #   scripts/results_stiefattention.sh [MODEL] [EPS...]
@@ -32,5 +34,16 @@ for text in wiki book; do
       run "$text" "stief_${alloc}_${eps}" "stiefattention:eps=$eps,alloc=$alloc"
     done
     run "$text" "eigen_${eps}" "eigenattention:eps=$eps"
+  done
+done
+palu_ratios=(${PALU_RATIOS:-0.125 0.25 0.375 0.5})
+for text in wiki book; do
+  for r in "${palu_ratios[@]}"; do
+    run "$text" "palu_$r" "palu:ratio=$r"
+    run "$text" "ksvd_$r" "ksvd:ratio=$r"
+  done
+  for r in "${palu_ratios[@]:1:2}"; do
+    run "$text" "palu_none_$r" "palu:ratio=$r,whiten=none"
+    run "$text" "palu_post_$r" "palu:ratio=$r,rope=post"
   done
 done

@@ -75,61 +75,144 @@ float SideEncoding::pruned_magnitude(const float* f, int i) const {
   return recovery_draw(dist, seed, f[0], dist == RecoveryDist::kGaussian ? f[1] : 0.f, i, rec_sqrt);
 }
 
-void rope_rows(const RopeSpec& r, float* x, int64_t n, int64_t ldx, const int32_t* pos, bool inverse) {
-  const int half = r.n_rot / 2;
-  // cos / sin of pos·ω_i as (hi·256 + lo)·ω_i: the lo table (256 positions) once per spec and
-  // thread, the hi row when it changes (rows come in position order), one complex product each
-  struct Tables {
-    RopeSpec spec;
-    std::vector<double> omega;
-    std::vector<float> lc, ls;  // [256, half]
-    int32_t hi = -1;
-    std::vector<float> hc, hs;  // [half] at hi · 256
-  };
-  thread_local Tables t;
-  if (!(t.spec == r) || t.omega.empty()) {
-    t.spec = r;
-    t.omega.resize(static_cast<size_t>(half));
+namespace {
+
+// cos / sin of pos·ω_i (ω_i = base^(-2i/n_rot)·freq_scale, i < n_rot / 2) as (hi·256 + lo)·ω_i:
+// the lo table (256 positions) once per spec and thread, the hi row when it changes (rows come
+// in position order), one complex product per pair.
+class RopeAngles {
+ public:
+  // cs / sn [n_rot / 2] for position p (sn negated for the inverse rotation).
+  void at(const RopeSpec& r, int32_t p, bool inverse, float* __restrict cs, float* __restrict sn) {
+    KVTRIM_ASSERT(p >= 0);
+    if (!(spec_ == r) || omega_.empty()) init(r);
+    const int half = r.n_rot / 2;
+    const int32_t hi = p >> 8, lo = p & 255;
+    if (hi != hi_) {
+      for (int i = 0; i < half; ++i) {
+        const double a = static_cast<double>(hi) * 256.0 * omega_[static_cast<size_t>(i)];
+        hc_[static_cast<size_t>(i)] = static_cast<float>(std::cos(a));
+        hs_[static_cast<size_t>(i)] = static_cast<float>(std::sin(a));
+      }
+      hi_ = hi;
+    }
+    const float sgn = inverse ? -1.f : 1.f;
+    const float* __restrict lc = lc_.data() + static_cast<int64_t>(lo) * half;
+    const float* __restrict ls = ls_.data() + static_cast<int64_t>(lo) * half;
+    const float* __restrict hc = hc_.data();
+    const float* __restrict hs = hs_.data();
+    for (int i = 0; i < half; ++i) {
+      cs[i] = hc[i] * lc[i] - hs[i] * ls[i];
+      sn[i] = sgn * (hs[i] * lc[i] + hc[i] * ls[i]);
+    }
+  }
+
+ private:
+  void init(const RopeSpec& r) {
+    const int half = r.n_rot / 2;
+    spec_ = r;
+    omega_.resize(static_cast<size_t>(half));
     for (int i = 0; i < half; ++i)
-      t.omega[static_cast<size_t>(i)] =
-          std::pow(static_cast<double>(r.base), -2.0 * i / static_cast<double>(r.n_rot)) *
-          static_cast<double>(r.freq_scale);
-    t.lc.resize(static_cast<size_t>(256 * half));
-    t.ls.resize(t.lc.size());
+      omega_[static_cast<size_t>(i)] = std::pow(static_cast<double>(r.base), -2.0 * i / static_cast<double>(r.n_rot)) *
+                                       static_cast<double>(r.freq_scale);
+    lc_.resize(static_cast<size_t>(256 * half));
+    ls_.resize(lc_.size());
     for (int l = 0; l < 256; ++l)
       for (int i = 0; i < half; ++i) {
-        const double a = l * t.omega[static_cast<size_t>(i)];
-        t.lc[static_cast<size_t>(l * half + i)] = static_cast<float>(std::cos(a));
-        t.ls[static_cast<size_t>(l * half + i)] = static_cast<float>(std::sin(a));
+        const double a = l * omega_[static_cast<size_t>(i)];
+        lc_[static_cast<size_t>(l * half + i)] = static_cast<float>(std::cos(a));
+        ls_[static_cast<size_t>(l * half + i)] = static_cast<float>(std::sin(a));
       }
-    t.hi = -1;
-    t.hc.resize(static_cast<size_t>(half));
-    t.hs.resize(static_cast<size_t>(half));
-  }
-  const float sgn = inverse ? -1.f : 1.f;
-  for (int64_t j = 0; j < n; ++j) {
-    const int32_t p = pos[j];
-    KVTRIM_ASSERT(p >= 0);
-    const int32_t hi = p >> 8, lo = p & 255;
-    if (hi != t.hi) {
+    lct_.resize(lc_.size());
+    lst_.resize(lc_.size());
+    for (int l = 0; l < 256; ++l)
       for (int i = 0; i < half; ++i) {
-        const double a = static_cast<double>(hi) * 256.0 * t.omega[static_cast<size_t>(i)];
-        t.hc[static_cast<size_t>(i)] = static_cast<float>(std::cos(a));
-        t.hs[static_cast<size_t>(i)] = static_cast<float>(std::sin(a));
+        lct_[static_cast<size_t>(i * 256 + l)] = lc_[static_cast<size_t>(l * half + i)];
+        lst_[static_cast<size_t>(i * 256 + l)] = ls_[static_cast<size_t>(l * half + i)];
       }
-      t.hi = hi;
+    hi_ = -1;
+    hc_.resize(static_cast<size_t>(half));
+    hs_.resize(static_cast<size_t>(half));
+  }
+
+ public:
+  // cos / sin of m·ω_i for m in [0, 256), pair i's row: [half, 256] (valid after at()).
+  const float* step_cos(int i) const { return lct_.data() + static_cast<int64_t>(i) * 256; }
+  const float* step_sin(int i) const { return lst_.data() + static_cast<int64_t>(i) * 256; }
+
+ private:
+  RopeSpec spec_;
+  std::vector<double> omega_;
+  std::vector<float> lc_, ls_;    // [256, half]
+  std::vector<float> lct_, lst_;  // [half, 256]
+  int32_t hi_ = -1;
+  std::vector<float> hc_, hs_;  // [half] at hi · 256
+};
+
+thread_local RopeAngles tl_angles;
+
+// Coordinate pair i of a RoPE spec: (i, i + n_rot/2) with neox, else (2i, 2i + 1).
+inline int pair_first(const RopeSpec& r, int i) { return r.neox ? i : 2 * i; }
+inline int pair_second(const RopeSpec& r, int i) { return r.neox ? i + r.n_rot / 2 : 2 * i + 1; }
+
+}  // namespace
+
+void rope_rows(const RopeSpec& r, float* x, int64_t n, int64_t ldx, const int32_t* pos, bool inverse) {
+  const int half = r.n_rot / 2;
+  thread_local std::vector<float> cv, sv;
+  cv.resize(static_cast<size_t>(half));
+  sv.resize(static_cast<size_t>(half));
+  float* __restrict cs = cv.data();
+  float* __restrict sn = sv.data();
+  for (int64_t j = 0; j < n; ++j) {
+    tl_angles.at(r, pos[j], inverse, cs, sn);
+    float* __restrict row = x + j * ldx;
+    if (r.neox) {  // pairs (i, i + half)
+      float* __restrict a = row;
+      float* __restrict b = row + half;
+      for (int i = 0; i < half; ++i) {
+        const float x0 = a[i], x1 = b[i];
+        a[i] = x0 * cs[i] - x1 * sn[i];
+        b[i] = x0 * sn[i] + x1 * cs[i];
+      }
+    } else {  // pairs (2i, 2i + 1)
+      for (int i = 0; i < half; ++i) {
+        const float x0 = row[2 * i], x1 = row[2 * i + 1];
+        row[2 * i] = x0 * cs[i] - x1 * sn[i];
+        row[2 * i + 1] = x0 * sn[i] + x1 * cs[i];
+      }
     }
-    const float* lc = t.lc.data() + static_cast<int64_t>(lo) * half;
-    const float* ls = t.ls.data() + static_cast<int64_t>(lo) * half;
-    float* row = x + j * ldx;
+  }
+}
+
+void rope_cols(const RopeSpec& r, float* xt, int64_t ldx, int64_t n, const int32_t* pos, bool inverse) {
+  const int half = r.n_rot / 2;
+  thread_local std::vector<float> cv, sv;
+  cv.resize(static_cast<size_t>(half));
+  sv.resize(static_cast<size_t>(half));
+  const float sgn = inverse ? -1.f : 1.f;
+  // runs of consecutive positions (at most 256 long): the angles of position p0 + m are those of
+  // p0 times those of m (one complex product per element, lanes over the run's tokens)
+  for (int64_t j0 = 0; j0 < n;) {
+    int64_t j1 = j0 + 1;
+    while (j1 < n && j1 - j0 < 256 && pos[j1] == pos[j1 - 1] + 1) ++j1;
+    const int64_t len = j1 - j0;
+    tl_angles.at(r, pos[j0], inverse, cv.data(), sv.data());
     for (int i = 0; i < half; ++i) {
-      const float c = t.hc[static_cast<size_t>(i)] * lc[i] - t.hs[static_cast<size_t>(i)] * ls[i];
-      const float sn = sgn * (t.hs[static_cast<size_t>(i)] * lc[i] + t.hc[static_cast<size_t>(i)] * ls[i]);
-      const int i0 = r.neox ? i : 2 * i, i1 = r.neox ? i + half : 2 * i + 1;
-      const float x0 = row[i0], x1 = row[i1];
-      row[i0] = x0 * c - x1 * sn;
-      row[i1] = x0 * sn + x1 * c;
+      float* __restrict a = xt + pair_first(r, i) * ldx + j0;
+      float* __restrict b = xt + pair_second(r, i) * ldx + j0;
+      const float* __restrict tc = tl_angles.step_cos(i);
+      const float* __restrict ts = tl_angles.step_sin(i);
+      const float C = cv[static_cast<size_t>(i)], S = sv[static_cast<size_t>(i)];
+      for (int64_t m = 0; m < len; ++m) {
+        const float c = C * tc[m] - S * sgn * ts[m];
+        const float sn = S * tc[m] + C * sgn * ts[m];
+        const float x0 = a[m], x1 = b[m];
+        a[m] = x0 * c - x1 * sn;
+        b[m] = x0 * sn + x1 * c;
+      }
     }
+    j0 = j1;
   }
 }
 

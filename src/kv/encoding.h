@@ -43,6 +43,9 @@ std::shared_ptr<const BasisMat> hadamard_basis(int d);
 // the row's position pos[j] >= 0 (inverse: back), as ops/nn.h rope does; its cos / sin come from
 // two float tables per thread (within ~1e-6 of rope's).
 void rope_rows(const RopeSpec& r, float* x, int64_t n, int64_t ldx, const int32_t* pos, bool inverse);
+// The same on column-major data: token j is column j of xt [d rows, ldx apart], j < n (the
+// attention's reconstructed key blocks, rotated with SIMD lanes over tokens).
+void rope_cols(const RopeSpec& r, float* xt, int64_t ldx, int64_t n, const int32_t* pos, bool inverse);
 
 enum class ChannelMode : uint8_t { kAll, kSubset, kPerToken };
 

@@ -46,19 +46,23 @@ void dense_scores(const SideStore& k, const float* qs, int G, int64_t b, int64_t
   }
 }
 
-// s[g, t - b] = qs_g · R_pos[t] (D · c_t) for rows [b, b + nb) of a pre-RoPE key basis: the
-// block's keys reconstructed in f32 (a per-position rotation leaves no query projection that
-// could see the stored coefficients), then scored as dense rows.
+// s[g, t - b] = qs_g · R_pos[t] (D · c_t) for rows [b, b + nb) of a pre-RoPE key basis (rows ld
+// apart; columns nb .. kBlock of s are overwritten with values nobody reads). A per-position
+// rotation leaves no query projection that could see the stored coefficients, so the block's
+// keys are reconstructed in f32, feature-major: kt [d, kBlock] = D · c_t is the score kernel
+// itself with D's d rows as the "queries" over the stored coefficient tiles (any dtype, scales
+// applied); RoPE rotates kt's row pairs with lanes over tokens; the group's scores are then one
+// weighted sum of kt's rows per query head (s_g = Σ_i qs[g, i] kt[i, :]).
 void rope_key_scores(const SideStore& k, const SideEncoding& e, const float* qs, int G,
                      const int32_t* pos, int64_t b, int64_t nb, float* s, int64_t ld) {
-  KVTRIM_ASSERT(pos && !k.sparse());
-  const int w = e.width(), d = e.d;
-  thread_local std::vector<float> c, x;
-  c.resize(static_cast<size_t>(nb * w));
-  x.resize(static_cast<size_t>(nb * d));
-  for (int64_t j = 0; j < nb; ++j) k.get(e, b + j, c.data() + j * w);
-  e.from_coords(c.data(), nb, x.data(), d, pos + b);
-  rows_dot_f32(x.data(), nb, d, qs, G, d, s, ld);
+  KVTRIM_ASSERT(pos && !k.sparse() && e.basis && e.mode == ChannelMode::kAll && ld == kBlock);
+  const int d = e.d;
+  thread_local std::vector<float> kt;
+  kt.resize(static_cast<size_t>(d) * kBlock);  // columns past nb: finite leftovers
+  dense_scores(k, e.basis->decoder().data(), d, b, nb, kt.data(), kBlock);
+  rope_cols(*e.rope, kt.data(), kBlock, nb, pos + b, /*inverse=*/false);
+  std::fill(s, s + static_cast<int64_t>(G) * kBlock, 0.f);
+  attn_accum_f32(qs, G, d, kt.data(), d, kBlock, s);
 }
 
 SparseType sparse_type(KvDtype t) {

@@ -1,6 +1,6 @@
 // A key basis before RoPE (plan.h SideSpec::rope, Palu): the cache undoes each token's rotary
 // embedding before projecting, c = Uᵀ R_pos⁻¹ k, and attention reconstructs R_pos U c.
-// rope_rows against ops/nn.h rope (forward and back); full rank equals the dense cache (decode,
+// rope_rows against ops/nn.h rope (forward and back), rope_cols against rope_rows; full rank equals the dense cache (decode,
 // decode splits, prefill tiles, appends encoded with the current epoch, three epochs re-expressed
 // into one); rank r keeps exactly the projection of the pre-RoPE key (brute force over the
 // model's rope), so keys whose pre-RoPE part lies in the span are stored without loss where the
@@ -53,6 +53,35 @@ TEST(RopeRows, MatchesOpsRopeForwardAndBack) {
     EXPECT_LT(max_abs_diff(got, want), 2e-5) << "n_rot " << r.n_rot << " base " << r.base;
     kv::rope_rows(r, got.data(), n, d, pos.data(), true);
     EXPECT_LT(max_abs_diff(got, x), 2e-5) << "round trip, n_rot " << r.n_rot;
+  }
+}
+
+TEST(RopeRows, ColumnsMatchRows) {
+  // rope_cols on the transposed rows: runs of consecutive positions (one longer than 256),
+  // gaps, and single tokens; forward and inverse
+  std::mt19937 rng(2);
+  const int d = 64;
+  std::vector<int32_t> pos;
+  for (int32_t p = 100; p < 700; ++p) pos.push_back(p);
+  for (int32_t p = 703; p < 900; p += 3) pos.push_back(p);
+  for (int32_t p = 1000; p < 1040; ++p) pos.push_back(p);
+  const int64_t n = static_cast<int64_t>(pos.size()), ld = n + 5;
+  for (const RopeSpec& r : {spec(64, 10000.f, 1.f, true), spec(64, 1e6f, 0.125f, false), spec(48, 1e5f, 1.f, false)}) {
+    for (const bool inv : {false, true}) {
+      const auto x = randn(static_cast<size_t>(n * d), rng);
+      std::vector<float> rows = x, cols(static_cast<size_t>(d * ld), 7.f);
+      for (int64_t j = 0; j < n; ++j)
+        for (int i = 0; i < d; ++i) cols[static_cast<size_t>(i * ld + j)] = x[static_cast<size_t>(j * d + i)];
+      kv::rope_rows(r, rows.data(), n, d, pos.data(), inv);
+      kv::rope_cols(r, cols.data(), ld, n, pos.data(), inv);
+      double worst = 0;
+      for (int64_t j = 0; j < n; ++j)
+        for (int i = 0; i < d; ++i)
+          worst = std::max(worst, std::fabs(double(cols[static_cast<size_t>(i * ld + j)]) - rows[static_cast<size_t>(j * d + i)]));
+      EXPECT_LT(worst, 2e-5) << "n_rot " << r.n_rot << " inverse " << inv;
+      for (int i = 0; i < d; ++i)
+        for (int64_t j = n; j < ld; ++j) ASSERT_EQ(cols[static_cast<size_t>(i * ld + j)], 7.f);  // padding untouched
+    }
   }
 }
 
