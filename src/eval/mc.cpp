@@ -323,8 +323,11 @@ std::vector<McItem> load_mmlu(const std::string& dir, int shots, std::vector<std
   }
   std::sort(names.begin(), names.end());
   KVTRIM_CHECK(!names.empty(), "no <subject>_test.csv files in '%s'", test_dir.string().c_str());
-  std::vector<McItem> out;
-  for (const auto& sub : names) {
+  // per subject (sorted by name), its items in file order
+  std::vector<std::vector<McItem>> per(names.size());
+  size_t total = 0;
+  for (size_t si = 0; si < names.size(); ++si) {
+    const std::string& sub = names[si];
     std::vector<MmluQuestion> dev;
     if (shots > 0) {
       const std::string dp = (dev_dir / (sub + "_dev.csv")).string();
@@ -333,14 +336,25 @@ std::vector<McItem> load_mmlu(const std::string& dir, int shots, std::vector<std
     const std::string tp = (test_dir / (sub + "_test.csv")).string();
     for (const auto& q : parse_mmlu_csv(read_text_file(tp, "MMLU test file"), tp)) {
       McItem it;
-      it.index = static_cast<int64_t>(out.size());
       it.context = mmlu_prompt(sub, dev, shots, q);
       it.choices = {" A", " B", " C", " D"};
       it.gold = q.answer;
-      out.push_back(std::move(it));
-      if (subjects) subjects->push_back(sub);
+      per[si].push_back(std::move(it));
     }
+    total += per[si].size();
   }
+  // round robin over the subjects (question r of every subject that has one, then r + 1), so
+  // that the first N items (--limit) cover the subjects evenly instead of the first one or two
+  std::vector<McItem> out;
+  out.reserve(total);
+  for (size_t r = 0; out.size() < total; ++r)
+    for (size_t si = 0; si < names.size(); ++si) {
+      if (r >= per[si].size()) continue;
+      McItem it = std::move(per[si][r]);
+      it.index = static_cast<int64_t>(out.size());
+      out.push_back(std::move(it));
+      if (subjects) subjects->push_back(names[si]);
+    }
   return out;
 }
 

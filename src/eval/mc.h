@@ -63,7 +63,9 @@ std::vector<MmluQuestion> parse_mmlu_csv(const std::string& text, const std::str
 // "high_school_biology" -> the item prompt with `shots` dev examples (the first ones).
 std::string mmlu_prompt(const std::string& subject, const std::vector<MmluQuestion>& dev, int shots,
                         const MmluQuestion& q);
-// Every subject of <dir>/test (sorted by name) with `shots` examples from <dir>/dev.
+// Every subject of <dir>/test (sorted by name) with `shots` examples from <dir>/dev, in round
+// robin over the subjects (each subject's first question, then each one's second, ...), so the
+// first N items sample every subject evenly; subjects[i] names item i's subject.
 std::vector<McItem> load_mmlu(const std::string& dir, int shots, std::vector<std::string>* subjects = nullptr);
 
 // ---- scoring ----

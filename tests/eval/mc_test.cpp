@@ -155,14 +155,21 @@ TEST(McReaders, CsvAndMmlu) {
   fs::create_directories(fs::path(dir) / "dev");
   fs::create_directories(fs::path(dir) / "test");
   write(dir, "dev/anatomy_dev.csv", "D?,w,x,y,z,C\n");
-  write(dir, "test/anatomy_test.csv", "T1?,w,x,y,z,A\nT2?,w,x,y,z,D\n");
+  write(dir, "test/anatomy_test.csv", "T1?,w,x,y,z,A\nT2?,w,x,y,z,D\nT3?,w,x,y,z,B\n");
+  write(dir, "dev/virology_dev.csv", "V?,w,x,y,z,A\n");
+  write(dir, "test/virology_test.csv", "U1?,w,x,y,z,C\n");
   std::vector<std::string> subjects;
   const auto items = load_mmlu(dir, 1, &subjects);
-  ASSERT_EQ(items.size(), 2u);
-  EXPECT_EQ(subjects[1], "anatomy");
-  EXPECT_EQ(items[1].gold, 3);
+  ASSERT_EQ(items.size(), 4u);
+  // round robin over the subjects: anatomy 1, virology 1, anatomy 2, anatomy 3
+  EXPECT_EQ(subjects, (std::vector<std::string>{"anatomy", "virology", "anatomy", "anatomy"}));
+  std::vector<int> gold;
+  for (const auto& it : items) gold.push_back(it.gold);
+  EXPECT_EQ(gold, (std::vector<int>{0, 2, 3, 1}));
+  for (size_t i = 0; i < items.size(); ++i) EXPECT_EQ(items[i].index, static_cast<int64_t>(i));
   EXPECT_EQ(items[0].choices[2], " C");
   EXPECT_NE(items[0].context.find("D?\nA. w\nB. x\nC. y\nD. z\nAnswer: C\n\nT1?"), std::string::npos);
+  EXPECT_NE(items[1].context.find("about virology"), std::string::npos);
   expect_error([&] { load_mmlu(dir, 2); }, "--shots 2: the anatomy dev set has 1 questions");
 }
 
