@@ -186,6 +186,8 @@ BENCHMARK(BM_Matmul)
     ->Args({static_cast<int64_t>(GgmlType::Q4_1), 576, 576, 512, 2})
     ->Args({static_cast<int64_t>(GgmlType::Q4_K), 1536, 1536, 512, 2})
     ->Args({static_cast<int64_t>(GgmlType::Q4_1), 1536, 576, 8, 2})
+    ->Args({static_cast<int64_t>(GgmlType::Q4_K), 8960, 1536, 4, 2})  // Qwen2.5-1.5B's up, 4 streams
+    ->Args({static_cast<int64_t>(GgmlType::Q4_K), 8960, 1536, 8, 2})
     ->UseRealTime()
     ->ComputeStatistics("min", min_of)
     ->Unit(benchmark::kMillisecond);

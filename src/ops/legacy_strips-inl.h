@@ -190,36 +190,20 @@ KV_ATTR void dot_strip(const uint8_t* const* p, __m256i gidx, const BlockQ8A* co
   for (int t = 0; t < NT; ++t) out[t] = acc[t];
 }
 
-// Rows [r0, r1) of w times n_tok activations in strips of 8 (the last one padded by repeating
-// its last row; the padding lanes are not stored).
-template <GgmlType kT>
-KV_ATTR void strip_rows_loop(const WeightView& w, int64_t r0, int64_t r1, const void* act, size_t act_stride,
-                             int64_t n_tok, float* y, int64_t ldy, int64_t nb) {
+// Rows [r0, r1) of w in strips of 8 (the last one padded by repeating its last row; the padding
+// lanes are not stored) times n_tok tokens in groups of up to kStripTokens: kernel(p, gidx, t0,
+// nt, out) fills out[0..nt) (lane r = row p[r] · token t0 + t), stored into y. The strip two
+// ahead is prefetched while this one is computed (decode streams W from DRAM; the hardware
+// prefetcher stops at page boundaries). Measured on SmolLM2's Q8_0 output matrix (49152 x 576,
+// 1 thread, medians of 10): one strip ahead 917-937 us, two 876-878 us, three 1017+ us; the row
+// kernels 976-1057 us.
+template <class Kernel>
+KV_ATTR void for_each_strip(const WeightView& w, int64_t r0, int64_t r1, int64_t n_tok, float* y, int64_t ldy,
+                            Kernel&& kernel) {
   const auto* base = static_cast<const uint8_t*>(w.data);
-  const auto* a = static_cast<const uint8_t*>(act);
-  // offset times Σq per token and block, once per call
-  constexpr int32_t kOffset = kStripOffset<kT>;
-  thread_local std::vector<int32_t> qsum_buf;
-  if constexpr (kOffset != 0) {
-    qsum_buf.resize(static_cast<size_t>(n_tok * nb));
-    for (int64_t t = 0; t < n_tok; ++t) {
-      const auto* xb = reinterpret_cast<const BlockQ8A*>(a + static_cast<size_t>(t) * act_stride);
-      for (int64_t i = 0; i < nb; ++i) {
-        int32_t s = 0;
-        for (int j = 0; j < kQK; ++j) s += xb[i].qs[j];
-        qsum_buf[static_cast<size_t>(t * nb + i)] = kOffset * s;
-      }
-    }
-  }
-  // The strip two ahead is prefetched while this one is computed (decode streams W from DRAM;
-  // the hardware prefetcher stops at page boundaries). Measured on SmolLM2's Q8_0 output matrix
-  // (49152 x 576, 1 thread, medians of 10): one strip ahead 917-937 us, two 876-878 us, three
-  // 1017+ us; the row kernels 976-1057 us.
   constexpr int kAhead = 2;
   const size_t strip_bytes = kStripRows * w.row_bytes;
   const size_t pf_bytes = std::min<size_t>(strip_bytes, 16384);
-  const BlockQ8A* x[kStripTokens];
-  const int32_t* qs[kStripTokens] = {};
   __m256 out[kStripTokens];
   for (int64_t r = r0; r < r1; r += kStripRows) {
     const int nr = static_cast<int>(std::min<int64_t>(kStripRows, r1 - r));
@@ -236,29 +220,7 @@ KV_ATTR void strip_rows_loop(const WeightView& w, int64_t r0, int64_t r1, const 
     }
     for (int64_t t0 = 0; t0 < n_tok; t0 += kStripTokens) {
       const int nt = static_cast<int>(std::min<int64_t>(kStripTokens, n_tok - t0));
-      for (int t = 0; t < nt; ++t) {
-        x[t] = reinterpret_cast<const BlockQ8A*>(a + static_cast<size_t>(t0 + t) * act_stride);
-        if constexpr (kOffset != 0) qs[t] = qsum_buf.data() + (t0 + t) * nb;
-      }
-      switch (nt) {
-#define KV_STRIP_CASE(N)                              \
-  case N:                                             \
-    dot_strip<kT, N>(p, gidx, x, qs, nb, out);        \
-    break;
-        KV_STRIP_CASE(1)
-        KV_STRIP_CASE(2)
-        KV_STRIP_CASE(3)
-        KV_STRIP_CASE(4)
-#if KV_AVX512
-        KV_STRIP_CASE(5)
-        KV_STRIP_CASE(6)
-        KV_STRIP_CASE(7)
-        KV_STRIP_CASE(8)
-#endif
-#undef KV_STRIP_CASE
-        default:
-          break;
-      }
+      kernel(p, gidx, t0, nt, out);
       for (int t = 0; t < nt; ++t) {
         float* yt = y + (t0 + t) * ldy + r;
         if (nr == kStripRows) {
@@ -271,6 +233,64 @@ KV_ATTR void strip_rows_loop(const WeightView& w, int64_t r0, int64_t r1, const 
       }
     }
   }
+}
+
+// kernel<NT>() for the token count nt of a group (a compile-time NT for the accumulators).
+#if KV_AVX512
+#define KV_STRIP_DISPATCH(nt, CALL) \
+  switch (nt) {                    \
+    case 1: CALL(1); break;        \
+    case 2: CALL(2); break;        \
+    case 3: CALL(3); break;        \
+    case 4: CALL(4); break;        \
+    case 5: CALL(5); break;        \
+    case 6: CALL(6); break;        \
+    case 7: CALL(7); break;        \
+    case 8: CALL(8); break;        \
+    default: break;                \
+  }
+#else
+#define KV_STRIP_DISPATCH(nt, CALL) \
+  switch (nt) {                    \
+    case 1: CALL(1); break;        \
+    case 2: CALL(2); break;        \
+    case 3: CALL(3); break;        \
+    case 4: CALL(4); break;        \
+    default: break;                \
+  }
+#endif
+
+// Rows [r0, r1) of a legacy-type w times n_tok activations (BlockQ8A rows act_stride apart).
+template <GgmlType kT>
+KV_ATTR void strip_rows_loop(const WeightView& w, int64_t r0, int64_t r1, const void* act, size_t act_stride,
+                             int64_t n_tok, float* y, int64_t ldy, int64_t nb) {
+  const auto* a = static_cast<const uint8_t*>(act);
+  // offset times Σq per token and block, once per call
+  constexpr int32_t kOffset = kStripOffset<kT>;
+  thread_local std::vector<int32_t> qsum_buf;
+  if constexpr (kOffset != 0) {
+    qsum_buf.resize(static_cast<size_t>(n_tok * nb));
+    for (int64_t t = 0; t < n_tok; ++t) {
+      const auto* xb = reinterpret_cast<const BlockQ8A*>(a + static_cast<size_t>(t) * act_stride);
+      for (int64_t i = 0; i < nb; ++i) {
+        int32_t s = 0;
+        for (int j = 0; j < kQK; ++j) s += xb[i].qs[j];
+        qsum_buf[static_cast<size_t>(t * nb + i)] = kOffset * s;
+      }
+    }
+  }
+  const int32_t* qsums = qsum_buf.data();  // (not the thread_local inside the kernel lambda)
+  for_each_strip(w, r0, r1, n_tok, y, ldy, [&](const uint8_t* const* p, __m256i gidx, int64_t t0, int nt, __m256* out) {
+    const BlockQ8A* x[kStripTokens];
+    const int32_t* qs[kStripTokens] = {};
+    for (int t = 0; t < nt; ++t) {
+      x[t] = reinterpret_cast<const BlockQ8A*>(a + static_cast<size_t>(t0 + t) * act_stride);
+      if constexpr (kOffset != 0) qs[t] = qsums + (t0 + t) * nb;
+    }
+#define KV_LEGACY_STRIP(N) dot_strip<kT, N>(p, gidx, x, qs, nb, out)
+    KV_STRIP_DISPATCH(nt, KV_LEGACY_STRIP)
+#undef KV_LEGACY_STRIP
+  });
 }
 
 #endif  // KV_X86

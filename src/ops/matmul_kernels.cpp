@@ -582,6 +582,7 @@ KV_ATTR void legacy_rows_loop(const WeightView& w, int64_t r0, int64_t r1, const
 #endif
 
 #include "ops/legacy_strips-inl.h"
+#include "ops/kquant_strips-inl.h"
 
 #if KV_X86
 // A legacy type's rows: in strips of 8 where the type has a strip kernel, else one row at a time
@@ -636,6 +637,12 @@ void DotRows(const WeightView& w, int64_t r0, int64_t r1, const void* act, size_
     KV_LEGACY(Q5_1)
     KV_LEGACY(Q8_0)
     case GgmlType::Q4_K:
+#if KV_X86
+      if constexpr (kKStripType<GgmlType::Q4_K>) {
+        k4_strip_rows_loop(w, r0, r1, act, act_stride, n_tok, y, ldy, nbk);
+        return;
+      }
+#endif
       rows_loop(w, r0, r1, act, act_stride, n_tok, y, ldy,
                 [nbk](const uint8_t* row, const uint8_t* a) {
                   return dot_q45k<GgmlType::Q4_K>(row, reinterpret_cast<const BlockQ8_K*>(a), nbk);
@@ -725,6 +732,7 @@ bool StripKernel(GgmlType t) {
     case GgmlType::Q5_0: return kStripType<GgmlType::Q5_0>;
     case GgmlType::Q5_1: return kStripType<GgmlType::Q5_1>;
     case GgmlType::Q8_0: return kStripType<GgmlType::Q8_0>;
+    case GgmlType::Q4_K: return kKStripType<GgmlType::Q4_K>;
     default: return false;
   }
 #else

@@ -351,30 +351,42 @@ TEST(Matmul, ManyWeightsEqualMatmulPerWeightBitForBit) {
 // Σ_i w_i · q_i · d_x per block. The integer part is exact in the kernels, so what remains is
 // their f32 accumulation: far tighter than error_bound (which also covers the activation
 // rounding). Every target, 1 to 11 tokens, strips cut by the row count and by the thread split.
-TEST(Matmul, LegacyKernelsEqualQuantizedActivationDotInDouble) {
+// The integer kernels (row kernels and 8-row strips) equal the dot product of the dequantized
+// weights with the quantized activation, computed in double: legacy types against BlockQ8A
+// activations, k-quants against BlockQ8_K (Q4_K's strips included).
+TEST(Matmul, IntegerKernelsEqualQuantizedActivationDotInDouble) {
   ThreadPool pool2(2), pool3(3);
   TargetSweep sweep;
-  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0}) {
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
+                     GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
     SCOPED_TRACE(type_name(t));
+    const detail::ActFormat fmt = detail::act_format(t);
+    const bool kq = fmt == detail::ActFormat::kQ8K;
+    const std::vector<Shape> shapes =
+        kq ? std::vector<Shape>{Shape{13, 256}, Shape{40, 512}, Shape{130, 1536}}
+           : std::vector<Shape>{Shape{13, 64}, Shape{40, 576}, Shape{130, 1536}};
     for (bool random_blocks : {false, true}) {
-      for (const Shape& s : {Shape{13, 64}, Shape{40, 576}, Shape{130, 1536}}) {
+      for (const Shape& s : shapes) {
         SCOPED_TRACE(std::to_string(s.n_rows) + "x" + std::to_string(s.n_cols));
         const TestWeight w = make_weight(t, s.n_rows, s.n_cols, random_blocks, 17 + static_cast<uint32_t>(s.n_rows));
         for (int64_t n_tok : {int64_t{1}, int64_t{3}, int64_t{11}}) {
           const auto x = make_x(n_tok * s.n_cols, 23 + static_cast<uint32_t>(n_tok));
-          const size_t stride = detail::act_row_bytes(detail::ActFormat::kQ8A, s.n_cols);
+          const size_t stride = detail::act_row_bytes(fmt, s.n_cols);
           std::vector<uint8_t> q(stride * static_cast<size_t>(n_tok));
           for (int64_t tk = 0; tk < n_tok; ++tk)
-            detail::quantize_act(detail::ActFormat::kQ8A, x.data() + tk * s.n_cols, q.data() + stride * static_cast<size_t>(tk),
-                                 s.n_cols);
+            detail::quantize_act(fmt, x.data() + tk * s.n_cols, q.data() + stride * static_cast<size_t>(tk), s.n_cols);
           std::vector<double> want(static_cast<size_t>(n_tok * s.n_rows)), mag(want.size());
           for (int64_t tk = 0; tk < n_tok; ++tk) {
             const auto* xb = reinterpret_cast<const detail::BlockQ8A*>(q.data() + stride * static_cast<size_t>(tk));
+            const auto* xk = reinterpret_cast<const BlockQ8_K*>(q.data() + stride * static_cast<size_t>(tk));
+            auto xq = [&](int64_t i) {  // the quantized activation element i, in double
+              return kq ? static_cast<double>(xk[i / kQK_K].qs[i % kQK_K]) * xk[i / kQK_K].d
+                        : static_cast<double>(xb[i / kQK].qs[i % kQK]) * xb[i / kQK].d;
+            };
             for (int64_t r = 0; r < s.n_rows; ++r) {
               double acc = 0.0, m = 0.0;
               for (int64_t i = 0; i < s.n_cols; ++i) {
-                const double v = static_cast<double>(w.deq[static_cast<size_t>(r * s.n_cols + i)]) *
-                                 xb[i / kQK].qs[i % kQK] * xb[i / kQK].d;
+                const double v = static_cast<double>(w.deq[static_cast<size_t>(r * s.n_cols + i)]) * xq(i);
                 acc += v;
                 m += std::fabs(v);
               }
@@ -431,10 +443,11 @@ TEST(Matmul, RowResultsDoNotDependOnTheStripTheyFallIn) {
 TEST(Matmul, Int8PrefillGivesEachTokenItsDecodeResult) {
   ThreadPool pool2(2);
   const int64_t n_tok = 40;
-  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0}) {
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q4_K}) {
     SCOPED_TRACE(type_name(t));
-    const TestWeight w = make_weight(t, 45, 160, false, 12);
-    const auto x = make_x(n_tok * 160, 13);
+    const int64_t nc = is_kquant(t) ? 512 : 160;
+    const TestWeight w = make_weight(t, 45, nc, false, 12);
+    const auto x = make_x(n_tok * nc, 13);
     std::vector<float> f32(static_cast<size_t>(n_tok * 45)), int8(f32.size()), many(f32.size()), one(45);
     set_int8_prefill(false);
     matmul(w.view, x.data(), n_tok, f32.data(), &pool2);
@@ -449,7 +462,7 @@ TEST(Matmul, Int8PrefillGivesEachTokenItsDecodeResult) {
     const bool strips = detail::has_strip_kernel(t);
     int differ = 0;
     for (int64_t tk = 0; tk < n_tok; ++tk) {
-      matvec(w.view, x.data() + tk * 160, one.data(), &pool2);
+      matvec(w.view, x.data() + tk * nc, one.data(), &pool2);
       for (int64_t r = 0; r < 45; ++r) {
         const size_t k = static_cast<size_t>(tk * 45 + r);
         if (strips) {
@@ -460,7 +473,7 @@ TEST(Matmul, Int8PrefillGivesEachTokenItsDecodeResult) {
           ASSERT_EQ(int8[k], f32[k]) << "no strip kernel: the sgemm path either way";
         }
         differ += f32[k] != one[static_cast<size_t>(r)];
-        ASSERT_NEAR(f32[k], one[static_cast<size_t>(r)], error_bound(w, r, x.data() + tk * 160));
+        ASSERT_NEAR(f32[k], one[static_cast<size_t>(r)], error_bound(w, r, x.data() + tk * nc));
       }
     }
     EXPECT_GT(differ, 0) << "the f32 path should not equal the 8-bit one";

@@ -1,0 +1,141 @@
+// Q4_K weights eight rows at a time, the rows as SIMD lanes: legacy_strips-inl.h's scheme (read
+// it first) for the k-quant that Qwen2.5 and Gemma3's Q4_K_M files are mostly made of. Included
+// by matmul_kernels.cpp inside its per-target namespace, after legacy_strips-inl.h (whose
+// transpose_dwords, halves_to_ps, for_each_strip and KV_STRIP_DISPATCH it uses); x86 only.
+//
+// A Q4_K super-block holds 256 columns in 8 sub-blocks of 32: x = d·sc_j·q − dmin·m_j with 4-bit
+// q and 6-bit sc_j, m_j packed in 12 bytes. Per strip and super-block the 8 rows' nibbles are
+// transposed into u[8j + k] (lane r = row r's columns 32j + 4k .. +3) and their scales and mins
+// unpacked lane-wise (the same word operations as scales_mins_k4, on 8 rows at once); then per
+// token each sub-block is 8 dpbusd (maddubs + madd without VNNI) times the broadcast activation
+// dwords, multiplied by its scale lane-wise, and the min term is m_j times the activation's
+// sub-block sum (two of Q8_K's bsums). The decoded super-block (2 KiB) is shared by up to
+// kStripTokens tokens.
+//
+// Numerics: a row's result is a chain over its super-blocks of fma(float(Σ_j sc_j·isum_j),
+// d·x.d, acc), then fma(−float(Σ_j m_j·bsum_j), dmin·x.d, acc), with exact integer sums; every
+// lane runs the same operations whatever the other lanes and tokens, so a batched step equals
+// the solo ones bit for bit and a row's result does not depend on its strip.
+#if defined(KVTRIM_OPS_KQUANT_STRIPS_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef KVTRIM_OPS_KQUANT_STRIPS_INL_H_
+#undef KVTRIM_OPS_KQUANT_STRIPS_INL_H_
+#else
+#define KVTRIM_OPS_KQUANT_STRIPS_INL_H_
+#endif
+
+#if KV_X86
+
+// (-DKVTRIM_KQUANT_STRIPS=0 builds the row kernels only: the A/B.)
+#ifndef KVTRIM_KQUANT_STRIPS
+#define KVTRIM_KQUANT_STRIPS 1
+#endif
+template <GgmlType kT>
+constexpr bool kKStripType = KVTRIM_KQUANT_STRIPS && kT == GgmlType::Q4_K;
+
+// One Q4_K super-block of a strip, decoded.
+struct K4StripBlock {
+  __m256i u[64];         // u[8j + k] lane r: row r's nibbles of columns 32j + 4k .. 32j + 4k + 3
+  __m256i sc[8], m[8];   // lane r: row r's 6-bit scale / min of sub-block j
+  __m256 d, dm;          // lane r: row r's d, dmin
+};
+
+KV_ATTR inline void k4_strip_block(const uint8_t* const* p, __m256i gidx, int64_t i, K4StripBlock& s) {
+  const size_t off = static_cast<size_t>(i) * sizeof(BlockQ4_K);
+  auto gather = [&](size_t o) {
+    return _mm256_i32gather_epi32(reinterpret_cast<const int*>(p[0] + off + o), gidx, 1);
+  };
+  const __m256i g = gather(0);  // d | dmin << 16
+  s.d = halves_to_ps<0>(g);
+  s.dm = halves_to_ps<16>(g);
+  const __m256i u0 = gather(offsetof(BlockQ4_K, scales)), u1 = gather(offsetof(BlockQ4_K, scales) + 4),
+                u2 = gather(offsetof(BlockQ4_K, scales) + 8);
+  const __m256i k1 = _mm256_set1_epi32(0x3f3f3f3f), k2 = _mm256_set1_epi32(0x0f0f0f0f),
+                k3 = _mm256_set1_epi32(0x03030303), ff = _mm256_set1_epi32(0xff);
+  const __m256i sc03 = _mm256_and_si256(u0, k1), m03 = _mm256_and_si256(u1, k1);
+  const __m256i sc47 = _mm256_or_si256(_mm256_and_si256(u2, k2),
+                                       _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u0, 6), k3), 4));
+  const __m256i m47 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u2, 4), k2),
+                                      _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u1, 6), k3), 4));
+  const __m256i* src[4] = {&sc03, &sc47, &m03, &m47};
+  for (int b = 0; b < 4; ++b) {
+    const __m128i cnt = _mm_cvtsi32_si128(8 * b);
+    s.sc[b] = _mm256_and_si256(_mm256_srl_epi32(*src[0], cnt), ff);
+    s.sc[4 + b] = _mm256_and_si256(_mm256_srl_epi32(*src[1], cnt), ff);
+    s.m[b] = _mm256_and_si256(_mm256_srl_epi32(*src[2], cnt), ff);
+    s.m[4 + b] = _mm256_and_si256(_mm256_srl_epi32(*src[3], cnt), ff);
+  }
+  // qs: 32 bytes per pair of sub-blocks, low nibbles = sub-block 2·j2, high = 2·j2 + 1
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  for (int j2 = 0; j2 < 4; ++j2) {
+    __m256i q[8];
+    transpose_dwords(p, off + offsetof(BlockQ4_K, qs) + 32 * static_cast<size_t>(j2), q);
+    transpose_dwords(p, off + offsetof(BlockQ4_K, qs) + 32 * static_cast<size_t>(j2) + 16, q + 4);
+    for (int k = 0; k < 8; ++k) {
+      s.u[16 * j2 + k] = _mm256_and_si256(q[k], m4);
+      s.u[16 * j2 + 8 + k] = _mm256_and_si256(_mm256_srli_epi16(q[k], 4), m4);
+    }
+  }
+}
+
+// Σ_k u[k] · (activation bytes 4k..4k+3 broadcast), k < 8: lane r = row r's exact sub-block dot.
+KV_ATTR inline __m256i k4_isum(const __m256i* u, const int8_t* xq) {
+  auto bc = [xq](int k) {
+    int32_t v;
+    std::memcpy(&v, xq + 4 * k, 4);
+    return _mm256_set1_epi32(v);
+  };
+#if KV_VNNI
+  __m256i a0 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u[0], bc(0));
+  __m256i a1 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u[1], bc(1));
+  for (int k = 2; k < 8; k += 2) {
+    a0 = _mm256_dpbusd_epi32(a0, u[k], bc(k));
+    a1 = _mm256_dpbusd_epi32(a1, u[k + 1], bc(k + 1));
+  }
+  return _mm256_add_epi32(a0, a1);
+#else
+  // a maddubs pair is at most 2 · 15 · 127 = 3810: eight of them summed in i16 stay below 2^15
+  __m256i p = _mm256_maddubs_epi16(u[0], bc(0));
+  for (int k = 1; k < 8; ++k) p = _mm256_add_epi16(p, _mm256_maddubs_epi16(u[k], bc(k)));
+  return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+#endif
+}
+
+// out[t] lane r = row p[r] · token t's activation (NT tokens, super-blocks x[t][0..nbk)).
+template <int NT>
+KV_ATTR void dot_strip_k4(const uint8_t* const* p, __m256i gidx, const BlockQ8_K* const* x, int64_t nbk, __m256* out) {
+  __m256 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+  K4StripBlock s;
+  for (int64_t i = 0; i < nbk; ++i) {
+    k4_strip_block(p, gidx, i, s);
+    for (int t = 0; t < NT; ++t) {
+      const BlockQ8_K& xb = x[t][i];
+      __m256i sumi = _mm256_setzero_si256(), summ = _mm256_setzero_si256();
+      for (int j = 0; j < 8; ++j) {
+        sumi = _mm256_add_epi32(sumi, _mm256_mullo_epi32(k4_isum(s.u + 8 * j, xb.qs + 32 * j), s.sc[j]));
+        summ = _mm256_add_epi32(
+            summ, _mm256_mullo_epi32(s.m[j], _mm256_set1_epi32(xb.bsums[2 * j] + xb.bsums[2 * j + 1])));
+      }
+      const __m256 xd = _mm256_set1_ps(xb.d);
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_mul_ps(s.d, xd), acc[t]);
+      acc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(summ), _mm256_mul_ps(s.dm, xd), acc[t]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) out[t] = acc[t];
+}
+
+// Rows [r0, r1) of a Q4_K w times n_tok activations (BlockQ8_K rows act_stride apart).
+KV_ATTR inline void k4_strip_rows_loop(const WeightView& w, int64_t r0, int64_t r1, const void* act,
+                                       size_t act_stride, int64_t n_tok, float* y, int64_t ldy, int64_t nbk) {
+  const auto* a = static_cast<const uint8_t*>(act);
+  for_each_strip(w, r0, r1, n_tok, y, ldy, [&](const uint8_t* const* p, __m256i gidx, int64_t t0, int nt, __m256* out) {
+    const BlockQ8_K* x[kStripTokens];
+    for (int t = 0; t < nt; ++t) x[t] = reinterpret_cast<const BlockQ8_K*>(a + static_cast<size_t>(t0 + t) * act_stride);
+#define KV_K4_STRIP(N) dot_strip_k4<N>(p, gidx, x, nbk, out)
+    KV_STRIP_DISPATCH(nt, KV_K4_STRIP)
+#undef KV_K4_STRIP
+  });
+}
+
+#endif  // KV_X86
+#endif  // KVTRIM_OPS_KQUANT_STRIPS_INL_H_
