@@ -279,7 +279,7 @@ KV_ATTR void strip_rows_loop(const WeightView& w, int64_t r0, int64_t r1, const 
       }
     }
   }
-  const int32_t* qsums = qsum_buf.data();  // (not the thread_local inside the kernel lambda)
+  const int32_t* qsums = qsum_buf.data();
   for_each_strip(w, r0, r1, n_tok, y, ldy, [&](const uint8_t* const* p, __m256i gidx, int64_t t0, int nt, __m256* out) {
     const BlockQ8A* x[kStripTokens];
     const int32_t* qs[kStripTokens] = {};

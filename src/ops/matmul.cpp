@@ -6,7 +6,7 @@
 //   the integer dot kernel on the quantized blocks directly (no dequantized copy of W).
 // matmul (prefill):
 //   n_tok < kGemmMinTok, or (int8_prefill()) any n_tok for the types with a strip kernel on
-//     this CPU (detail::has_strip_kernel: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 with VNNI): the same
+//     this CPU (detail::has_strip_kernel: Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q8_0 with VNNI): the same
 //     integer kernel, each weight row (strip of 8 rows) reused from L1 for all tokens. The
 //     strips beat the f32 sgemm below at every token count: SmolLM2's weights (Q4_1 + Q8_0),
 //     2 threads, Zen 4, kvtrim_bench_kernels BM_SmolLM2Token, min of 5: 16 tokens 9.7 vs

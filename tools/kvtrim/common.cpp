@@ -34,7 +34,7 @@ void add_common_options(CLI::App* app, CommonOptions& o) {
                   "most memory the KV cache may take, e.g. 2GiB: a longer --ctx or prompt is refused before "
                   "allocation (default: the memory the OS reports available; off: no check)");
   app->add_flag("--int8-prefill", o.int8_prefill,
-                "prefill with 8-bit activations on the integer kernels for Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 weights, "
+                "prefill with 8-bit activations on the integer kernels for Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K weights, "
                 "as llama.cpp does: ~1.5x faster SmolLM2 prefill for WikiText-2 PPL 15.94 -> 15.98 "
                 "(default: f32 activations and sgemm, the numerics of the reference checks)");
   app->add_flag("--no-kv-rotate", o.no_kv_rotate,
