@@ -53,7 +53,9 @@ std::string mc_source(const std::string& bench, const std::string& data, size_t 
   if (bench == "piqa")
     return "data=" + file_identity((fs::path(data) / "valid.jsonl").string()) + "," +
            file_identity((fs::path(data) / "valid-labels.lst").string());
-  return strprintf("data=%s:%zu,shots=%d", data.c_str(), n_items, shots);
+  // order=rr: items in round robin over the subjects (load_mmlu); a results file of the earlier
+  // subject-by-subject order gets another config and is not resumed with the new items
+  return strprintf("data=%s:%zu,shots=%d,order=rr", data.c_str(), n_items, shots);
 }
 
 namespace {

@@ -37,7 +37,7 @@ std::string ruler_data_source(const std::string& file_text);
 // GSM8K questions: the file, the shots and the answer length.
 std::string gsm8k_source(const std::string& data_file, int shots, int max_new_tokens);
 // Multiple-choice items of `bench` (hellaswag: the file; piqa: the directory's two files;
-// mmlu: the directory, the item count and the shots).
+// mmlu: the directory, the item count, the shots and the item order).
 std::string mc_source(const std::string& bench, const std::string& data, size_t n_items, int shots);
 
 // eval ruler / eval gsm8k: one press (described as printed, "none" without one).

@@ -77,7 +77,7 @@ TEST(EvalRecipe, SampleSetIdentities) {
   EXPECT_EQ(ruler_data_source("abc"), ruler_data_source("abc"));
   EXPECT_NE(ruler_data_source("abc"), ruler_data_source("abd"));
   EXPECT_EQ(gsm8k_source("/d/test.jsonl", 5, 256), "gsm8k=test.jsonl:0,shots=5,max_new=256");
-  EXPECT_EQ(mc_source("mmlu", "/d/mmlu", 100, 5), "data=/d/mmlu:100,shots=5");
+  EXPECT_EQ(mc_source("mmlu", "/d/mmlu", 100, 5), "data=/d/mmlu:100,shots=5,order=rr");
   EXPECT_EQ(mc_source("piqa", "/d/piqa", 10, 0), "data=valid.jsonl:0,valid-labels.lst:0");
   EXPECT_EQ(mc_source("hellaswag", "/d/h.txt.bz2", 10, 0), "data=h.txt.bz2:0");
 }
