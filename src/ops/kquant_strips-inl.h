@@ -4,9 +4,9 @@
 // transpose_dwords, halves_to_ps, for_each_strip and KV_STRIP_DISPATCH it uses); x86 only.
 //
 // A Q4_K super-block holds 256 columns in 8 sub-blocks of 32: x = d·sc_j·q − dmin·m_j with 4-bit
-// q and 6-bit sc_j, m_j packed in 12 bytes. Per strip and super-block the 8 rows' nibbles are
-// transposed into u[8j + k] (lane r = row r's columns 32j + 4k .. +3) and their scales and mins
-// unpacked lane-wise (the same word operations as scales_mins_k4, on 8 rows at once); then per
+// q and 6-bit sc_j, m_j packed in 12 bytes. Per strip and super-block the 8 rows' header and
+// nibbles are transposed in registers (u[8j + k], lane r = row r's columns 32j + 4k .. +3), the
+// scales and mins unpacked lane-wise (the same word operations as scales_mins_k4); then per
 // token each sub-block is 8 dpbusd (maddubs + madd without VNNI) times the broadcast activation
 // dwords, multiplied by its scale lane-wise, and the min term is m_j times the activation's
 // sub-block sum (two of Q8_K's bsums). The decoded super-block (2 KiB) is shared by up to
@@ -39,16 +39,14 @@ struct K4StripBlock {
   __m256 d, dm;          // lane r: row r's d, dmin
 };
 
-KV_ATTR inline void k4_strip_block(const uint8_t* const* p, __m256i gidx, int64_t i, K4StripBlock& s) {
-  const size_t off = static_cast<size_t>(i) * sizeof(BlockQ4_K);
-  auto gather = [&](size_t o) {
-    return _mm256_i32gather_epi32(reinterpret_cast<const int*>(p[0] + off + o), gidx, 1);
-  };
-  const __m256i g = gather(0);  // d | dmin << 16
-  s.d = halves_to_ps<0>(g);
-  s.dm = halves_to_ps<16>(g);
-  const __m256i u0 = gather(offsetof(BlockQ4_K, scales)), u1 = gather(offsetof(BlockQ4_K, scales) + 4),
-                u2 = gather(offsetof(BlockQ4_K, scales) + 8);
+// The super-block's header for 8 rows: its first 16 bytes (d, dmin, the 12 scale bytes) are one
+// 8 x 4 dword transpose (no gathers); scales and mins unpacked lane-wise as scales_mins_k4 does.
+KV_ATTR HWY_INLINE void k4_strip_header(const uint8_t* const* p, size_t off, K4StripBlock& s) {
+  __m256i h[4];
+  transpose_dwords(p, off, h);  // d | dmin << 16, scales 0..3, 4..7, 8..11
+  s.d = halves_to_ps<0>(h[0]);
+  s.dm = halves_to_ps<16>(h[0]);
+  const __m256i u0 = h[1], u1 = h[2], u2 = h[3];
   const __m256i k1 = _mm256_set1_epi32(0x3f3f3f3f), k2 = _mm256_set1_epi32(0x0f0f0f0f),
                 k3 = _mm256_set1_epi32(0x03030303), ff = _mm256_set1_epi32(0xff);
   const __m256i sc03 = _mm256_and_si256(u0, k1), m03 = _mm256_and_si256(u1, k1);
@@ -56,29 +54,24 @@ KV_ATTR inline void k4_strip_block(const uint8_t* const* p, __m256i gidx, int64_
                                        _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u0, 6), k3), 4));
   const __m256i m47 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u2, 4), k2),
                                       _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u1, 6), k3), 4));
-  const __m256i* src[4] = {&sc03, &sc47, &m03, &m47};
   for (int b = 0; b < 4; ++b) {
     const __m128i cnt = _mm_cvtsi32_si128(8 * b);
-    s.sc[b] = _mm256_and_si256(_mm256_srl_epi32(*src[0], cnt), ff);
-    s.sc[4 + b] = _mm256_and_si256(_mm256_srl_epi32(*src[1], cnt), ff);
-    s.m[b] = _mm256_and_si256(_mm256_srl_epi32(*src[2], cnt), ff);
-    s.m[4 + b] = _mm256_and_si256(_mm256_srl_epi32(*src[3], cnt), ff);
-  }
-  // qs: 32 bytes per pair of sub-blocks, low nibbles = sub-block 2·j2, high = 2·j2 + 1
-  const __m256i m4 = _mm256_set1_epi8(0x0F);
-  for (int j2 = 0; j2 < 4; ++j2) {
-    __m256i q[8];
-    transpose_dwords(p, off + offsetof(BlockQ4_K, qs) + 32 * static_cast<size_t>(j2), q);
-    transpose_dwords(p, off + offsetof(BlockQ4_K, qs) + 32 * static_cast<size_t>(j2) + 16, q + 4);
-    for (int k = 0; k < 8; ++k) {
-      s.u[16 * j2 + k] = _mm256_and_si256(q[k], m4);
-      s.u[16 * j2 + 8 + k] = _mm256_and_si256(_mm256_srli_epi16(q[k], 4), m4);
-    }
+    s.sc[b] = _mm256_and_si256(_mm256_srl_epi32(sc03, cnt), ff);
+    s.sc[4 + b] = _mm256_and_si256(_mm256_srl_epi32(sc47, cnt), ff);
+    s.m[b] = _mm256_and_si256(_mm256_srl_epi32(m03, cnt), ff);
+    s.m[4 + b] = _mm256_and_si256(_mm256_srl_epi32(m47, cnt), ff);
   }
 }
 
+// The 32 qs bytes of sub-blocks 2·j2 (low nibbles) and 2·j2 + 1 (high) for 8 rows: q[k] lane r =
+// row r's bytes 4k .. 4k + 3.
+KV_ATTR HWY_INLINE void k4_strip_qs(const uint8_t* const* p, size_t off, int j2, __m256i* q) {
+  transpose_dwords(p, off + offsetof(BlockQ4_K, qs) + 32 * static_cast<size_t>(j2), q);
+  transpose_dwords(p, off + offsetof(BlockQ4_K, qs) + 32 * static_cast<size_t>(j2) + 16, q + 4);
+}
+
 // Σ_k u[k] · (activation bytes 4k..4k+3 broadcast), k < 8: lane r = row r's exact sub-block dot.
-KV_ATTR inline __m256i k4_isum(const __m256i* u, const int8_t* xq) {
+KV_ATTR HWY_INLINE __m256i k4_isum(const __m256i* u, const int8_t* xq) {
   auto bc = [xq](int k) {
     int32_t v;
     std::memcpy(&v, xq + 4 * k, 4);
@@ -100,25 +93,68 @@ KV_ATTR inline __m256i k4_isum(const __m256i* u, const int8_t* xq) {
 #endif
 }
 
-// out[t] lane r = row p[r] · token t's activation (NT tokens, super-blocks x[t][0..nbk)).
+// Token t's super-block total: acc ← fma(float(Σ_j sc_j·isum_j), d·x.d, acc), then the min term.
+KV_ATTR HWY_INLINE __m256 k4_finish(const K4StripBlock& s, const BlockQ8_K& xb, __m256i sumi, __m256 acc) {
+  __m256i summ = _mm256_setzero_si256();
+  for (int j = 0; j < 8; ++j)
+    summ = _mm256_add_epi32(summ, _mm256_mullo_epi32(s.m[j], _mm256_set1_epi32(xb.bsums[2 * j] + xb.bsums[2 * j + 1])));
+  const __m256 xd = _mm256_set1_ps(xb.d);
+  acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_mul_ps(s.d, xd), acc);
+  return _mm256_fnmadd_ps(_mm256_cvtepi32_ps(summ), _mm256_mul_ps(s.dm, xd), acc);
+}
+
+// out[t] lane r = row p[r] · token t's activation (NT tokens, super-blocks x[t][0..nbk)). One
+// token: each pair of sub-blocks is computed straight from its transposed bytes; several: the
+// super-block's nibbles are decoded once into s.u and read by every token. Both add the same
+// integers in the same order (sub-blocks 0..7), so their results are equal bit for bit.
+constexpr int kK4Ahead = 32;
+
 template <int NT>
-KV_ATTR void dot_strip_k4(const uint8_t* const* p, __m256i gidx, const BlockQ8_K* const* x, int64_t nbk, __m256* out) {
+KV_ATTR void dot_strip_k4(const uint8_t* const* p, const BlockQ8_K* const* x, int64_t nbk, __m256* out) {
   __m256 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
   K4StripBlock s;
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
   for (int64_t i = 0; i < nbk; ++i) {
-    k4_strip_block(p, gidx, i, s);
-    for (int t = 0; t < NT; ++t) {
-      const BlockQ8_K& xb = x[t][i];
-      __m256i sumi = _mm256_setzero_si256(), summ = _mm256_setzero_si256();
-      for (int j = 0; j < 8; ++j) {
-        sumi = _mm256_add_epi32(sumi, _mm256_mullo_epi32(k4_isum(s.u + 8 * j, xb.qs + 32 * j), s.sc[j]));
-        summ = _mm256_add_epi32(
-            summ, _mm256_mullo_epi32(s.m[j], _mm256_set1_epi32(xb.bsums[2 * j] + xb.bsums[2 * j + 1])));
+    const size_t off = static_cast<size_t>(i) * sizeof(BlockQ4_K);
+    // each row's super-block kK4Ahead ahead (past a row's end: the next row's start, read soon
+    // anyway): 8 interleaved streams from DRAM, which the hardware prefetcher alone does not
+    // keep ahead of
+    for (int r = 0; r < kStripRows; ++r) {
+      const uint8_t* a = p[r] + off + kK4Ahead * sizeof(BlockQ4_K);
+      __builtin_prefetch(a);
+      __builtin_prefetch(a + 64);
+      __builtin_prefetch(a + 128);
+    }
+    k4_strip_header(p, off, s);
+    if constexpr (NT == 1) {
+      const BlockQ8_K& xb = x[0][i];
+      __m256i sumi = _mm256_setzero_si256();
+      for (int j2 = 0; j2 < 4; ++j2) {
+        __m256i q[8], u[8];
+        k4_strip_qs(p, off, j2, q);
+        for (int k = 0; k < 8; ++k) u[k] = _mm256_and_si256(q[k], m4);
+        sumi = _mm256_add_epi32(sumi, _mm256_mullo_epi32(k4_isum(u, xb.qs + 64 * j2), s.sc[2 * j2]));
+        for (int k = 0; k < 8; ++k) u[k] = _mm256_and_si256(_mm256_srli_epi16(q[k], 4), m4);
+        sumi = _mm256_add_epi32(sumi, _mm256_mullo_epi32(k4_isum(u, xb.qs + 64 * j2 + 32), s.sc[2 * j2 + 1]));
       }
-      const __m256 xd = _mm256_set1_ps(xb.d);
-      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_mul_ps(s.d, xd), acc[t]);
-      acc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(summ), _mm256_mul_ps(s.dm, xd), acc[t]);
+      acc[0] = k4_finish(s, xb, sumi, acc[0]);
+    } else {
+      for (int j2 = 0; j2 < 4; ++j2) {
+        __m256i q[8];
+        k4_strip_qs(p, off, j2, q);
+        for (int k = 0; k < 8; ++k) {
+          s.u[16 * j2 + k] = _mm256_and_si256(q[k], m4);
+          s.u[16 * j2 + 8 + k] = _mm256_and_si256(_mm256_srli_epi16(q[k], 4), m4);
+        }
+      }
+      for (int t = 0; t < NT; ++t) {
+        const BlockQ8_K& xb = x[t][i];
+        __m256i sumi = _mm256_setzero_si256();
+        for (int j = 0; j < 8; ++j)
+          sumi = _mm256_add_epi32(sumi, _mm256_mullo_epi32(k4_isum(s.u + 8 * j, xb.qs + 32 * j), s.sc[j]));
+        acc[t] = k4_finish(s, xb, sumi, acc[t]);
+      }
     }
   }
   for (int t = 0; t < NT; ++t) out[t] = acc[t];
@@ -128,10 +164,10 @@ KV_ATTR void dot_strip_k4(const uint8_t* const* p, __m256i gidx, const BlockQ8_K
 KV_ATTR inline void k4_strip_rows_loop(const WeightView& w, int64_t r0, int64_t r1, const void* act,
                                        size_t act_stride, int64_t n_tok, float* y, int64_t ldy, int64_t nbk) {
   const auto* a = static_cast<const uint8_t*>(act);
-  for_each_strip(w, r0, r1, n_tok, y, ldy, [&](const uint8_t* const* p, __m256i gidx, int64_t t0, int nt, __m256* out) {
+  for_each_strip(w, r0, r1, n_tok, y, ldy, [&](const uint8_t* const* p, __m256i, int64_t t0, int nt, __m256* out) {
     const BlockQ8_K* x[kStripTokens];
     for (int t = 0; t < nt; ++t) x[t] = reinterpret_cast<const BlockQ8_K*>(a + static_cast<size_t>(t0 + t) * act_stride);
-#define KV_K4_STRIP(N) dot_strip_k4<N>(p, gidx, x, nbk, out)
+#define KV_K4_STRIP(N) dot_strip_k4<N>(p, x, nbk, out)
     KV_STRIP_DISPATCH(nt, KV_K4_STRIP)
 #undef KV_K4_STRIP
   });

@@ -73,7 +73,7 @@ struct StripBlockVecs {
 };
 
 // w[j] lane r = dword j of the 16 bytes at p[r] + off (an 8 x 4 dword transpose).
-KV_ATTR inline void transpose_dwords(const uint8_t* const* p, size_t off, __m256i* w) {
+KV_ATTR HWY_INLINE void transpose_dwords(const uint8_t* const* p, size_t off, __m256i* w) {
   auto pair = [&](int r) {
     return _mm256_inserti128_si256(
         _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p[r] + off))),
