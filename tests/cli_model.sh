@@ -34,6 +34,9 @@ check run_swan_k 0 "KV cache: .*indices [1-9][0-9]*" run -m smollm2 -p "$long" -
 check swan_wrong_model 1 "made for another model" run -m gemma3-270m -p "$long" -n 4 -t 2 --press "swan:0.5,calib=$tmp/s.kvcalib"
 # Lexico: dictionaries added to that file (a small one: 64 atoms from its 768 key / value rows
 # per layer), a run whose cache holds the codes, a file without dictionaries refused clearly
+check run_palu 0 "KV cache: .*bases [1-9][0-9]*" run -m smollm2 -p "$long" -n 8 -t 2 --press "palu:0.5,calib=$tmp/s.kvcalib"
+check run_palu_weights 0 "KV cache: .*bases [1-9][0-9]*" run -m gemma3-270m -p "$long" -n 8 -t 2 --press "palu:0.5,whiten=none"
+check palu_group 1 "group=4 is not supported" run -m smollm2 -p "$long" -n 4 -t 2 --press "palu:0.5,group=4,whiten=none"
 check lexico_small 0 "lexico: 64 atoms per layer and side from 768 rows" calibrate -m smollm2 --seqs 2 --seq-len 128 -t 2 --lexico --lexico-atoms 64 --lexico-iters 2 --calib "$tmp/s.kvcalib" -o "$tmp/l.kvcalib"
 check run_lexico 0 "KV cache: .*indices [1-9][0-9]*" run -m smollm2 -p "$long" -n 8 -t 2 --press "lexico:0.5,buffer=16,calib=$tmp/l.kvcalib"
 check lexico_no_dict 1 "no Lexico dictionaries" run -m smollm2 -p "$long" -n 4 -t 2 --press "lexico:0.5,calib=$tmp/s.kvcalib"
