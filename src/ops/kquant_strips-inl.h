@@ -1,7 +1,7 @@
 // Q4_K weights eight rows at a time, the rows as SIMD lanes: legacy_strips-inl.h's scheme (read
 // it first) for the k-quant that Qwen2.5 and Gemma3's Q4_K_M files are mostly made of. Included
 // by matmul_kernels.cpp inside its per-target namespace, after legacy_strips-inl.h (whose
-// transpose_dwords, halves_to_ps, for_each_strip and KV_STRIP_DISPATCH it uses); x86 only.
+// transpose_dwords, halves_to_ps, for_each_strip and strip_dispatch it uses); x86 only.
 //
 // A Q4_K super-block holds 256 columns in 8 sub-blocks of 32: x = d·sc_j·q − dmin·m_j with 4-bit
 // q and 6-bit sc_j, m_j packed in 12 bytes. Per strip and super-block the 8 rows' header and
@@ -167,9 +167,7 @@ KV_ATTR inline void k4_strip_rows_loop(const WeightView& w, int64_t r0, int64_t 
   for_each_strip(w, r0, r1, n_tok, y, ldy, [&](const uint8_t* const* p, __m256i, int64_t t0, int nt, __m256* out) {
     const BlockQ8_K* x[kStripTokens];
     for (int t = 0; t < nt; ++t) x[t] = reinterpret_cast<const BlockQ8_K*>(a + static_cast<size_t>(t0 + t) * act_stride);
-#define KV_K4_STRIP(N) dot_strip_k4<N>(p, x, nbk, out)
-    KV_STRIP_DISPATCH(nt, KV_K4_STRIP)
-#undef KV_K4_STRIP
+    strip_dispatch(nt, [&](auto n) { dot_strip_k4<decltype(n)::value>(p, x, nbk, out); });
   });
 }
 

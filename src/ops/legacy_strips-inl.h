@@ -235,30 +235,24 @@ KV_ATTR void for_each_strip(const WeightView& w, int64_t r0, int64_t r1, int64_t
   }
 }
 
-// kernel<NT>() for the token count nt of a group (a compile-time NT for the accumulators).
+// f(std::integral_constant<int, NT>) for the token count nt of a group (a compile-time NT for the
+// kernels' accumulators; up to kStripTokens).
+template <class F>
+KV_ATTR HWY_INLINE void strip_dispatch(int nt, F&& f) {
+  switch (nt) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
 #if KV_AVX512
-#define KV_STRIP_DISPATCH(nt, CALL) \
-  switch (nt) {                    \
-    case 1: CALL(1); break;        \
-    case 2: CALL(2); break;        \
-    case 3: CALL(3); break;        \
-    case 4: CALL(4); break;        \
-    case 5: CALL(5); break;        \
-    case 6: CALL(6); break;        \
-    case 7: CALL(7); break;        \
-    case 8: CALL(8); break;        \
-    default: break;                \
-  }
-#else
-#define KV_STRIP_DISPATCH(nt, CALL) \
-  switch (nt) {                    \
-    case 1: CALL(1); break;        \
-    case 2: CALL(2); break;        \
-    case 3: CALL(3); break;        \
-    case 4: CALL(4); break;        \
-    default: break;                \
-  }
+    case 5: f(std::integral_constant<int, 5>{}); break;
+    case 6: f(std::integral_constant<int, 6>{}); break;
+    case 7: f(std::integral_constant<int, 7>{}); break;
+    case 8: f(std::integral_constant<int, 8>{}); break;
 #endif
+    default: break;
+  }
+}
 
 // Rows [r0, r1) of a legacy-type w times n_tok activations (BlockQ8A rows act_stride apart).
 template <GgmlType kT>
@@ -287,9 +281,7 @@ KV_ATTR void strip_rows_loop(const WeightView& w, int64_t r0, int64_t r1, const 
       x[t] = reinterpret_cast<const BlockQ8A*>(a + static_cast<size_t>(t0 + t) * act_stride);
       if constexpr (kOffset != 0) qs[t] = qsums + (t0 + t) * nb;
     }
-#define KV_LEGACY_STRIP(N) dot_strip<kT, N>(p, gidx, x, qs, nb, out)
-    KV_STRIP_DISPATCH(nt, KV_LEGACY_STRIP)
-#undef KV_LEGACY_STRIP
+    strip_dispatch(nt, [&](auto n) { dot_strip<kT, decltype(n)::value>(p, gidx, x, qs, nb, out); });
   });
 }
 
