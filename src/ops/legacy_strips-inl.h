@@ -236,9 +236,10 @@ KV_ATTR void for_each_strip(const WeightView& w, int64_t r0, int64_t r1, int64_t
 }
 
 // f(std::integral_constant<int, NT>) for the token count nt of a group (a compile-time NT for the
-// kernels' accumulators; up to kStripTokens).
+// kernels' accumulators; up to kStripTokens). No target attribute: it runs inside the strip
+// walker's lambdas, which clang compiles without KV_ATTR's features (and it uses no intrinsics).
 template <class F>
-KV_ATTR HWY_INLINE void strip_dispatch(int nt, F&& f) {
+HWY_INLINE void strip_dispatch(int nt, F&& f) {
   switch (nt) {
     case 1: f(std::integral_constant<int, 1>{}); break;
     case 2: f(std::integral_constant<int, 2>{}); break;
