@@ -176,8 +176,9 @@ PressInfo palu_press_info() {
   PressInfo i;
   i.name = "palu";
   i.description =
-      "low-rank K/V from the SVD of the key / value projection weights (no calibration); keys "
-      "cached before RoPE and reconstructed per token";
+      "low-rank K/V in the top singular vectors of each kv head's key / value projection, whitened "
+      "by the calibration inputs (whiten=none: the weights alone); keys cached before RoPE and "
+      "reconstructed per token";
   i.paper =
       "Chang et al. 2024, Palu: Compressing KV-Cache with Low-Rank Projection (arXiv:2407.21118), "
       "per-head decomposition (M-LRD)";
