@@ -167,8 +167,8 @@ LayerSeq prepare_layer_seq(const Model& model, int il, const LayerWeightsF32& w,
   add_bias(lw.bk, s.k, nk);
   add_bias(lw.bv, s.v, nv);
   const int dk = hp.head_dim_k;
-  const float base = w.window > 0 ? hp.rope_base_swa : hp.rope_base;
-  const float fscale = w.window > 0 ? 1.f : hp.rope_freq_scale;
+  const RopeSpec rs = layer_rope(hp, il);
+  const float base = rs.base, fscale = rs.freq_scale;
   for (int64_t t = 0; t < s.n; ++t) {
     for (int hh = 0; hh < hp.n_head; ++hh) {
       float* qh = s.q.data() + t * nq + hh * dk;

@@ -323,13 +323,14 @@ void TokenCache::spill_buffer(Head& H, int64_t keep) const {
   thread_local std::vector<float> kf, vf;
   kf.resize(static_cast<size_t>(out * dk));
   vf.resize(static_cast<size_t>(out * dv));
-  const std::vector<int32_t> spos(H.segs[0].pos.begin() + first, H.segs[0].pos.begin() + first + out);
+  thread_local std::vector<int32_t> spos;  // the spilled rows' positions (SWAN: every decode step)
+  spos.assign(H.segs[0].pos.begin() + first, H.segs[0].pos.begin() + first + out);
   for (int64_t j = 0; j < out; ++j)
     read_row(H, 0, first + j, spos[static_cast<size_t>(j)], kf.data() + j * dk, vf.data() + j * dv);
   Segment& S = current_segment(H);  // may grow H.segs: segs[0] is looked up again below
   encode_into(S, out, kf.data(), dk, vf.data(), dv, spos.data());
   Segment& D0 = H.segs[0];
-  S.pos.insert(S.pos.end(), D0.pos.begin() + first, D0.pos.begin() + first + out);
+  S.pos.insert(S.pos.end(), spos.begin(), spos.end());
   D0.k.erase_rows(first, out);
   D0.v.erase_rows(first, out);
   D0.pos.erase(D0.pos.begin() + first, D0.pos.begin() + first + out);

@@ -13,6 +13,7 @@
 #include "kv/attn_kernels.h"
 #include "kv/quant_formats.h"
 #include "kv/sparse_code.h"
+#include "ops/nn.h"
 
 namespace kvtrim::kv {
 namespace {
@@ -106,6 +107,9 @@ class RopeAngles {
       sn[i] = sgn * (hs[i] * lc[i] + hc[i] * ls[i]);
     }
   }
+  // cos / sin of m·ω_i for m in [0, 256), pair i's row: [half, 256] (valid after at()).
+  const float* step_cos(int i) const { return lct_.data() + static_cast<int64_t>(i) * 256; }
+  const float* step_sin(int i) const { return lst_.data() + static_cast<int64_t>(i) * 256; }
 
  private:
   void init(const RopeSpec& r) {
@@ -135,12 +139,6 @@ class RopeAngles {
     hs_.resize(static_cast<size_t>(half));
   }
 
- public:
-  // cos / sin of m·ω_i for m in [0, 256), pair i's row: [half, 256] (valid after at()).
-  const float* step_cos(int i) const { return lct_.data() + static_cast<int64_t>(i) * 256; }
-  const float* step_sin(int i) const { return lst_.data() + static_cast<int64_t>(i) * 256; }
-
- private:
   RopeSpec spec_;
   std::vector<double> omega_;
   std::vector<float> lc_, ls_;    // [256, half]
@@ -158,30 +156,12 @@ inline int pair_second(const RopeSpec& r, int i) { return r.neox ? i + r.n_rot /
 }  // namespace
 
 void rope_rows(const RopeSpec& r, float* x, int64_t n, int64_t ldx, const int32_t* pos, bool inverse) {
-  const int half = r.n_rot / 2;
   thread_local std::vector<float> cv, sv;
-  cv.resize(static_cast<size_t>(half));
-  sv.resize(static_cast<size_t>(half));
-  float* __restrict cs = cv.data();
-  float* __restrict sn = sv.data();
+  cv.resize(static_cast<size_t>(r.n_rot / 2));
+  sv.resize(cv.size());
   for (int64_t j = 0; j < n; ++j) {
-    tl_angles.at(r, pos[j], inverse, cs, sn);
-    float* __restrict row = x + j * ldx;
-    if (r.neox) {  // pairs (i, i + half)
-      float* __restrict a = row;
-      float* __restrict b = row + half;
-      for (int i = 0; i < half; ++i) {
-        const float x0 = a[i], x1 = b[i];
-        a[i] = x0 * cs[i] - x1 * sn[i];
-        b[i] = x0 * sn[i] + x1 * cs[i];
-      }
-    } else {  // pairs (2i, 2i + 1)
-      for (int i = 0; i < half; ++i) {
-        const float x0 = row[2 * i], x1 = row[2 * i + 1];
-        row[2 * i] = x0 * cs[i] - x1 * sn[i];
-        row[2 * i + 1] = x0 * sn[i] + x1 * cs[i];
-      }
-    }
+    tl_angles.at(r, pos[j], inverse, cv.data(), sv.data());
+    rope_rotate(x + j * ldx, r.n_rot, r.neox, cv.data(), sv.data());
   }
 }
 
@@ -217,16 +197,14 @@ void rope_cols(const RopeSpec& r, float* xt, int64_t ldx, int64_t n, const int32
 }
 
 void SideEncoding::to_coords(const float* x, int64_t n, int64_t ldx, float* c, const int32_t* pos) const {
-  if (rope) {  // c = Uᵀ R_pos⁻¹ x
+  if (rope) {  // c = Uᵀ R_pos⁻¹ x: the rows unrotated into scratch, then the projection below
     KVTRIM_ASSERT(basis && pos);
     thread_local std::vector<float> xr;
     xr.resize(static_cast<size_t>(n * d));
     for (int64_t j = 0; j < n; ++j) std::copy(x + j * ldx, x + j * ldx + d, xr.data() + j * d);
     rope_rows(*rope, xr.data(), n, d, pos, /*inverse=*/true);
-    const int r = basis->r;
-    std::fill(c, c + n * r, 0.f);
-    attn_accum_f32(xr.data(), static_cast<int>(n), d, basis->enc.data(), d, r, c);
-    return;
+    x = xr.data();
+    ldx = d;
   }
   if (!basis) {
     for (int64_t j = 0; j < n; ++j) std::copy(x + j * ldx, x + j * ldx + d, c + j * d);

@@ -12,8 +12,9 @@
 // and the type's offset (8, 16, 32) or min is applied per block through the activation
 // sums (BlockQ8A::s, BlockQ8_K::bsums), which keeps maddubs free of saturation.
 // F32 / F16 / BF16 weights use portable Highway f32 FMAs on the unquantized activation.
-// On x86 the legacy types run 8 rows at a time, the rows as SIMD lanes (ops/legacy_strips-inl.h;
-// Q8_0 only with VNNI); the row-at-a-time kernels below serve the other cases.
+// On x86 the legacy types and Q4_K run 8 rows at a time, the rows as SIMD lanes
+// (ops/legacy_strips-inl.h, ops/kquant_strips-inl.h; Q8_0 only with VNNI); the row-at-a-time
+// kernels below serve the other cases.
 
 #include <algorithm>
 #include <cmath>

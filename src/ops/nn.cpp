@@ -272,7 +272,9 @@ void rope_angles(int64_t n_rot, int32_t pos, float base, float freq_scale, float
   }
 }
 
-void rope_apply(float* x, int64_t n_rot, bool neox, const float* c, const float* s) {
+}  // namespace
+
+void rope_rotate(float* x, int64_t n_rot, bool neox, const float* c, const float* s) {
   const int64_t half = n_rot / 2;
   for (int64_t i = 0; i < half; ++i) {
     const int64_t i0 = neox ? i : 2 * i;
@@ -282,8 +284,6 @@ void rope_apply(float* x, int64_t n_rot, bool neox, const float* c, const float*
     x[i1] = x0 * s[i] + x1 * c[i];
   }
 }
-
-}  // namespace
 
 void rope(float* x, int64_t head_dim, int64_t n_rot, int32_t pos, float base, float freq_scale,
           bool neox) {
@@ -297,7 +297,7 @@ void rope(float* x, int64_t head_dim, int64_t n_rot, int32_t pos, float base, fl
     t.base = base;
     t.freq_scale = freq_scale;
   }
-  rope_apply(x, n_rot, neox, t.cos.data(), t.sin.data());
+  rope_rotate(x, n_rot, neox, t.cos.data(), t.sin.data());
 }
 
 namespace ref {

@@ -33,6 +33,8 @@ void axpy(float* y, float a, const float* x, int64_t n);
 // neox = false: pairs (2i, 2i+1) (llama GGUF layout, whose Q/K weights are permuted for it).
 // theta_i = pos * base^(-2i/n_rot) * freq_scale.
 void rope(float* x, int64_t head_dim, int64_t n_rot, int32_t pos, float base, float freq_scale, bool neox);
+// The rotation rope applies, with the angles' cos / sin [n_rot / 2] given (x's pairs as above).
+void rope_rotate(float* x, int64_t n_rot, bool neox, const float* c, const float* s);
 
 namespace ref {
 void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps);

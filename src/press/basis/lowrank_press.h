@@ -95,7 +95,8 @@ class LowRankPress : public Press {
   virtual bool chooses_bases() const { return false; }
   virtual void choose_bases(const PressContext& ctx, const Calibration* cal, int il, int ih,
                             ChosenBases* out) const {}
-  // False for presses whose bases come from elsewhere (Palu: the model's weights).
+  // False where the bases come from elsewhere (OjaKV init=prompt: the prompt; Palu whiten=none:
+  // the model's weights).
   virtual bool needs_calibration() const { return !(cfg_.oja && cfg_.init_prompt); }
   // Set: the key bases describe layer il's keys before RoPE (plan.h SideSpec::rope).
   virtual std::optional<RopeSpec> key_rope(const PressContext& ctx, int il) const {

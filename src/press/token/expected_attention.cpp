@@ -57,9 +57,8 @@ void ExpectedAttentionPress::score_layer(const PressContext& ctx, int il, std::v
   const int n_head = ctx.n_head(), g = ctx.group();
   const int d = ctx.head_dim_k();
   const size_t du = static_cast<size_t>(d);
-  const int sw = il < static_cast<int>(hp.sliding_window.size()) ? hp.sliding_window[static_cast<size_t>(il)] : 0;
-  const float rope_base = sw > 0 ? hp.rope_base_swa : hp.rope_base;
-  const float rope_scale = sw > 0 ? 1.f : hp.rope_freq_scale;
+  const RopeSpec rs = layer_rope(hp, il);
+  const float rope_base = rs.base, rope_scale = rs.freq_scale;
   const int n_rot = hp.n_rot > 0 ? hp.n_rot : d;
   const float scale = hp.attn_scale > 0 ? hp.attn_scale : 1.f / std::sqrt(static_cast<float>(d));
 
