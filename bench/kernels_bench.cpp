@@ -157,6 +157,7 @@ void matvec_args(benchmark::internal::Benchmark* b) {
     add(t, 8960, 1536);
   }
   add(GgmlType::Q4_K, 1536, 8960);
+  add(GgmlType::Q6_K, 1536, 8960);  // down (half of Qwen2.5's layers)
 }
 BENCHMARK(BM_Matvec)->Apply(matvec_args)->UseRealTime()->ComputeStatistics("min", min_of);
 
@@ -188,6 +189,8 @@ BENCHMARK(BM_Matmul)
     ->Args({static_cast<int64_t>(GgmlType::Q4_1), 1536, 576, 8, 2})
     ->Args({static_cast<int64_t>(GgmlType::Q4_K), 8960, 1536, 4, 2})  // Qwen2.5-1.5B's up, 4 streams
     ->Args({static_cast<int64_t>(GgmlType::Q4_K), 8960, 1536, 8, 2})
+    ->Args({static_cast<int64_t>(GgmlType::Q6_K), 8960, 1536, 4, 2})
+    ->Args({static_cast<int64_t>(GgmlType::Q6_K), 8960, 1536, 8, 2})
     ->UseRealTime()
     ->ComputeStatistics("min", min_of)
     ->Unit(benchmark::kMillisecond);

@@ -17,6 +17,10 @@ Configurations per case:
   kvtrim     uncompressed f16; --kvtrim-types (e.g. q8_0: `-ctk q8_0 -ctv q8_0`); each --press
              (compressed after the depth's prefill, as `kvtrim bench --press`)
 
+llama.cpp is built AVX2-only unless KVTRIM_LLAMACPP_CPU=native (see llamacpp_build.sh); the
+variant is recorded in each llama.cpp line (`llamacpp_cpu`). Use one --out file per machine and
+variant: a rerun skips lines already there whatever their variant.
+
 Both tools report medians over --reps timed repetitions (llama-bench: the median of its
 per-repetition samples_ts; kvtrim bench: its median). The two tools alternate per case so that
 slow drifts of the machine hit both. Results are appended to --out as JSON lines, one per
@@ -157,7 +161,8 @@ def main():
         die("building llama-bench failed (see above)")
     commit = shell_helper("llamacpp_commit") or "unknown"
     cache = os.environ.get("KVTRIM_LLAMACPP_DIR", os.path.expanduser("~/.cache/kvtrim/llamacpp"))
-    lbench = os.path.join(cache, "build", "bin", "llama-bench")
+    lcpu = os.environ.get("KVTRIM_LLAMACPP_CPU", "avx2")
+    lbench = os.path.join(cache, "build-native" if lcpu == "native" else "build", "bin", "llama-bench")
 
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     done = load_done(a.out)
@@ -185,7 +190,7 @@ def main():
             lc = [(t, True) for t in a.lcpp_types.split()] + ([("f16", False)] if a.lcpp_no_fa else [])
             for ctk, fa in lc:
                 cfg = f"{ctk}{'' if fa else ',no-fa'}"
-                r = dict(base, tool="llama.cpp", config=cfg, llamacpp_commit=commit)
+                r = dict(base, tool="llama.cpp", config=cfg, llamacpp_commit=commit, llamacpp_cpu=lcpu)
                 if key_of(r) in done:
                     continue
                 res, err = run_llamacpp(lbench, gguf, case, ctk, fa, a.threads, a.reps)

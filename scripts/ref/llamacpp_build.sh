@@ -12,15 +12,25 @@
 #   llamacpp_resolve_model M   kvtrim model name/alias or a file -> GGUF path (as
 #                              src/engine/model_path.cpp searches).
 #
-# CPU flags are pinned (GGML_NATIVE=OFF, AVX2/FMA/F16C on, AVX-512/AMX off, no OpenMP):
-# llama.cpp's AMX/AVX-512 paths segfaulted on these VMs before, and every machine the team uses
-# has AVX2. The caller sets REPO, and may set LLAMACPP_PY_VERSION / KVTRIM_LLAMACPP_DIR.
+# CPU flags: KVTRIM_LLAMACPP_CPU=avx2 (default) pins GGML_NATIVE=OFF, AVX2/FMA/F16C on,
+# AVX-512/AMX off, no OpenMP: llama.cpp's AMX/AVX-512 paths segfaulted on an earlier VM, and every
+# machine the team uses has AVX2. KVTRIM_LLAMACPP_CPU=native builds for the host CPU
+# (GGML_NATIVE=ON: AVX-512 / VNNI / BF16 where the CPU has them) into its own build directory;
+# use it for a side-by-side on a machine where kvtrim itself runs AVX-512 kernels, so that each
+# tool gets its best code. The caller sets REPO, and may set LLAMACPP_PY_VERSION /
+# KVTRIM_LLAMACPP_DIR / KVTRIM_LLAMACPP_CPU.
 
 LLAMACPP_PY_VERSION="${LLAMACPP_PY_VERSION:-0.3.36}"
 CACHE_DIR="${KVTRIM_LLAMACPP_DIR:-$HOME/.cache/kvtrim/llamacpp}"
 SRC="$CACHE_DIR/llama_cpp_python-$LLAMACPP_PY_VERSION"
 LCPP="$SRC/vendor/llama.cpp"
-BUILD="$CACHE_DIR/build"
+LLAMACPP_CPU="${KVTRIM_LLAMACPP_CPU:-avx2}"
+case "$LLAMACPP_CPU" in
+  avx2) BUILD="$CACHE_DIR/build" ;;
+  native) BUILD="$CACHE_DIR/build-native" ;;
+  *) echo "llamacpp_build: error: KVTRIM_LLAMACPP_CPU must be avx2 or native, not '$LLAMACPP_CPU'" >&2
+     return 1 2>/dev/null || exit 1 ;;
+esac
 LCPP_COMMIT=unknown
 
 llamacpp_fetch() {
@@ -58,13 +68,16 @@ llamacpp_build() {
   [[ ${#missing[@]} -eq 0 ]] && return 0
   if [[ ! -f "$BUILD/CMakeCache.txt" ]]; then
     echo "$log_prefix configuring llama.cpp ($LCPP_COMMIT) in $BUILD" >&2
+    local cpu_flags=(-DGGML_NATIVE=OFF -DGGML_SSE42=ON -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_BMI2=ON
+      -DGGML_FMA=ON -DGGML_F16C=ON
+      -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF
+      -DGGML_AVX_VNNI=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
+    [[ "$LLAMACPP_CPU" == native ]] && cpu_flags=(-DGGML_NATIVE=ON)
+    echo "$log_prefix CPU flags ($LLAMACPP_CPU): ${cpu_flags[*]}" >&2
     nice -n 19 cmake -S "$LCPP" -B "$BUILD" \
       -DCMAKE_BUILD_TYPE=Release \
       -DBUILD_SHARED_LIBS=OFF \
-      -DGGML_NATIVE=OFF -DGGML_SSE42=ON -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_BMI2=ON \
-      -DGGML_FMA=ON -DGGML_F16C=ON \
-      -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF \
-      -DGGML_AVX_VNNI=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF \
+      "${cpu_flags[@]}" \
       -DGGML_OPENMP=OFF -DGGML_CCACHE=OFF -DGGML_BACKEND_DL=OFF -DGGML_CPU_ALL_VARIANTS=OFF \
       -DLLAMA_OPENSSL=OFF \
       -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_COMMON=ON \

@@ -282,23 +282,28 @@ TEST(Matmul, MatmulMatchesRefForTokenCounts) {
 
 // Under kMatmulGemmMinTokens tokens, matmul gives every token exactly matvec's result (the
 // grouped legacy kernel decodes each weight block once for up to 4 tokens, in the same
-// operations per token): a batched decode step equals the solo ones bit for bit.
+// operations per token; a strip lane does what the single-token strip does): a batched decode
+// step equals the solo ones bit for bit, on every SIMD target.
 TEST(Matmul, SmallBatchesEqualMatvecBitForBit) {
   ThreadPool pool2(2);
+  TargetSweep sweep;
   for (GgmlType t : kTypes) {
     SCOPED_TRACE(type_name(t));
     const Shape s = is_kquant(t) ? Shape{37, 512} : Shape{37, 160};
-    const TestWeight w = make_weight(t, s.n_rows, s.n_cols, false, 6);
-    for (int64_t n_tok : {int64_t{2}, int64_t{3}, int64_t{4}, int64_t{5}, int64_t{8}, kMatmulGemmMinTokens - 1}) {
+    const TestWeight w = make_weight(t, s.n_rows, s.n_cols, true, 6);
+    // (9 = 8 + 1 or 4 + 4 + 1 per strip group: a group of one token inside a batch)
+    for (int64_t n_tok : {int64_t{2}, int64_t{3}, int64_t{4}, int64_t{5}, int64_t{8}, int64_t{9}, kMatmulGemmMinTokens - 1}) {
       const auto x = make_x(n_tok * s.n_cols, 10 + static_cast<uint32_t>(n_tok));
-      std::vector<float> y(static_cast<size_t>(n_tok * s.n_rows)), one(static_cast<size_t>(s.n_rows));
-      matmul(w.view, x.data(), n_tok, y.data(), &pool2);
-      for (int64_t tk = 0; tk < n_tok; ++tk) {
-        matvec(w.view, x.data() + tk * s.n_cols, one.data(), &pool2);
-        for (int64_t r = 0; r < s.n_rows; ++r)
-          ASSERT_EQ(y[static_cast<size_t>(tk * s.n_rows + r)], one[static_cast<size_t>(r)])
-              << "n_tok " << n_tok << " tok " << tk << " row " << r;
-      }
+      sweep.each([&] {
+        std::vector<float> y(static_cast<size_t>(n_tok * s.n_rows)), one(static_cast<size_t>(s.n_rows));
+        matmul(w.view, x.data(), n_tok, y.data(), &pool2);
+        for (int64_t tk = 0; tk < n_tok; ++tk) {
+          matvec(w.view, x.data() + tk * s.n_cols, one.data(), &pool2);
+          for (int64_t r = 0; r < s.n_rows; ++r)
+            ASSERT_EQ(y[static_cast<size_t>(tk * s.n_rows + r)], one[static_cast<size_t>(r)])
+                << "n_tok " << n_tok << " tok " << tk << " row " << r;
+        }
+      });
     }
   }
 }
@@ -443,7 +448,8 @@ TEST(Matmul, RowResultsDoNotDependOnTheStripTheyFallIn) {
 TEST(Matmul, Int8PrefillGivesEachTokenItsDecodeResult) {
   ThreadPool pool2(2);
   const int64_t n_tok = 40;
-  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q4_K}) {
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q4_K,
+                     GgmlType::Q6_K}) {
     SCOPED_TRACE(type_name(t));
     const int64_t nc = is_kquant(t) ? 512 : 160;
     const TestWeight w = make_weight(t, 45, nc, false, 12);
