@@ -15,7 +15,9 @@ Configurations per case:
              flash attention (--lcpp-no-fa; faster at short depths, slow at long ones) — the
              fastest of them is "llama.cpp best"
   kvtrim     uncompressed f16; --kvtrim-types (e.g. q8_0: `-ctk q8_0 -ctv q8_0`); each --press
-             (compressed after the depth's prefill, as `kvtrim bench --press`)
+             (compressed after the depth's prefill, as `kvtrim bench --press`); with
+             --kvtrim-int8-prefill, prefill cases also with `--int8-prefill` (8-bit activations
+             on the integer kernels, as llama.cpp computes prefill)
 
 llama.cpp is built AVX2-only unless KVTRIM_LLAMACPP_CPU=native (see llamacpp_build.sh); the
 variant is recorded in each llama.cpp line (`llamacpp_cpu`). Use one --out file per machine and
@@ -117,8 +119,8 @@ def run_llamacpp(bin_path, gguf, case, ctk, fa, threads, reps):
             "samples": len(samples)}, None
 
 
-def run_kvtrim(kvtrim, model, case, kvtype, presses, threads, reps):
-    cmd = [kvtrim, "bench", "-m", model, "-t", str(threads), "-r", str(reps), "--json"]
+def run_kvtrim(kvtrim, model, case, kvtype, presses, threads, reps, extra=()):
+    cmd = [kvtrim, "bench", "-m", model, "-t", str(threads), "-r", str(reps), "--json", *extra]
     if case["kind"] == "pp":
         cmd += ["-p", str(case["n"]), "-n", "0"]
     else:
@@ -149,6 +151,8 @@ def main():
     ap.add_argument("--lcpp-no-fa", action="store_true", help="also run llama.cpp f16 without flash attention")
     ap.add_argument("--kvtrim-types", default="", help="kvtrim K/V types besides f16 (e.g. q8_0)")
     ap.add_argument("--press", action="append", default=[], help="kvtrim press (repeatable)")
+    ap.add_argument("--kvtrim-int8-prefill", action="store_true",
+                    help="pp cases: also run kvtrim with --int8-prefill (config 'f16,int8-prefill')")
     ap.add_argument("--kvtrim", default=os.path.join(REPO, "build", "release", "kvtrim"))
     ap.add_argument("--out", required=True, help="results (JSON lines, resumable)")
     ap.add_argument("--table", help="also write the markdown table here")
@@ -199,19 +203,23 @@ def main():
                     n_fail += 1
                     continue
                 record(dict(r, **res))
-            # kvtrim configurations: one invocation per K/V type (presses ride along in it)
-            for kvtype in ["f16"] + a.kvtrim_types.split():
-                presses = a.press if (case["kind"] == "tg" and kvtype == "f16") else []
-                cfgs = [kvtype] + [f"press={p}" for p in presses]
+            # kvtrim configurations: one invocation per K/V type (presses ride along in it), and
+            # for prefill cases optionally the 8-bit-activation prefill
+            runs = [(kvtype, kvtype, ()) for kvtype in ["f16"] + a.kvtrim_types.split()]
+            if a.kvtrim_int8_prefill and case["kind"] == "pp":
+                runs.append(("f16", "f16,int8-prefill", ("--int8-prefill",)))
+            for kvtype, name, extra in runs:
+                presses = a.press if (case["kind"] == "tg" and kvtype == "f16" and not extra) else []
+                cfgs = [name] + [f"press={p}" for p in presses]
                 if all(key_of(dict(base, tool="kvtrim", config=c)) in done for c in cfgs):
                     continue
-                rows, err = run_kvtrim(a.kvtrim, model, case, kvtype, presses, a.threads, a.reps)
+                rows, err = run_kvtrim(a.kvtrim, model, case, kvtype, presses, a.threads, a.reps, extra)
                 if err:
-                    log(f"{model} kvtrim {kvtype}: {err}")
+                    log(f"{model} kvtrim {name}: {err}")
                     n_fail += 1
                     continue
                 for row in rows:
-                    cfg = kvtype if row["press"] == "none" else f"press={row['press']}"
+                    cfg = name if row["press"] == "none" else f"press={row['press']}"
                     r = dict(base, tool="kvtrim", config=cfg)
                     for k in ("tps_median", "tps_min", "tps_max", "kv_bytes", "bytes_per_token",
                               "roofline_fraction", "bandwidth_GBps"):

@@ -35,7 +35,8 @@ constexpr bool kKStripType = KVTRIM_KQUANT_STRIPS && kT == GgmlType::Q4_K;
 // One Q4_K super-block of a strip, decoded.
 struct K4StripBlock {
   __m256i u[64];         // u[8j + k] lane r: row r's nibbles of columns 32j + 4k .. 32j + 4k + 3
-  __m256i sc[8], m[8];   // lane r: row r's 6-bit scale / min of sub-block j
+  __m256i sc[8];         // lane r: row r's 6-bit scale of sub-block j
+  __m256i m2[4];         // lane r: row r's 6-bit mins of sub-blocks 2i (low i16) and 2i + 1 (high)
   __m256 d, dm;          // lane r: row r's d, dmin
 };
 
@@ -58,8 +59,14 @@ KV_ATTR HWY_INLINE void k4_strip_header(const uint8_t* const* p, size_t off, K4S
     const __m128i cnt = _mm_cvtsi32_si128(8 * b);
     s.sc[b] = _mm256_and_si256(_mm256_srl_epi32(sc03, cnt), ff);
     s.sc[4 + b] = _mm256_and_si256(_mm256_srl_epi32(sc47, cnt), ff);
-    s.m[b] = _mm256_and_si256(_mm256_srl_epi32(m03, cnt), ff);
-    s.m[4 + b] = _mm256_and_si256(_mm256_srl_epi32(m47, cnt), ff);
+  }
+  // the mins as i16 pairs: m2[i] lane r = m_2i | m_2i+1 << 16 (byte b of m03 is the min of
+  // sub-block b, of m47 of sub-block 4 + b; 6 bits, so the masks cut nothing off)
+  const __m256i w0 = _mm256_set1_epi32(0xff), w1 = _mm256_set1_epi32(0xff0000);
+  for (int h = 0; h < 2; ++h) {
+    const __m256i lo = h ? m47 : m03, hi = _mm256_srli_epi32(lo, 16);
+    s.m2[2 * h] = _mm256_or_si256(_mm256_and_si256(lo, w0), _mm256_and_si256(_mm256_slli_epi32(lo, 8), w1));
+    s.m2[2 * h + 1] = _mm256_or_si256(_mm256_and_si256(hi, w0), _mm256_and_si256(_mm256_slli_epi32(hi, 8), w1));
   }
 }
 
@@ -95,9 +102,14 @@ KV_ATTR HWY_INLINE __m256i k4_isum(const __m256i* u, const int8_t* xq) {
 
 // Token t's super-block total: acc ← fma(float(Σ_j sc_j·isum_j), d·x.d, acc), then the min term.
 KV_ATTR HWY_INLINE __m256 k4_finish(const K4StripBlock& s, const BlockQ8_K& xb, __m256i sumi, __m256 acc) {
-  __m256i summ = _mm256_setzero_si256();
-  for (int j = 0; j < 8; ++j)
-    summ = _mm256_add_epi32(summ, _mm256_mullo_epi32(s.m[j], _mm256_set1_epi32(xb.bsums[2 * j] + xb.bsums[2 * j + 1])));
+  // the activation's 8 sub-block sums (pairs of its 16 bsums; |sum| <= 32 · 127, an i16) as
+  // dwords (sum 2i | sum 2i+1 << 16): Σ_j m_j · sum_j is 4 madd with the mins' i16 pairs
+  const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.bsums));
+  const __m128i pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+  __m256i summ = _mm256_madd_epi16(s.m2[0], _mm256_broadcastd_epi32(pairs));
+  summ = _mm256_add_epi32(summ, _mm256_madd_epi16(s.m2[1], _mm256_broadcastd_epi32(_mm_shuffle_epi32(pairs, 1))));
+  summ = _mm256_add_epi32(summ, _mm256_madd_epi16(s.m2[2], _mm256_broadcastd_epi32(_mm_shuffle_epi32(pairs, 2))));
+  summ = _mm256_add_epi32(summ, _mm256_madd_epi16(s.m2[3], _mm256_broadcastd_epi32(_mm_shuffle_epi32(pairs, 3))));
   const __m256 xd = _mm256_set1_ps(xb.d);
   acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_mul_ps(s.d, xd), acc);
   return _mm256_fnmadd_ps(_mm256_cvtepi32_ps(summ), _mm256_mul_ps(s.dm, xd), acc);
