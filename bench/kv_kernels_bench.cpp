@@ -9,6 +9,8 @@
 // for the group's n_g query heads, then Σ p·v with fixed weights; no softmax). Formats:
 //   f16     attn_scores_f16 + attn_accum_f16 (the baseline itself: ratio 1)
 //   q8      attn_scores_q8 + attn_accum_q8 (value scale folded into p per block)
+//   q8q     the same with attn_scores_q8q: the query in 8 bits (QueryQ8, set once per call), not
+//           yet what the cache runs (see attn_kernels.h)
 //   fp8     attn_scores_fp8 + attn_accum_fp8 (value scale folded into p per block)
 //   q4      attn_scores_q4 + attn_accum_q4
 //   sp_f16  sparse_scores + sparse_accum, keys and values both T = d/4 entries per token, f16
@@ -53,13 +55,15 @@ constexpr Shape kShapes[] = {{"smollm2", 3, 64}, {"qwen2.5-1.5b", 6, 128}, {"gem
 constexpr size_t kDramBytes = size_t{64} << 20;  // dense f16 bytes walked in "dram" mode
 constexpr int64_t kBlock = 256;                  // tokens per scores / accum call
 
-enum class Fmt { kF16, kQ8, kFP8, kQ4, kSpF16, kSpFP8, kMkF16, kSpark };
+enum class Fmt { kF16, kQ8, kQ8Q, kFP8, kQ4, kSpF16, kSpFP8, kMkF16, kSpark };
 const char* fmt_name(Fmt f) {
   switch (f) {
     case Fmt::kF16:
       return "f16";
     case Fmt::kQ8:
       return "q8";
+    case Fmt::kQ8Q:
+      return "q8q";
     case Fmt::kFP8:
       return "fp8";
     case Fmt::kQ4:
@@ -123,6 +127,7 @@ Head make_head(Fmt f, int64_t n, int64_t d, uint64_t seed) {
       h.k.resize(n_pad * d * 2), h.v.resize(n * d * 2);
       break;
     case Fmt::kQ8:
+    case Fmt::kQ8Q:
     case Fmt::kFP8:
       h.k.resize(n_pad * d), h.v.resize(n * d), h.ks.resize(n_pad), h.vs.resize(n);
       break;
@@ -160,10 +165,11 @@ Head make_head(Fmt f, int64_t n, int64_t d, uint64_t seed) {
           }
           break;
         case Fmt::kQ8:
+        case Fmt::kQ8Q:
         case Fmt::kFP8: {
           uint8_t* dst = side ? &buf[t * d] : &buf[kv::key_tile_index(t, 0, d)];
           const int64_t stride = side ? 1 : kv::kKeyTile;
-          const float sc = f == Fmt::kQ8
+          const float sc = f != Fmt::kFP8
                                ? kv::q8_encode(x.data(), d, reinterpret_cast<int8_t*>(dst), stride)
                                : kv::fp8_encode(x.data(), d, dst, stride);
           (side ? h.vs : h.ks)[t] = sc;
@@ -273,6 +279,8 @@ void attend(Fmt f, const Head& h, int n_g, int64_t d, int64_t n, Scratch& w) {
   std::fill(w.acc.begin(), w.acc.end(), 0.f);
   const kv::SparseRows rk = sparse_rows(h, f, d, false), rv = sparse_rows(h, f, d, true);
   const kv::MaskedRows mk = masked_rows(h, f, d, false), mv = masked_rows(h, f, d, true);
+  thread_local kv::QueryQ8 q8q;  // the query in 8 bits, once per call (as the cache does)
+  if (f == Fmt::kQ8Q) q8q.set(w.q.data(), n_g, d);
   for (int64_t b = 0; b < n; b += kBlock) {
     const int64_t nb = std::min(kBlock, n - b);
     switch (f) {
@@ -284,8 +292,13 @@ void attend(Fmt f, const Head& h, int n_g, int64_t d, int64_t n, Scratch& w) {
                            w.acc.data());
         break;
       case Fmt::kQ8:
-        kv::attn_scores_q8(w.q.data(), n_g, d, reinterpret_cast<const int8_t*>(h.k.data()),
-                           h.ks.data(), b, nb, w.s.data(), kBlock);
+      case Fmt::kQ8Q:
+        if (f == Fmt::kQ8Q)
+          kv::attn_scores_q8q(q8q, reinterpret_cast<const int8_t*>(h.k.data()), h.ks.data(), b, nb,
+                              w.s.data(), kBlock);
+        else
+          kv::attn_scores_q8(w.q.data(), n_g, d, reinterpret_cast<const int8_t*>(h.k.data()),
+                             h.ks.data(), b, nb, w.s.data(), kBlock);
         fold(w, n_g, h.vs.data() + b, nb);
         kv::attn_accum_q8(w.pv.data(), n_g, kBlock,
                           reinterpret_cast<const int8_t*>(h.v.data()) + b * d, nb, d, w.acc.data());
@@ -379,7 +392,7 @@ void register_all() {
   for (bool dram : {true, false}) {
     for (const Shape& sh : kShapes) {
       for (int64_t n : {4096, 8192}) {
-        for (Fmt f : {Fmt::kF16, Fmt::kQ8, Fmt::kFP8, Fmt::kQ4, Fmt::kSpF16, Fmt::kSpFP8, Fmt::kMkF16, Fmt::kSpark}) {
+        for (Fmt f : {Fmt::kF16, Fmt::kQ8, Fmt::kQ8Q, Fmt::kFP8, Fmt::kQ4, Fmt::kSpF16, Fmt::kSpFP8, Fmt::kMkF16, Fmt::kSpark}) {
           const std::string name = std::string("KvKernels/") + sh.name +
                                    "/ctx:" + std::to_string(n) + "/" + fmt_name(f) + "/" +
                                    (dram ? "dram" : "hot");

@@ -15,6 +15,7 @@
 // read only while the FMAs are hidden under the transfer (bench/kv_kernels_bench.cpp).
 #pragma once
 #include <cstdint>
+#include <vector>
 
 namespace kvtrim::kv {
 
@@ -39,6 +40,32 @@ void attn_scores_bf16(const float* q, int n_g, int64_t d, const uint16_t* k, int
 // scale (key_t = k_scale[t] · code_t), applied here: s = k_scale[t] · (q · code_t).
 void attn_scores_q8(const float* q, int n_g, int64_t d, const int8_t* k, const float* k_scale,
                     int64_t t0, int64_t n_t, float* s, int64_t ld_s);
+// The same scores with the query in 8 bits (attn_kernels_q8q.cpp): each query row quantized per
+// block of 32 channels (QueryQ8), exact int32 dot products with the codes per block,
+// s = k_scale[t] · Σ_b fma(float(isum_b), dq_b, ·) in block order — equal bit for bit on every
+// CPU (llama.cpp scores its q8_0 keys this way). Not yet what the cache runs: its reference
+// attention (attention_reference_cache) uses f32 queries and the cache tests compare with it to
+// 2e-5 (the 8-bit query moves scores by ~3e-3 there), so wiring it into dense_scores needs the
+// reference to quantize the query in each segment's stored key space first. On Zen 4 it scores
+// 2.1× faster than f16 (docs/results/perf §7); WikiText-2 PPL with it: SmolLM2 q8 cache 15.948
+// → 15.946, Qwen 13.521 → 13.530 (f16 15.940).
+// QueryQ8::set(q [n_g, d]): qi [n_g, dp] int8 (dp = 32 · nblk >= d, zero past d), per block b of
+// 32 channels dq [n_g, nblk] = max|q| / 127 (0 for an all-zero or non-finite block, whose codes
+// are 0) and qsum [n_g, nblk] = Σ qi; qi = clamp(rint(q · 127 / max|q|), ±127). Set it once per
+// attention call and score every block of keys with it.
+struct QueryQ8 {
+  std::vector<int8_t> qi;
+  std::vector<float> dq;
+  std::vector<int32_t> qsum;
+  int n_g = 0;
+  int64_t d = 0, dp = 0, nblk = 0;
+  void set(const float* q, int n_g, int64_t d);
+};
+void attn_scores_q8q(const QueryQ8& q, const int8_t* k, const float* k_scale, int64_t t0, int64_t n_t,
+                     float* s, int64_t ld_s);
+// (quantizes q, then as above: for one-off calls and tests)
+void attn_scores_q8q(const float* q, int n_g, int64_t d, const int8_t* k, const float* k_scale,
+                     int64_t t0, int64_t n_t, float* s, int64_t ld_s);
 
 // acc[g * dv .. +dv] += Σ_t p[g * ld_p + t] · v[t * dv .. +dv]   for g < n_g.
 // p: [n_g, ld_p]; v: [n_t, dv] (f32 or f16 bits); acc: [n_g, dv].

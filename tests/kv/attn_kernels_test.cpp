@@ -5,9 +5,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <vector>
 
+// The kernels compiled for AVX3_DL (attn_kernels_q8q.cpp's VNNI path) are swept too: without
+// this the test's target list (hwy::SupportedAndGeneratedTargets) stops at AVX3.
+#ifndef HWY_WANT_AVX3_DL
+#define HWY_WANT_AVX3_DL
+#endif
 #include "core/fp16.h"
 #include "hwy/targets.h"
 #include "kv/quant_formats.h"
@@ -506,6 +512,64 @@ void masked_matches_loops() {
   }
 }
 
+// q8 keys scored with an 8-bit query (attn_scores_q8q): every target gives exactly the
+// reference of the header (the query quantized per 32 channels, exact integer block sums, one
+// f32 fma per block in order, times the key scale), and the result stays within the query's
+// rounding of the f32 dot product. Channel counts cover partial blocks and partial 4-channel
+// groups; ranges start and end inside tiles; query-head batches as elsewhere.
+void q8_query_scores_match_reference() {
+  std::mt19937 rng(29);
+  std::normal_distribution<float> nd;
+  std::uniform_int_distribution<int> code(-127, 127);
+  for (int64_t d : {1, 3, 7, 16, 33, 64, 100, 128, 256}) {
+    for (int n_g : {1, 3, 6, 9}) {
+      const int64_t n_t = 45, ld = 48;
+      const int64_t n_tiles = (n_t + kv::kKeyTile - 1) / kv::kKeyTile;
+      std::vector<float> q(n_g * d);
+      std::vector<int8_t> kt8(n_tiles * kv::kKeyTile * d);
+      std::vector<float> ksc(n_tiles * kv::kKeyTile);
+      for (float& x : q) x = nd(rng) * (rng() % 4 == 0 ? 8.f : 1.f);  // some outlier channels
+      for (int8_t& c : kt8) c = static_cast<int8_t>(code(rng));        // whole tiles readable
+      for (float& x : ksc) x = 0.01f + std::fabs(nd(rng)) * 0.02f;
+      kv::QueryQ8 qq;
+      qq.set(q.data(), n_g, d);
+      const int64_t nblk = qq.nblk, dp = qq.dp;
+      ASSERT_EQ(dp, 32 * ((d + 31) / 32));
+      const std::vector<int8_t>& qi = qq.qi;
+      const std::vector<float>& dq = qq.dq;
+      const std::vector<int32_t>& qsum = qq.qsum;
+      std::vector<float> s(n_g * ld, -1.f), part(n_g * ld, -1.f);
+      kv::attn_scores_q8q(q.data(), n_g, d, kt8.data(), ksc.data(), 0, n_t, s.data(), ld);
+      kv::attn_scores_q8q(qq, kt8.data(), ksc.data(), 3, n_t - 7, part.data(), ld);
+      for (int g = 0; g < n_g; ++g) {
+        for (int64_t t = 0; t < n_t; ++t) {
+          float want = 0.f;
+          double exact = 0, bound = 0;
+          for (int64_t b = 0; b < nblk; ++b) {
+            int32_t is = 0;
+            int32_t sum = 0;
+            for (int64_t i = 32 * b; i < std::min(d, 32 * b + 32); ++i) {
+              const int c = kt8[kv::key_tile_index(t, i, d)];
+              is += qi[g * dp + i] * c;
+              sum += qi[g * dp + i];
+              exact += double(q[g * d + i]) * c * ksc[t];
+              bound += 0.5 * dq[g * nblk + b] * std::abs(c) * ksc[t];  // the query's rounding
+            }
+            ASSERT_EQ(sum, qsum[g * nblk + b]);
+            want = std::fma(static_cast<float>(is), dq[g * nblk + b], want);
+          }
+          want *= ksc[t];
+          ASSERT_EQ(s[g * ld + t], want) << "d " << d << " n_g " << n_g << " g " << g << " t " << t;
+          if (t >= 3 && t < n_t - 4) {
+            ASSERT_EQ(part[g * ld + t - 3], want);
+          }
+          EXPECT_NEAR(s[g * ld + t], exact, bound * 1.001 + 1e-5 * (1 + std::fabs(exact)));
+        }
+      }
+    }
+  }
+}
+
 TEST(AttnKernels, ScoresAndAccumMatchLoops) {
   for_each_target(f32_f16_match_loops);
 }
@@ -517,6 +581,35 @@ TEST(AttnKernels, Fp8AndQ4ScoresAndAccumMatchLoops) {
 }
 TEST(AttnKernels, SparseScoresAndAccumMatchLoops) {
   for_each_target(sparse_matches_loops);
+}
+
+TEST(AttnKernels, Q8KeysWithAnEightBitQueryEqualTheReferenceOnEveryTarget) {
+  for_each_target(q8_query_scores_match_reference);
+}
+
+// The query's 8-bit form: max|q| of a block maps to ±127, an all-zero block has scale 0 and
+// codes 0, a non-finite one (a damaged model) scale 0 and codes 0, channels past d are 0.
+TEST(AttnKernels, QueryQuantizationEdges) {
+  const int64_t d = 70, dp = 96;
+  std::vector<float> q(d, 0.f);
+  for (int64_t i = 0; i < 32; ++i) q[i] = 0.5f * static_cast<float>(i) - 3.f;  // block 0
+  q[40] = std::numeric_limits<float>::quiet_NaN();                             // block 1
+  q[65] = -2.f;                                                                // block 2
+  kv::QueryQ8 qq;
+  qq.set(q.data(), 1, d);
+  ASSERT_EQ(qq.dp, dp);
+  const std::vector<int8_t>& qi = qq.qi;
+  const std::vector<float>& dq = qq.dq;
+  const std::vector<int32_t>& qsum = qq.qsum;
+  EXPECT_FLOAT_EQ(dq[0], 12.5f / 127.f);
+  EXPECT_EQ(qi[31], 127);
+  EXPECT_EQ(qi[6], 0);  // q = 0
+  EXPECT_EQ(dq[1], 0.f);
+  for (int64_t i = 32; i < 64; ++i) EXPECT_EQ(qi[i], 0);
+  EXPECT_FLOAT_EQ(dq[2], 2.f / 127.f);
+  EXPECT_EQ(qi[65], -127);
+  EXPECT_EQ(qsum[2], -127);
+  for (int64_t i = d; i < dp; ++i) EXPECT_EQ(qi[i], 0);
 }
 
 TEST(AttnKernels, MaskedScoresAccumAndDecodeMatchLoops) {
