@@ -60,7 +60,9 @@ namespace HWY_NAMESPACE {
 #endif
 
 // Tile tk's scores s[g][t] for t in [lo, hi) (absolute tokens) from acc lane t − tile start.
-HWY_INLINE void store_tile(const float* acc, int G, int64_t tile, int64_t lo, int64_t hi, float* s,
+// (Not always_inline: clang compiles q8q_batch's VNNI path with KV_Q8Q_ATTR's target, which
+// replaces Highway's, and refuses to force-inline a function of another target into it.)
+inline void store_tile(const float* acc, int G, int64_t tile, int64_t lo, int64_t hi, float* s,
                            int64_t ld_s, int64_t t0) {
   for (int g = 0; g < G; ++g)
     for (int64_t t = lo; t < hi; ++t) s[g * ld_s + t - t0] = acc[g * kKeyTile + t - tile * kKeyTile];
