@@ -164,9 +164,10 @@ def main():
     if shell_helper("llamacpp_build", "llama-bench") is None:
         die("building llama-bench failed (see above)")
     commit = shell_helper("llamacpp_commit") or "unknown"
-    cache = os.environ.get("KVTRIM_LLAMACPP_DIR", os.path.expanduser("~/.cache/kvtrim/llamacpp"))
-    lcpu = os.environ.get("KVTRIM_LLAMACPP_CPU", "avx2")
-    lbench = os.path.join(cache, "build-native" if lcpu == "native" else "build", "bin", "llama-bench")
+    lcpu = os.environ.get("KVTRIM_LLAMACPP_CPU", "avx2")  # recorded; llamacpp_build.sh picks the build
+    lbench = shell_helper("llamacpp_bin", "llama-bench")
+    if not lbench:
+        die("llamacpp_build.sh gave no llama-bench path")
 
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     done = load_done(a.out)

@@ -9,6 +9,7 @@
 #                              llama.cpp into $BUILD = $CACHE_DIR/build under nice -n 19, -j 2.
 #                              A target whose binary exists is not rebuilt (delete $BUILD to
 #                              rebuild).
+#   llamacpp_bin NAME          prints the path of a built tool (the variant's build directory).
 #   llamacpp_resolve_model M   kvtrim model name/alias or a file -> GGUF path (as
 #                              src/engine/model_path.cpp searches).
 #
@@ -59,6 +60,8 @@ llamacpp_fetch() {
 }
 
 llamacpp_commit() { llamacpp_fetch && echo "$LCPP_COMMIT"; }
+
+llamacpp_bin() { echo "$BUILD/bin/$1"; }
 
 llamacpp_build() {
   local log_prefix="llamacpp_build:"

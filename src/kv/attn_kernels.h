@@ -58,14 +58,13 @@ struct QueryQ8 {
   std::vector<float> dq;
   std::vector<int32_t> qsum;
   int n_g = 0;
-  int64_t d = 0, dp = 0, nblk = 0;
+  int64_t d = 0;
+  int64_t nblk() const { return (d + 31) / 32; }
+  int64_t dp() const { return 32 * nblk(); }
   void set(const float* q, int n_g, int64_t d);
 };
 void attn_scores_q8q(const QueryQ8& q, const int8_t* k, const float* k_scale, int64_t t0, int64_t n_t,
                      float* s, int64_t ld_s);
-// (quantizes q, then as above: for one-off calls and tests)
-void attn_scores_q8q(const float* q, int n_g, int64_t d, const int8_t* k, const float* k_scale,
-                     int64_t t0, int64_t n_t, float* s, int64_t ld_s);
 
 // acc[g * dv .. +dv] += Σ_t p[g * ld_p + t] · v[t * dv .. +dv]   for g < n_g.
 // p: [n_g, ld_p]; v: [n_t, dv] (f32 or f16 bits); acc: [n_g, dv].

@@ -1,9 +1,10 @@
 // Scores over q8 keys with the query in 8 bits too (attn_scores_q8q, see attn_kernels.h: meant
-// for the decode and prefill attention of a q8 key cache, not wired in yet). One Highway translation unit compiled for
-// every x86 target and dispatched at run time; every target computes the same integers and the
-// same float operations in the same order, so the scores are equal bit for bit on every CPU.
-// Reference (attention_reference: q8q_scores_reference):
-//   q~[g][i] = clamp(rne(q[g][i] / dq[g][b]), ±127), dq[g][b] = max_{i in b} |q[g][i]| / 127
+// for the decode and prefill attention of a q8 key cache, not wired in yet). One Highway
+// translation unit compiled for every x86 target and dispatched at run time; every target
+// computes the same integers and the same float operations in the same order, so the scores are
+// equal bit for bit on every CPU. Reference (the loops of tests/kv/attn_kernels_test.cpp,
+// q8_query_scores_match_reference):
+//   q~[g][i] = clamp(rint(q[g][i] / dq[g][b]), ±127), dq[g][b] = max_{i in b} |q[g][i]| / 127
 //   isum[g][t][b] = Σ_{i in block b} q~[g][i] · code(t, i)                       (exact, int32)
 //   s[g][t] = k_scale[t] · (((0 + isum_0·dq_0) + isum_1·dq_1) + ...)   each step one f32 fma
 // Blocks are 32 channels (the last one may be shorter). Why: with f32 queries every key element
@@ -63,7 +64,7 @@ namespace HWY_NAMESPACE {
 // (Not always_inline: clang compiles q8q_batch's VNNI path with KV_Q8Q_ATTR's target, which
 // replaces Highway's, and refuses to force-inline a function of another target into it.)
 inline void store_tile(const float* acc, int G, int64_t tile, int64_t lo, int64_t hi, float* s,
-                           int64_t ld_s, int64_t t0) {
+                       int64_t ld_s, int64_t t0) {
   for (int g = 0; g < G; ++g)
     for (int64_t t = lo; t < hi; ++t) s[g * ld_s + t - t0] = acc[g * kKeyTile + t - tile * kKeyTile];
 }
@@ -213,8 +214,7 @@ HWY_EXPORT(ScoresQ8Q);
 void QueryQ8::set(const float* q, int n_g_, int64_t d_) {
   n_g = n_g_;
   d = d_;
-  nblk = (d + 31) / 32;
-  dp = 32 * nblk;
+  const int64_t nblk = this->nblk(), dp = this->dp();
   qi.assign(static_cast<size_t>(n_g * dp), int8_t{0});
   dq.resize(static_cast<size_t>(n_g * nblk));
   qsum.resize(dq.size());
@@ -243,15 +243,8 @@ void QueryQ8::set(const float* q, int n_g_, int64_t d_) {
 
 void attn_scores_q8q(const QueryQ8& q, const int8_t* k, const float* k_scale, int64_t t0, int64_t n_t,
                      float* s, int64_t ld_s) {
-  HWY_DYNAMIC_DISPATCH(ScoresQ8Q)(q.qi.data(), q.dp, q.dq.data(), q.qsum.data(), q.nblk, q.n_g, q.d, k,
+  HWY_DYNAMIC_DISPATCH(ScoresQ8Q)(q.qi.data(), q.dp(), q.dq.data(), q.qsum.data(), q.nblk(), q.n_g, q.d, k,
                                   k_scale, t0, n_t, s, ld_s);
-}
-
-void attn_scores_q8q(const float* q, int n_g, int64_t d, const int8_t* k, const float* k_scale,
-                     int64_t t0, int64_t n_t, float* s, int64_t ld_s) {
-  thread_local QueryQ8 qq;
-  qq.set(q, n_g, d);
-  attn_scores_q8q(qq, k, k_scale, t0, n_t, s, ld_s);
 }
 
 }  // namespace kvtrim::kv

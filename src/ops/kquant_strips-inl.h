@@ -115,12 +115,13 @@ KV_ATTR HWY_INLINE __m256 k4_finish(const K4StripBlock& s, const BlockQ8_K& xb, 
   return _mm256_fnmadd_ps(_mm256_cvtepi32_ps(summ), _mm256_mul_ps(s.dm, xd), acc);
 }
 
+// Super-blocks each row of a strip prefetches ahead (perf §6: 4 / 8 / 16 / 32 measured).
+constexpr int kK4Ahead = 32;
+
 // out[t] lane r = row p[r] · token t's activation (NT tokens, super-blocks x[t][0..nbk)). One
 // token: each pair of sub-blocks is computed straight from its transposed bytes; several: the
 // super-block's nibbles are decoded once into s.u and read by every token. Both add the same
 // integers in the same order (sub-blocks 0..7), so their results are equal bit for bit.
-constexpr int kK4Ahead = 32;
-
 template <int NT>
 KV_ATTR void dot_strip_k4(const uint8_t* const* p, const BlockQ8_K* const* x, int64_t nbk, __m256* out) {
   __m256 acc[NT];

@@ -533,13 +533,13 @@ void q8_query_scores_match_reference() {
       for (float& x : ksc) x = 0.01f + std::fabs(nd(rng)) * 0.02f;
       kv::QueryQ8 qq;
       qq.set(q.data(), n_g, d);
-      const int64_t nblk = qq.nblk, dp = qq.dp;
+      const int64_t nblk = qq.nblk(), dp = qq.dp();
       ASSERT_EQ(dp, 32 * ((d + 31) / 32));
       const std::vector<int8_t>& qi = qq.qi;
       const std::vector<float>& dq = qq.dq;
       const std::vector<int32_t>& qsum = qq.qsum;
       std::vector<float> s(n_g * ld, -1.f), part(n_g * ld, -1.f);
-      kv::attn_scores_q8q(q.data(), n_g, d, kt8.data(), ksc.data(), 0, n_t, s.data(), ld);
+      kv::attn_scores_q8q(qq, kt8.data(), ksc.data(), 0, n_t, s.data(), ld);
       kv::attn_scores_q8q(qq, kt8.data(), ksc.data(), 3, n_t - 7, part.data(), ld);
       for (int g = 0; g < n_g; ++g) {
         for (int64_t t = 0; t < n_t; ++t) {
@@ -597,7 +597,7 @@ TEST(AttnKernels, QueryQuantizationEdges) {
   q[65] = -2.f;                                                                // block 2
   kv::QueryQ8 qq;
   qq.set(q.data(), 1, d);
-  ASSERT_EQ(qq.dp, dp);
+  ASSERT_EQ(qq.dp(), dp);
   const std::vector<int8_t>& qi = qq.qi;
   const std::vector<float>& dq = qq.dq;
   const std::vector<int32_t>& qsum = qq.qsum;
