@@ -195,6 +195,22 @@ BENCHMARK(BM_Matmul)
     ->ComputeStatistics("min", min_of)
     ->Unit(benchmark::kMillisecond);
 
+// Prefill products of Qwen2.5-1.5B's shapes (up / gate: 8960 x 1536 Q4_K, down: 1536 x 8960 Q6_K
+// in half its layers) on both prefill paths: int8 0 = f32 activations on sgemm, 1 = 8-bit
+// activations on the integer kernels (16-row tiles with AVX-512 VNNI, ops/kquant_tiles-inl.h).
+void BM_MatmulPrefill(benchmark::State& state) {
+  set_int8_prefill(state.range(5) != 0);
+  BM_Matmul(state);
+  set_int8_prefill(false);
+}
+BENCHMARK(BM_MatmulPrefill)
+    ->ArgNames({"type", "rows", "cols", "ntok", "thr", "int8"})
+    ->ArgsProduct({{static_cast<int64_t>(GgmlType::Q4_K)}, {8960}, {1536}, {512}, {2}, {0, 1}})
+    ->ArgsProduct({{static_cast<int64_t>(GgmlType::Q6_K)}, {1536}, {8960}, {512}, {2}, {0, 1}})
+    ->UseRealTime()
+    ->ComputeStatistics("min", min_of)
+    ->Unit(benchmark::kMillisecond);
+
 // One SmolLM2-135M token: 30 layers x (q, k, v, o, gate, up, down) in Q4_1 plus the Q8_0
 // output projection, with distinct weights per layer (so nothing stays in cache that would
 // not in the model). Attention, norms and the KV cache are not included.

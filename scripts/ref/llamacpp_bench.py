@@ -16,8 +16,10 @@ Configurations per case:
              fastest of them is "llama.cpp best"
   kvtrim     uncompressed f16; --kvtrim-types (e.g. q8_0: `-ctk q8_0 -ctv q8_0`); each --press
              (compressed after the depth's prefill, as `kvtrim bench --press`); with
-             --kvtrim-int8-prefill, prefill cases also with `--int8-prefill` (8-bit activations
-             on the integer kernels, as llama.cpp computes prefill)
+             --kvtrim-f32-prefill, prefill cases also with `--f32-prefill` (f32 activations on
+             sgemm; kvtrim's default since 2026-11-27 is 8-bit activations on the integer kernels,
+             as llama.cpp computes prefill); --kvtrim-int8-prefill, also with an explicit
+             `--int8-prefill` (for kvtrim binaries older than that, whose default was f32)
 
 llama.cpp is built AVX2-only unless KVTRIM_LLAMACPP_CPU=native (see llamacpp_build.sh); the
 variant is recorded in each llama.cpp line (`llamacpp_cpu`). Use one --out file per machine and
@@ -153,6 +155,8 @@ def main():
     ap.add_argument("--press", action="append", default=[], help="kvtrim press (repeatable)")
     ap.add_argument("--kvtrim-int8-prefill", action="store_true",
                     help="pp cases: also run kvtrim with --int8-prefill (config 'f16,int8-prefill')")
+    ap.add_argument("--kvtrim-f32-prefill", action="store_true",
+                    help="pp cases: also run kvtrim with --f32-prefill (config 'f16,f32-prefill')")
     ap.add_argument("--kvtrim", default=os.path.join(REPO, "build", "release", "kvtrim"))
     ap.add_argument("--out", required=True, help="results (JSON lines, resumable)")
     ap.add_argument("--table", help="also write the markdown table here")
@@ -209,6 +213,8 @@ def main():
             runs = [(kvtype, kvtype, ()) for kvtype in ["f16"] + a.kvtrim_types.split()]
             if a.kvtrim_int8_prefill and case["kind"] == "pp":
                 runs.append(("f16", "f16,int8-prefill", ("--int8-prefill",)))
+            if a.kvtrim_f32_prefill and case["kind"] == "pp":
+                runs.append(("f16", "f16,f32-prefill", ("--f32-prefill",)))
             for kvtype, name, extra in runs:
                 presses = a.press if (case["kind"] == "tg" and kvtype == "f16" and not extra) else []
                 cfgs = [name] + [f"press={p}" for p in presses]

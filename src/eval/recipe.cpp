@@ -61,8 +61,8 @@ std::string mc_source(const std::string& bench, const std::string& data, size_t 
 namespace {
 
 std::string model_part(const RunIdentity& id) { return "model=" + file_identity(id.model_file); }
-// (the prefill precision joins the kv part only when it is not the default, so the hashes of
-// every earlier run stay as they were)
+// (the prefill precision joins the kv part only when it is not f32, the default of every run before
+// 8-bit prefill became the CLI's default, so the hashes of those runs stay as they were)
 std::string kv_part(const RunIdentity& id) { return "kv=" + id.kv + (id.prefill.empty() ? "" : ";prefill=" + id.prefill); }
 std::string batch_part(const RunIdentity& id) { return "batch=" + std::to_string(id.batch); }
 std::string format_part(PromptFormat f) { return "format=" + std::string(prompt_format_name(f)); }

@@ -28,7 +28,8 @@ struct RunIdentity {
   std::string model_file;  // the GGUF's path (file_identity is taken of it)
   std::string kv;          // storage tag: "f16", "k=q8_0,v=f16+hadamard", ...
   int64_t batch = 0;       // prefill chunk (tokens)
-  std::string prefill;     // prefill precision: "" = f32 (default), "int8" (--int8-prefill)
+  std::string prefill;     // prefill precision: "" = f32 (--f32-prefill; the CLI's default before 2026-11-27,
+                           // so older hashes stay valid), "int8" (the CLI's default since)
 };
 
 // The identity of a sample set (`source` in the recipes below).

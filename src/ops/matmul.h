@@ -25,17 +25,18 @@ void matvec(const WeightView& w, const float* x, float* y, ThreadPool* pool);
 
 // From this many tokens on, matmul dequantizes W to f32 tiles and runs sgemm; below it, it runs
 // the decode kernel (8-bit activations for quantized W) row by row, giving every token exactly
-// matvec's result. With set_int8_prefill(true), types with a strip kernel on this CPU (Q4_0,
-// Q4_1, Q5_0, Q5_1, Q8_0 with VNNI; ops/legacy_strips-inl.h) take the decode kernel at every
-// token count, so their prefill gives each token matvec's result too.
+// matvec's result. With set_int8_prefill(true), the types with an integer prefill kernel on this
+// CPU (detail::has_strip_kernel: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 with VNNI in 8-row strips; Q4_K in
+// strips, and in 16-row tiles with AVX-512 VNNI; Q6_K in tiles) take it at every token count, and
+// their prefill gives each token matvec's result too.
 constexpr int64_t kMatmulGemmMinTokens = 16;
 
-// Prefill precision, process-wide (default off): off = from kMatmulGemmMinTokens tokens on, f32
-// activations times the dequantized weights (sgemm); on = 8-bit activations on the integer strip
-// kernels for the types that have them, as llama.cpp computes prefill. The strips are ~2x faster
-// on SmolLM2's weights (BM_SmolLM2Token, 512 tokens, 2 threads: 222 vs 451 ms) and cost a little
-// accuracy (WikiText-2 PPL 15.940 -> 15.982; max top-20 logit difference to transformers' f32
-// 0.12 -> 0.36). Off keeps the numerics of the committed results and of the reference checks.
+// Prefill precision, process-wide. The library's default is off (f32 activations times the
+// dequantized weights on sgemm: the numerics of the reference checks in tests/); the kvtrim CLI
+// turns it on unless --f32-prefill (tools/kvtrim/common.cpp). On = 8-bit activations on the
+// integer kernels for the types that have them, as decode and llama.cpp compute: on this Zen 4
+// (docs/results/perf §8) pp512 1.9x (SmolLM2), 1.8x (Gemma3), 4.2x (Qwen2.5-1.5B) faster than
+// off, for WikiText-2 PPL 15.940 -> 15.982 on SmolLM2.
 void set_int8_prefill(bool on);
 bool int8_prefill();
 

@@ -47,8 +47,9 @@ void dot_rows(const WeightView& w, int64_t r0, int64_t r1, const void* act, size
 // Name of the SIMD target dot_rows dispatches to now ("AVX3_DL", "AVX2", "EMU128", ...).
 const char* kernel_target_name();
 
-// True if dot_rows runs weights of type t in 8-row strips on the current target
-// (ops/legacy_strips-inl.h): then matmul uses it for every token count, prefill included.
+// True if dot_rows has an integer prefill kernel for weights of type t on the current target (8-row
+// strips, ops/legacy_strips-inl.h and kquant_strips-inl.h; 16-row tiles, kquant_tiles-inl.h) that
+// gives every token matvec's result: then matmul with int8_prefill() uses it at every token count.
 bool has_strip_kernel(GgmlType t);
 
 }  // namespace kvtrim::detail

@@ -13,8 +13,10 @@
 // sums (BlockQ8A::s, BlockQ8_K::bsums), which keeps maddubs free of saturation.
 // F32 / F16 / BF16 weights use portable Highway f32 FMAs on the unquantized activation.
 // On x86 the legacy types and Q4_K run 8 rows at a time, the rows as SIMD lanes
-// (ops/legacy_strips-inl.h, ops/kquant_strips-inl.h; Q8_0 only with VNNI); the row-at-a-time
-// kernels below serve the other cases.
+// (ops/legacy_strips-inl.h, ops/kquant_strips-inl.h; Q8_0 only with VNNI); with AVX-512 VNNI a
+// prefill of Q4_K / Q6_K weights runs 16 rows at a time on zmm registers, each super-block
+// decoded once for all the call's tokens (ops/kquant_tiles-inl.h); the row-at-a-time kernels
+// below serve the other cases.
 
 #include <algorithm>
 #include <cmath>
@@ -347,7 +349,7 @@ KV_ATTR float dot_q45k(const uint8_t* wrow, const BlockQ8_K* x, int64_t nb) {
 KV_ATTR inline float dot_q6k(const uint8_t* wrow, const BlockQ8_K* x, int64_t nb) {
   const auto* w = reinterpret_cast<const BlockQ6_K*>(wrow);
   const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
-  __m256 acc = _mm256_setzero_ps();
+  __m128 acc = _mm_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
     const BlockQ6_K& b = w[i];
     const BlockQ8_K& xb = x[i];
@@ -377,9 +379,14 @@ KV_ATTR inline float dot_q6k(const uint8_t* wrow, const BlockQ8_K* x, int64_t nb
       }
     }
     sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(off, 5));
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(fp16_to_fp32(b.d) * xb.d), _mm256_cvtepi32_ps(sumi), acc);
+    // the super-block's exact integer total, then one fma: the order of the 16-row tiles
+    // (kquant_tiles-inl.h), so a prefill through them gives each token this result bit for bit
+    const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sumi), _mm256_extracti128_si256(sumi, 1));
+    const __m128i s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
+    const int32_t total = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 1)));
+    acc = _mm_fmadd_ss(_mm_cvtsi32_ss(_mm_setzero_ps(), total), _mm_set_ss(fp16_to_fp32(b.d) * xb.d), acc);
   }
-  return hsum_ps(acc);
+  return _mm_cvtss_f32(acc);
 }
 
 #else   // !KV_X86
@@ -584,6 +591,7 @@ KV_ATTR void legacy_rows_loop(const WeightView& w, int64_t r0, int64_t r1, const
 
 #include "ops/legacy_strips-inl.h"
 #include "ops/kquant_strips-inl.h"
+#include "ops/kquant_tiles-inl.h"
 
 #if KV_X86
 // A legacy type's rows: in strips of 8 where the type has a strip kernel, else one row at a time
@@ -640,6 +648,12 @@ void DotRows(const WeightView& w, int64_t r0, int64_t r1, const void* act, size_
     case GgmlType::Q4_K:
 #if KV_X86
       if constexpr (kKStripType<GgmlType::Q4_K>) {
+#if KV_AVX512 && KV_VNNI
+        if (kKTileType<GgmlType::Q4_K> && n_tok >= kKTileMinTokens) {
+          k_tile_rows_loop<GgmlType::Q4_K>(w, r0, r1, act, act_stride, n_tok, y, ldy, nbk);
+          return;
+        }
+#endif
         k4_strip_rows_loop(w, r0, r1, act, act_stride, n_tok, y, ldy, nbk);
         return;
       }
@@ -656,6 +670,12 @@ void DotRows(const WeightView& w, int64_t r0, int64_t r1, const void* act, size_
                 });
       return;
     case GgmlType::Q6_K:
+#if KV_X86 && KV_AVX512 && KV_VNNI
+      if (kKTileType<GgmlType::Q6_K> && n_tok >= kKTileMinTokens) {
+        k_tile_rows_loop<GgmlType::Q6_K>(w, r0, r1, act, act_stride, n_tok, y, ldy, nbk);
+        return;
+      }
+#endif
       rows_loop(w, r0, r1, act, act_stride, n_tok, y, ldy,
                 [nbk](const uint8_t* row, const uint8_t* a) {
                   return dot_q6k(row, reinterpret_cast<const BlockQ8_K*>(a), nbk);
@@ -734,6 +754,9 @@ bool StripKernel(GgmlType t) {
     case GgmlType::Q5_1: return kStripType<GgmlType::Q5_1>;
     case GgmlType::Q8_0: return kStripType<GgmlType::Q8_0>;
     case GgmlType::Q4_K: return kKStripType<GgmlType::Q4_K>;
+#if KV_AVX512 && KV_VNNI
+    case GgmlType::Q6_K: return kKTileType<GgmlType::Q6_K>;  // the tiles from kKTileMinTokens tokens on
+#endif
     default: return false;
   }
 #else

@@ -57,8 +57,9 @@ TEST(EvalRecipe, HashesArePinned) {
                                           "ctx=512", "prefix=256", "chunk=0", "press=none", "protocol=sweep-ppl-v1"}));
 }
 
-// --int8-prefill changes the numerics of every forward pass: its runs get other hashes (a sweep
-// never mixes rows of the two), and the default's stay as pinned above.
+// The prefill precision changes the numerics of every forward pass: 8-bit runs (the CLI's default)
+// get other hashes than f32 ones (--f32-prefill; a sweep never mixes rows of the two), and the f32
+// runs' stay as pinned above, as they were before 8-bit prefill became the default.
 TEST(EvalRecipe, Int8PrefillIsPartOfTheIdentity) {
   const RunIdentity f32{"/nonexistent/m.gguf", "f16", 256, ""}, int8{"/nonexistent/m.gguf", "f16", 256, "int8"};
   EXPECT_EQ(generation_config(int8, PromptFormat::kChat, "none", "src"),

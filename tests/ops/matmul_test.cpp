@@ -442,47 +442,59 @@ TEST(Matmul, RowResultsDoNotDependOnTheStripTheyFallIn) {
   }
 }
 
-// With set_int8_prefill(true) the strip types' prefill runs the decode kernel: every token of a
-// 40-token product equals matvec's result bit for bit (and matmul_many's); off, the same
-// product is the f32 sgemm path, which differs from matvec (8-bit activations) but is close.
+// With set_int8_prefill(true) the types with an integer prefill kernel (8-row strips; Q4_K / Q6_K
+// 16-row tiles with AVX-512 VNNI, from kKTileMinTokens tokens on) give every token of a product
+// matvec's result bit for bit (and matmul_many's), on every SIMD target; off, the same product is
+// the f32 sgemm path, which differs from matvec (8-bit activations) but is close. 45 rows: two
+// tiles and a padded one; 16 and 45 tokens: one group and 5 groups of 8 plus a 5-token group.
 TEST(Matmul, Int8PrefillGivesEachTokenItsDecodeResult) {
   ThreadPool pool2(2);
-  const int64_t n_tok = 40;
+  TargetSweep sweep;
+  std::set<std::string> with_q6k_kernel;
   for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q4_K,
                      GgmlType::Q6_K}) {
     SCOPED_TRACE(type_name(t));
     const int64_t nc = is_kquant(t) ? 512 : 160;
     const TestWeight w = make_weight(t, 45, nc, false, 12);
-    const auto x = make_x(n_tok * nc, 13);
-    std::vector<float> f32(static_cast<size_t>(n_tok * 45)), int8(f32.size()), many(f32.size()), one(45);
-    set_int8_prefill(false);
-    matmul(w.view, x.data(), n_tok, f32.data(), &pool2);
-    set_int8_prefill(true);
-    EXPECT_TRUE(int8_prefill());
-    matmul(w.view, x.data(), n_tok, int8.data(), &pool2);
-    const WeightView* ws[2] = {&w.view, &w.view};
-    std::vector<float> many2(many.size());
-    float* ys[2] = {many.data(), many2.data()};
-    matmul_many(ws, ys, 2, x.data(), n_tok, &pool2);
-    set_int8_prefill(false);
-    const bool strips = detail::has_strip_kernel(t);
-    int differ = 0;
-    for (int64_t tk = 0; tk < n_tok; ++tk) {
-      matvec(w.view, x.data() + tk * nc, one.data(), &pool2);
-      for (int64_t r = 0; r < 45; ++r) {
-        const size_t k = static_cast<size_t>(tk * 45 + r);
-        if (strips) {
-          ASSERT_EQ(int8[k], one[static_cast<size_t>(r)]) << "tok " << tk << " row " << r;
-          ASSERT_EQ(many[k], int8[k]);
-          ASSERT_EQ(many2[k], int8[k]);
-        } else {
-          ASSERT_EQ(int8[k], f32[k]) << "no strip kernel: the sgemm path either way";
+    for (int64_t n_tok : {kMatmulGemmMinTokens, int64_t{45}}) {
+      const auto x = make_x(n_tok * nc, 13 + static_cast<uint32_t>(n_tok));
+      sweep.each([&] {
+        std::vector<float> f32(static_cast<size_t>(n_tok * 45)), int8(f32.size()), many(f32.size()), one(45);
+        set_int8_prefill(false);
+        matmul(w.view, x.data(), n_tok, f32.data(), &pool2);
+        set_int8_prefill(true);
+        EXPECT_TRUE(int8_prefill());
+        matmul(w.view, x.data(), n_tok, int8.data(), &pool2);
+        const WeightView* ws[2] = {&w.view, &w.view};
+        std::vector<float> many2(many.size());
+        float* ys[2] = {many.data(), many2.data()};
+        matmul_many(ws, ys, 2, x.data(), n_tok, &pool2);
+        set_int8_prefill(false);
+        const bool integer = detail::has_strip_kernel(t);
+        if (integer && t == GgmlType::Q6_K) with_q6k_kernel.insert(detail::kernel_target_name());
+        int differ = 0;
+        for (int64_t tk = 0; tk < n_tok; ++tk) {
+          matvec(w.view, x.data() + tk * nc, one.data(), &pool2);
+          for (int64_t r = 0; r < 45; ++r) {
+            const size_t k = static_cast<size_t>(tk * 45 + r);
+            if (integer) {
+              ASSERT_EQ(int8[k], one[static_cast<size_t>(r)]) << "n_tok " << n_tok << " tok " << tk << " row " << r;
+              ASSERT_EQ(many[k], int8[k]);
+              ASSERT_EQ(many2[k], int8[k]);
+            } else {
+              ASSERT_EQ(int8[k], f32[k]) << "no integer prefill kernel: the sgemm path either way";
+            }
+            differ += f32[k] != one[static_cast<size_t>(r)];
+            ASSERT_NEAR(f32[k], one[static_cast<size_t>(r)], error_bound(w, r, x.data() + tk * nc));
+          }
         }
-        differ += f32[k] != one[static_cast<size_t>(r)];
-        ASSERT_NEAR(f32[k], one[static_cast<size_t>(r)], error_bound(w, r, x.data() + tk * nc));
-      }
+        EXPECT_GT(differ, 0) << "the f32 path should not equal the 8-bit one";
+      });
     }
-    EXPECT_GT(differ, 0) << "the f32 path should not equal the 8-bit one";
+  }
+  // the tiles ran wherever this CPU has AVX-512 VNNI
+  if (sweep.seen_.count("AVX3_DL") != 0) {
+    EXPECT_EQ(with_q6k_kernel.count("AVX3_DL"), 1u);
   }
 }
 

@@ -22,13 +22,17 @@ struct CommonOptions {
   std::string cache_type_k, cache_type_v;  // -ctk / -ctv ("": kv_type)
   bool no_kv_rotate = false;                // --no-kv-rotate: quantized rows unrotated
   std::string mem_limit;                    // --mem-limit: "" = available memory, "off", or a size
-  bool int8_prefill = false;                // --int8-prefill: set_int8_prefill (ops/matmul.h)
+  bool int8_prefill = false;                // --int8-prefill: the default, accepted for scripts
+  bool f32_prefill = false;                 // --f32-prefill: set_int8_prefill(false) (ops/matmul.h)
 };
 
 void add_common_options(CLI::App* app, CommonOptions& o);
 // The cache types as recorded in results files: "f16", or "k=q8,v=q4" when they differ, with
 // "+hadamard" when quantized rows are rotated (the default).
 std::string kv_tag(const CommonOptions& o);
+// The prefill precision as recorded in results files: "int8" (the default) or "" (--f32-prefill,
+// the numerics of the results made before 8-bit prefill became the default).
+std::string prefill_tag(const CommonOptions& o);
 
 // KV-cache compression options (run, chat, ppl).
 struct PressOptions {

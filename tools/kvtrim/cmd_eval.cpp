@@ -41,7 +41,7 @@ namespace evalcmd {
 std::string default_haystack_dir() { return eval::shared_data_path("haystack/paul_graham", "--haystack DIR"); }
 
 eval::RunIdentity run_identity(const CommonOptions& common, const Model& model) {
-  return {model.gguf().path(), kv_tag(common), common.batch, common.int8_prefill ? "int8" : ""};
+  return {model.gguf().path(), kv_tag(common), common.batch, prefill_tag(common)};
 }
 
 // The samples of `eval ruler` (and `eval sweep ruler`): generated with the model's token
