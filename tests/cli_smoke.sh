@@ -17,6 +17,7 @@ printf 'GGUF\x03\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x01\x00\x00\x00\x00
 expect 2 "" nosuchverb
 expect 2 "" run --no-such-flag
 expect 2 "threads" run -t -3 -p hi
+expect 2 "excludes" run --f32-prefill --int8-prefill -p hi
 expect 1 "unknown model 'no-such-model'" run -m no-such-model -p hi
 expect 1 "does not exist" run -m "$tmp/missing.gguf" -p hi
 expect 1 "magic" inspect "$tmp/wrong_magic.gguf"

@@ -95,7 +95,7 @@ using sv::scalar;
 
 constexpr int64_t kMaxDim = 512;  // largest dim on the SIMD path (staged q: 8 · 2 KiB)
 constexpr int kMaxG = 8;          // query heads per pass
-constexpr int64_t kPrefetchBytes = 512;  // how far ahead of a row its values are prefetched
+[[maybe_unused]] constexpr int64_t kPrefetchBytes = 512;  // how far ahead of a row its values are prefetched (x86)
 
 HWY_INLINE int64_t row_begin(const MaskedRows& r, int64_t t) {
   return r.off ? static_cast<int64_t>(r.off[t]) : t * r.T;

@@ -256,11 +256,13 @@ KV_ZMM void k_tile_rows_loop(const WeightView& w, int64_t r0, int64_t r1, const 
     std::memset(static_cast<void*>(acc), 0, static_cast<size_t>(n_tok) * sizeof(TileAcc));
     for (int64_t i = 0; i < nbk; ++i) {
       const size_t off = static_cast<size_t>(i) * sizeof(B);
-      // the next tile's super-block i, while this one's tokens run (the tile is read once)
+      // the next tile's super-block i, while this one's tokens run (the tile is read once); the
+      // addresses as integers: a partial next tile's rows may lie past the matrix, which a
+      // prefetch may touch freely
       if (next_tile) {
         for (int k = 0; k < kTileRows; ++k) {
-          const uint8_t* q = p[k] + kTileRows * w.row_bytes + off;
-          for (size_t o = 0; o < sizeof(B); o += 64) __builtin_prefetch(q + o);
+          const uintptr_t q = reinterpret_cast<uintptr_t>(p[k]) + kTileRows * w.row_bytes + off;
+          for (size_t o = 0; o < sizeof(B); o += 64) __builtin_prefetch(reinterpret_cast<const void*>(q + o));
         }
       }
       if constexpr (kT == GgmlType::Q4_K) {

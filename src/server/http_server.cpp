@@ -91,7 +91,7 @@ struct HttpServer::Impl {
     const bool include_usage = r.include_usage;
     res.set_chunked_content_provider(
         "text/event-stream",
-        [this, job, pending, sent_first, ep, id, created, model, include_usage](size_t, httplib::DataSink& sink) {
+        [job, pending, sent_first, ep, id, created, model, include_usage](size_t, httplib::DataSink& sink) {
           double last_write = now_seconds();
           for (;;) {
             JobEvent e;
