@@ -100,12 +100,16 @@ KV_ATTR HWY_INLINE __m256i k4_isum(const __m256i* u, const int8_t* xq) {
 #endif
 }
 
+// The activation's 8 sub-block sums (pairs of its 16 bsums; |sum| <= 32 · 127, an i16) as dwords
+// (sum 2i | sum 2i+1 << 16): Σ_j m_j · sum_j is then 4 madd with the mins' i16 pairs (m2).
+KV_ATTR HWY_INLINE __m128i k4_bsum_pairs(const BlockQ8_K& xb) {
+  const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.bsums));
+  return _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+}
+
 // Token t's super-block total: acc ← fma(float(Σ_j sc_j·isum_j), d·x.d, acc), then the min term.
 KV_ATTR HWY_INLINE __m256 k4_finish(const K4StripBlock& s, const BlockQ8_K& xb, __m256i sumi, __m256 acc) {
-  // the activation's 8 sub-block sums (pairs of its 16 bsums; |sum| <= 32 · 127, an i16) as
-  // dwords (sum 2i | sum 2i+1 << 16): Σ_j m_j · sum_j is 4 madd with the mins' i16 pairs
-  const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.bsums));
-  const __m128i pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+  const __m128i pairs = k4_bsum_pairs(xb);
   __m256i summ = _mm256_madd_epi16(s.m2[0], _mm256_broadcastd_epi32(pairs));
   summ = _mm256_add_epi32(summ, _mm256_madd_epi16(s.m2[1], _mm256_broadcastd_epi32(_mm_shuffle_epi32(pairs, 1))));
   summ = _mm256_add_epi32(summ, _mm256_madd_epi16(s.m2[2], _mm256_broadcastd_epi32(_mm_shuffle_epi32(pairs, 2))));

@@ -104,9 +104,8 @@ KV_ZMM HWY_INLINE void k4_tile_tokens(const K4Tile& s, const BlockQ8_K* const* x
   }
   for (int t = 0; t < NT; ++t) {
     const BlockQ8_K& xb = *x[t];
-    // Σ_j m_j · sum_j as in k4_finish: the activation's 8 sub-block sums as i16 pairs
-    const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.bsums));
-    const __m128i pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+    // Σ_j m_j · sum_j as in k4_finish
+    const __m128i pairs = k4_bsum_pairs(xb);
     __m512i summ = _mm512_madd_epi16(s.m2[0], _mm512_broadcastd_epi32(pairs));
     summ = _mm512_add_epi32(summ, _mm512_madd_epi16(s.m2[1], _mm512_broadcastd_epi32(_mm_shuffle_epi32(pairs, 1))));
     summ = _mm512_add_epi32(summ, _mm512_madd_epi16(s.m2[2], _mm512_broadcastd_epi32(_mm_shuffle_epi32(pairs, 2))));
