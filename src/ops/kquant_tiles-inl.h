@@ -1,7 +1,9 @@
-// Q4_K prefill on AVX-512 VNNI: sixteen rows at a time (the rows as the 16 dword lanes of a zmm
-// register), each super-block decoded once per 16-row tile and shared by every token of the call.
-// Included by matmul_kernels.cpp inside its per-target namespace, after kquant_strips-inl.h (whose
-// k4_strip_header / k4_strip_qs decode each half of the tile); AVX3_DL only.
+// Batched products on AVX-512 VNNI: sixteen rows at a time (the rows as the 16 dword lanes of a zmm
+// register), each block decoded once per 16-row tile and shared by every token of the call: Q4_K
+// and Q6_K from 2 tokens on (prefill and batched decode steps), the legacy strip types from 16
+// (prefill). Included by matmul_kernels.cpp inside its per-target namespace, after
+// kquant_strips-inl.h (whose k4_strip_header / k4_strip_qs, and legacy_strips-inl.h's strip_block,
+// decode each half of a tile); AVX3_DL only.
 //
 // Why: the 8-row strips (kquant_strips-inl.h) decode a super-block for every group of 8 tokens and
 // read the decoded nibbles back from the stack for each token: per 32 multiply-adds one dpbusd, one
@@ -37,9 +39,18 @@
 
 constexpr int kTileRows = 16;
 constexpr int kTileTokens = 8;  // tokens in registers per pass over a decoded super-block
-// From this many tokens on the tiles replace the strips (below it a decode step's few streams:
-// the strips decode per 8 tokens anyway and need no accumulator buffer).
-constexpr int64_t kKTileMinTokens = 16;
+// From this many tokens on the tiles replace the strips: every batch (a batched decode step of
+// several streams included); one token keeps the 8-row strips (a decode step streams the weights
+// from DRAM, where 16 interleaved rows are more streams for the prefetcher). Measured
+// (BM_Matmul, 8960 x 1536, 2 threads, min of 3, two alternations): Q4_K 4 / 8 tokens 0.36 / 0.58
+// ms on the strips -> 0.19 / 0.26 on the tiles, Q6_K (row kernels before) 0.62 / 1.21 -> 0.33 / 0.43.
+constexpr int64_t kKTileMinTokens = 2;
+// The legacy types' tiles (below) from this many tokens on: a 32-column block's decode for 16 rows
+// (two gathers, two transposes) needs more tokens to pay off than a super-block's. Measured
+// (BM_SmolLM2Token, its Q4_1 weights from DRAM, 2 threads, min of 3, two alternations, strips ->
+// tiles): 2 tokens 2.75-2.83 -> 3.39-3.49 ms, 4: 3.82-3.85 -> 4.73-5.26, 8: 5.47-6.30 -> 5.42-6.03,
+// 16 (8-bit prefill): 8.74-8.93 -> 6.33-7.51, 64: 26.9-28.5 -> 18.0-19.5.
+constexpr int64_t kLTileMinTokens = 16;
 
 // One Q4_K super-block of a 16-row tile, decoded (lane r: row r of the tile).
 struct K4Tile {
@@ -275,6 +286,126 @@ KV_ZMM void k_tile_rows_loop(const WeightView& w, int64_t r0, int64_t r1, const 
         for (int t = 0; t < nt; ++t)
           x[t] = reinterpret_cast<const BlockQ8_K*>(a + static_cast<size_t>(t0 + t) * act_stride) + i;
         k_tile_group<kT>(nt, s, x, acc + t0);
+      }
+    }
+    const __mmask16 keep = static_cast<__mmask16>((1u << nr) - 1u);
+    for (int64_t t = 0; t < n_tok; ++t) _mm512_mask_storeu_ps(y + t * ldy + r, keep, _mm512_load_ps(acc[t].v));
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Legacy types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0; legacy_strips-inl.h's strip types): the same scheme
+// per 32-column block. A block of a 16-row tile is its two 8-row halves decoded as the strips
+// decode them (strip_block) and joined; per token 8 dpbusd, the offset's Σq (Q4_0, Q5_0, Q8_0) or
+// the min term (Q4_1, Q5_1), and the strips' f32 operations in their order, so the tiles give
+// every token its strip (decode) result bit for bit.
+
+struct LTile {
+  __m512i u[8];  // u[k] lane r: row r's 4 unsigned weight bytes of columns 4k .. 4k + 3
+  __m512 d, m;   // lane r: row r's scale, min
+};
+
+template <GgmlType kT>
+KV_ZMM void l_tile_decode(const uint8_t* const* p, const __m256i* gidx, int64_t i, LTile& s) {
+  StripBlockVecs a, b;
+  strip_block<kT>(p, gidx[0], i, a);
+  strip_block<kT>(p + 8, gidx[1], i, b);
+  for (int k = 0; k < 8; ++k) s.u[k] = join_si(a.u[k], b.u[k]);
+  s.d = join_ps(a.d, b.d);
+  if constexpr (kHasMin<kT>) s.m = join_ps(a.m, b.m);
+}
+
+// acc[t] ← token t's contribution of the decoded block (x[t]: its activation block; qsum[t]: the
+// type's offset times its Σq) for NT tokens sharing the 8 weight registers.
+template <GgmlType kT, int NT>
+KV_ZMM HWY_INLINE void l_tile_tokens(const LTile& s, const BlockQ8A* const* x, const int32_t* qsum, TileAcc* acc) {
+  __m512i ai[NT];
+  for (int t = 0; t < NT; ++t) ai[t] = _mm512_setzero_si512();
+  for (int k = 0; k < 8; ++k) {
+    const __m512i w = s.u[k];
+    for (int t = 0; t < NT; ++t) {
+      int32_t v;
+      std::memcpy(&v, x[t]->qs + 4 * k, 4);
+      ai[t] = _mm512_dpbusd_epi32(ai[t], w, _mm512_set1_epi32(v));
+    }
+  }
+  for (int t = 0; t < NT; ++t) {
+    __m512i isum = ai[t];
+    if constexpr (kStripOffset<kT> != 0) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(qsum[t]));
+    __m512 a = _mm512_load_ps(acc[t].v);
+    a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(s.d, _mm512_set1_ps(x[t]->d)), a);
+    if constexpr (kHasMin<kT>) a = _mm512_fmadd_ps(s.m, _mm512_set1_ps(x[t]->s), a);
+    _mm512_store_ps(acc[t].v, a);
+  }
+}
+
+template <GgmlType kT>
+KV_ZMM void l_tile_group(int nt, const LTile& s, const BlockQ8A* const* x, const int32_t* qsum, TileAcc* acc) {
+  switch (nt) {
+    case 1: l_tile_tokens<kT, 1>(s, x, qsum, acc); break;
+    case 2: l_tile_tokens<kT, 2>(s, x, qsum, acc); break;
+    case 3: l_tile_tokens<kT, 3>(s, x, qsum, acc); break;
+    case 4: l_tile_tokens<kT, 4>(s, x, qsum, acc); break;
+    case 5: l_tile_tokens<kT, 5>(s, x, qsum, acc); break;
+    case 6: l_tile_tokens<kT, 6>(s, x, qsum, acc); break;
+    case 7: l_tile_tokens<kT, 7>(s, x, qsum, acc); break;
+    default: l_tile_tokens<kT, 8>(s, x, qsum, acc); break;
+  }
+}
+
+// Rows [r0, r1) of a legacy-type w times n_tok activations (BlockQ8A rows act_stride apart) in
+// 16-row tiles (as k_tile_rows_loop).
+template <GgmlType kT>
+KV_ZMM void l_tile_rows_loop(const WeightView& w, int64_t r0, int64_t r1, const void* act, size_t act_stride,
+                             int64_t n_tok, float* y, int64_t ldy, int64_t nb) {
+  using B = StripBlock<kT>;
+  const auto* base = static_cast<const uint8_t*>(w.data);
+  const auto* a = static_cast<const uint8_t*>(act);
+  // the offset times Σq per block and token, block-major (a block's tokens side by side)
+  constexpr int32_t kOffset = kStripOffset<kT>;
+  thread_local std::vector<int32_t> qsum_buf;
+  if constexpr (kOffset != 0) {
+    qsum_buf.resize(static_cast<size_t>(n_tok * nb));
+    for (int64_t t = 0; t < n_tok; ++t) {
+      const auto* xb = reinterpret_cast<const BlockQ8A*>(a + static_cast<size_t>(t) * act_stride);
+      for (int64_t i = 0; i < nb; ++i) {
+        int32_t q = 0;
+        for (int j = 0; j < kQK; ++j) q += xb[i].qs[j];
+        qsum_buf[static_cast<size_t>(i * n_tok + t)] = kOffset * q;
+      }
+    }
+  }
+  thread_local std::vector<TileAcc> acc_buf;
+  acc_buf.resize(static_cast<size_t>(n_tok));
+  TileAcc* acc = acc_buf.data();
+  LTile s;
+  for (int64_t r = r0; r < r1; r += kTileRows) {
+    const int nr = static_cast<int>(std::min<int64_t>(kTileRows, r1 - r));
+    const uint8_t* p[kTileRows];
+    alignas(32) int32_t off[kTileRows];
+    for (int k = 0; k < kTileRows; ++k) {
+      p[k] = base + static_cast<size_t>(r + std::min(k, nr - 1)) * w.row_bytes;
+      off[k] = static_cast<int32_t>(p[k] - p[k < 8 ? 0 : 8]);
+    }
+    const __m256i gidx[2] = {_mm256_load_si256(reinterpret_cast<const __m256i*>(off)),
+                             _mm256_load_si256(reinterpret_cast<const __m256i*>(off + 8))};
+    const bool next_tile = r + kTileRows < r1;
+    std::memset(static_cast<void*>(acc), 0, static_cast<size_t>(n_tok) * sizeof(TileAcc));
+    for (int64_t i = 0; i < nb; ++i) {
+      // the next tile's block i (addresses as integers, as in k_tile_rows_loop)
+      if (next_tile && i % 2 == 0) {
+        for (int k = 0; k < kTileRows; ++k)
+          __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(p[k]) + kTileRows * w.row_bytes +
+                                                           static_cast<size_t>(i) * sizeof(B)));
+      }
+      l_tile_decode<kT>(p, gidx, i, s);
+      for (int64_t t0 = 0; t0 < n_tok; t0 += kTileTokens) {
+        const int nt = static_cast<int>(std::min<int64_t>(kTileTokens, n_tok - t0));
+        const BlockQ8A* x[kTileTokens];
+        for (int t = 0; t < nt; ++t)
+          x[t] = reinterpret_cast<const BlockQ8A*>(a + static_cast<size_t>(t0 + t) * act_stride) + i;
+        const int32_t* qs = kOffset != 0 ? qsum_buf.data() + i * n_tok + t0 : nullptr;
+        l_tile_group<kT>(nt, s, x, qs, acc + t0);
       }
     }
     const __mmask16 keep = static_cast<__mmask16>((1u << nr) - 1u);

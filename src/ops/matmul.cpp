@@ -8,8 +8,9 @@
 //   n_tok < kGemmMinTok, or (int8_prefill()) any n_tok for the types with an integer prefill
 //     kernel on this CPU (detail::has_strip_kernel: Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q8_0 with VNNI,
 //     Q6_K with AVX-512 VNNI): the same integer kernel, each weight row (strip of 8 rows) reused
-//     from L1 for all tokens; from kKTileMinTokens tokens on, Q4_K and Q6_K with AVX-512 VNNI take
-//     16-row tiles, each super-block decoded once for all tokens (ops/kquant_tiles-inl.h). The
+//     from L1 for all tokens; with AVX-512 VNNI, Q4_K and Q6_K from 2 tokens on and the legacy
+//     types from 16 take 16-row tiles, each block decoded once for all tokens
+//     (ops/kquant_tiles-inl.h). The
 //     strips beat the f32 sgemm below at every token count: SmolLM2's weights (Q4_1 + Q8_0),
 //     2 threads, Zen 4, kvtrim_bench_kernels BM_SmolLM2Token, min of 5: 16 tokens 9.7 vs
 //     28.0 ms, 64 30.8 vs 68.7, 128 58.5 vs 122, 512 222 vs 451 ms;

@@ -14,9 +14,9 @@
 // F32 / F16 / BF16 weights use portable Highway f32 FMAs on the unquantized activation.
 // On x86 the legacy types and Q4_K run 8 rows at a time, the rows as SIMD lanes
 // (ops/legacy_strips-inl.h, ops/kquant_strips-inl.h; Q8_0 only with VNNI); with AVX-512 VNNI a
-// prefill of Q4_K / Q6_K weights runs 16 rows at a time on zmm registers, each super-block
-// decoded once for all the call's tokens (ops/kquant_tiles-inl.h); the row-at-a-time kernels
-// below serve the other cases.
+// batch of Q4_K / Q6_K weights (2+ tokens) or of the legacy strip types (16+) runs 16 rows at a
+// time on zmm registers, each block decoded once for all the call's tokens
+// (ops/kquant_tiles-inl.h); the row-at-a-time kernels below serve the other cases.
 
 #include <algorithm>
 #include <cmath>
@@ -601,6 +601,12 @@ template <GgmlType kT>
 KV_ATTR void legacy_dot_rows(const WeightView& w, int64_t r0, int64_t r1, const void* act, size_t act_stride,
                              int64_t n_tok, float* y, int64_t ldy, int64_t nb) {
   if constexpr (kStripType<kT>) {
+#if KV_AVX512 && KV_VNNI
+    if (KVTRIM_KQUANT_TILES && n_tok >= kLTileMinTokens) {
+      l_tile_rows_loop<kT>(w, r0, r1, act, act_stride, n_tok, y, ldy, nb);
+      return;
+    }
+#endif
     strip_rows_loop<kT>(w, r0, r1, act, act_stride, n_tok, y, ldy, nb);
   } else if (n_tok > 1) {
     legacy_rows_loop<kT>(w, r0, r1, act, act_stride, n_tok, y, ldy, nb);
