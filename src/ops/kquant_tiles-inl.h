@@ -362,19 +362,7 @@ KV_ZMM void l_tile_rows_loop(const WeightView& w, int64_t r0, int64_t r1, const 
   const auto* base = static_cast<const uint8_t*>(w.data);
   const auto* a = static_cast<const uint8_t*>(act);
   // the offset times Σq per block and token, block-major (a block's tokens side by side)
-  constexpr int32_t kOffset = kStripOffset<kT>;
-  thread_local std::vector<int32_t> qsum_buf;
-  if constexpr (kOffset != 0) {
-    qsum_buf.resize(static_cast<size_t>(n_tok * nb));
-    for (int64_t t = 0; t < n_tok; ++t) {
-      const auto* xb = reinterpret_cast<const BlockQ8A*>(a + static_cast<size_t>(t) * act_stride);
-      for (int64_t i = 0; i < nb; ++i) {
-        int32_t q = 0;
-        for (int j = 0; j < kQK; ++j) q += xb[i].qs[j];
-        qsum_buf[static_cast<size_t>(i * n_tok + t)] = kOffset * q;
-      }
-    }
-  }
+  const int32_t* qsums = offset_qsums<kT>(a, act_stride, n_tok, nb, /*block_major=*/true);
   thread_local std::vector<TileAcc> acc_buf;
   acc_buf.resize(static_cast<size_t>(n_tok));
   TileAcc* acc = acc_buf.data();
@@ -404,7 +392,7 @@ KV_ZMM void l_tile_rows_loop(const WeightView& w, int64_t r0, int64_t r1, const 
         const BlockQ8A* x[kTileTokens];
         for (int t = 0; t < nt; ++t)
           x[t] = reinterpret_cast<const BlockQ8A*>(a + static_cast<size_t>(t0 + t) * act_stride) + i;
-        const int32_t* qs = kOffset != 0 ? qsum_buf.data() + i * n_tok + t0 : nullptr;
+        const int32_t* qs = qsums ? qsums + i * n_tok + t0 : nullptr;
         l_tile_group<kT>(nt, s, x, qs, acc + t0);
       }
     }

@@ -255,26 +255,36 @@ HWY_INLINE void strip_dispatch(int nt, F&& f) {
   }
 }
 
-// Rows [r0, r1) of a legacy-type w times n_tok activations (BlockQ8A rows act_stride apart).
+// kStripOffset<kT> times Σq of every activation block (n_tok BlockQ8A rows of nb blocks,
+// act_stride bytes apart), once per call: element t · nb + i (token-major) or i · n_tok + t
+// (block-major) of a per-thread buffer, valid until the next call; nullptr for the types without
+// an offset.
 template <GgmlType kT>
-KV_ATTR void strip_rows_loop(const WeightView& w, int64_t r0, int64_t r1, const void* act, size_t act_stride,
-                             int64_t n_tok, float* y, int64_t ldy, int64_t nb) {
-  const auto* a = static_cast<const uint8_t*>(act);
-  // offset times Σq per token and block, once per call
-  constexpr int32_t kOffset = kStripOffset<kT>;
-  thread_local std::vector<int32_t> qsum_buf;
-  if constexpr (kOffset != 0) {
-    qsum_buf.resize(static_cast<size_t>(n_tok * nb));
+inline const int32_t* offset_qsums(const uint8_t* a, size_t act_stride, int64_t n_tok, int64_t nb, bool block_major) {
+  if constexpr (kStripOffset<kT> == 0) {
+    return nullptr;
+  } else {
+    thread_local std::vector<int32_t> buf;
+    buf.resize(static_cast<size_t>(n_tok * nb));
     for (int64_t t = 0; t < n_tok; ++t) {
       const auto* xb = reinterpret_cast<const BlockQ8A*>(a + static_cast<size_t>(t) * act_stride);
       for (int64_t i = 0; i < nb; ++i) {
         int32_t s = 0;
         for (int j = 0; j < kQK; ++j) s += xb[i].qs[j];
-        qsum_buf[static_cast<size_t>(t * nb + i)] = kOffset * s;
+        buf[static_cast<size_t>(block_major ? i * n_tok + t : t * nb + i)] = kStripOffset<kT> * s;
       }
     }
+    return buf.data();
   }
-  const int32_t* qsums = qsum_buf.data();
+}
+
+// Rows [r0, r1) of a legacy-type w times n_tok activations (BlockQ8A rows act_stride apart).
+template <GgmlType kT>
+KV_ATTR void strip_rows_loop(const WeightView& w, int64_t r0, int64_t r1, const void* act, size_t act_stride,
+                             int64_t n_tok, float* y, int64_t ldy, int64_t nb) {
+  const auto* a = static_cast<const uint8_t*>(act);
+  constexpr int32_t kOffset = kStripOffset<kT>;
+  const int32_t* qsums = offset_qsums<kT>(a, act_stride, n_tok, nb, /*block_major=*/false);
   for_each_strip(w, r0, r1, n_tok, y, ldy, [&](const uint8_t* const* p, __m256i gidx, int64_t t0, int nt, __m256* out) {
     const BlockQ8A* x[kStripTokens];
     const int32_t* qs[kStripTokens] = {};
