@@ -29,6 +29,7 @@
 #include "core/memory.h"
 #include "core/timer.h"
 #include "engine/session.h"
+#include "ops/matmul.h"
 #include <nlohmann/json.hpp>
 
 namespace kvtrim::cli {
@@ -83,7 +84,9 @@ void bench(const BenchOptions& o) {
   std::vector<std::unique_ptr<Press>> presses;
   for (const std::string& spec : o.presses) presses.push_back(make_press(spec));  // bad specs fail first
   std::vector<Row> rows;
-  std::fprintf(stderr, "threads: %d, reps: %d (+1 warm-up), kv: %s\n", s.pool().n_threads(), o.reps, kv_tag(o.common).c_str());
+  const char* prefill = int8_prefill() ? "8-bit activations" : "f32 activations (--f32-prefill)";
+  std::fprintf(stderr, "threads: %d, reps: %d (+1 warm-up), kv: %s, prefill: %s\n", s.pool().n_threads(), o.reps,
+               kv_tag(o.common).c_str(), prefill);
   const Bandwidth bw = measure_read_bandwidth(&s.pool());
   const double weight_bytes = static_cast<double>(model->decode_weight_bytes());
   std::fprintf(stderr, "read bandwidth: %.1f GB/s (best of %d; median %.1f) on %d threads; weights read per decode step: %s\n",
@@ -192,10 +195,11 @@ void bench(const BenchOptions& o) {
     for (size_t i = 0; i < rows.size(); ++i)
       std::printf("%s{\"model\":\"%s\",\"threads\":%d,\"test\":\"%s\",\"press\":%s,\"tps_median\":%.3f,"
                   "\"tps_min\":%.3f,\"tps_max\":%.3f,\"kv_bytes\":%zu,\"tps_vs_uncompressed\":%.4f,"
-                  "\"bytes_per_token\":%.0f,\"roofline_fraction\":%.4f,\"bandwidth_GBps\":%.2f}",
+                  "\"bytes_per_token\":%.0f,\"roofline_fraction\":%.4f,\"bandwidth_GBps\":%.2f,\"prefill\":\"%s\"}",
                   i ? "," : "", hp.name.c_str(), s.pool().n_threads(), rows[i].test.c_str(),
                   nlohmann::json(rows[i].press).dump().c_str(), rows[i].tps.median, rows[i].tps.min, rows[i].tps.max,
-                  rows[i].kv_bytes, rows[i].ratio, rows[i].bytes_per_token, rows[i].roofline, bw.gbps);
+                  rows[i].kv_bytes, rows[i].ratio, rows[i].bytes_per_token, rows[i].roofline, bw.gbps,
+                  int8_prefill() ? "int8" : "f32");
     std::printf("]\n");
   } else {
     std::printf("| model | threads | test | press | tokens/s (median) | min | max | KV MiB | vs uncompressed | "
