@@ -30,6 +30,7 @@
 #include "ops/matmul.h"
 #include "ops/matmul_internal.h"
 #include "ops/nn.h"
+#include "ops/weight_pack.h"
 
 namespace kvtrim {
 namespace {
@@ -216,14 +217,19 @@ BENCHMARK(BM_MatmulPrefill)
 // not in the model). Attention, norms and the KV cache are not included.
 // args: threads, n_tok (1 = decode via matvec; 2..15 = a batched decode step of n_tok streams
 // (the decode kernel, logits for every stream); >= 16 = prefill via matmul, output once), int8
-// (1 = set_int8_prefill: prefill on the integer strip kernels instead of sgemm)
+// (1 = set_int8_prefill: prefill on the integer strip kernels instead of sgemm), packed (1 = the
+// weights' packed copies, ops/weight_pack.h, as Model::load makes them where the CPU has the
+// kernels; elsewhere the same as 0)
 void BM_SmolLM2Token(benchmark::State& state) {
   constexpr int64_t kEmbd = 576, kFf = 1536, kKv = 192, kVocab = 49152, kLayers = 30;
   const int64_t n_tok = state.range(1);
   set_int8_prefill(state.range(2) != 0);
+  const bool use_packed = state.range(3) != 0;
   ThreadPool* pool = pool_for(static_cast<int>(state.range(0)));
   static std::vector<std::unique_ptr<BenchWeight>> layers;
   static std::unique_ptr<BenchWeight> output;
+  static std::vector<PackedWeight> packed;  // layers', then the output's (if packable here)
+  static std::vector<WeightView> views[2];  // plain, packed: the layers', then the output's
   if (layers.empty()) {
     const std::pair<int64_t, int64_t> shapes[] = {{kEmbd, kEmbd}, {kKv, kEmbd}, {kKv, kEmbd},
                                                   {kEmbd, kEmbd}, {kFf, kEmbd}, {kFf, kEmbd},
@@ -233,7 +239,18 @@ void BM_SmolLM2Token(benchmark::State& state) {
         layers.push_back(make_weight(GgmlType::Q4_1, r, c, static_cast<uint32_t>(layers.size())));
     }
     output = make_weight(GgmlType::Q8_0, kVocab, kEmbd, 99);
+    for (const auto& l : layers) views[0].push_back(l->view);
+    views[0].push_back(output->view);
+    for (const WeightView& v : views[0]) {
+      if (PackedWeight::available(v.type)) {
+        packed.emplace_back(v);
+        views[1].push_back(packed.back().view(v));
+      } else {
+        views[1].push_back(v);
+      }
+    }
   }
+  const std::vector<WeightView>& ws = views[use_packed ? 1 : 0];
   const auto x = rand_vec(n_tok * kFf);
   std::vector<float> y(static_cast<size_t>(n_tok * kFf));
   const int64_t n_out = n_tok < kMatmulGemmMinTokens ? n_tok : 1;  // rows needing logits
@@ -241,8 +258,8 @@ void BM_SmolLM2Token(benchmark::State& state) {
   size_t bytes = output->data.size();
   for (const auto& l : layers) bytes += l->data.size();
   for (auto _ : state) {
-    for (const auto& l : layers) matmul(l->view, x.data(), n_tok, y.data(), pool);
-    matmul(output->view, x.data(), n_out, logits.data(), pool);
+    for (size_t i = 0; i + 1 < ws.size(); ++i) matmul(ws[i], x.data(), n_tok, y.data(), pool);
+    matmul(ws.back(), x.data(), n_out, logits.data(), pool);
     benchmark::DoNotOptimize(logits.data());
   }
   state.counters["tok/s"] =
@@ -252,21 +269,17 @@ void BM_SmolLM2Token(benchmark::State& state) {
   set_int8_prefill(false);
 }
 BENCHMARK(BM_SmolLM2Token)
-    ->ArgNames({"thr", "ntok", "int8"})
-    ->Args({1, 1, 0})
-    ->Args({2, 1, 0})
-    ->Args({2, 2, 0})
-    ->Args({2, 4, 0})
-    ->Args({2, 8, 0})
-    ->Args({2, 15, 0})
-    ->Args({2, 16, 0})
-    ->Args({2, 64, 0})
-    ->Args({2, 128, 0})
-    ->Args({2, 512, 0})
-    ->Args({2, 16, 1})
-    ->Args({2, 64, 1})
-    ->Args({2, 128, 1})
-    ->Args({2, 512, 1})
+    ->ArgNames({"thr", "ntok", "int8", "packed"})
+    ->ArgsProduct({{2}, {1, 2, 4, 8}, {0}, {0, 1}})
+    ->Args({1, 1, 0, 0})
+    ->Args({1, 1, 0, 1})
+    ->Args({2, 15, 0, 0})
+    ->Args({2, 15, 0, 1})
+    ->Args({2, 16, 0, 0})
+    ->Args({2, 64, 0, 0})
+    ->Args({2, 128, 0, 0})
+    ->Args({2, 512, 0, 0})
+    ->ArgsProduct({{2}, {16, 64, 128, 512}, {1}, {0, 1}})
     ->UseRealTime()
     ->ComputeStatistics("min", min_of)
     ->Unit(benchmark::kMillisecond);

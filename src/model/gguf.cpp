@@ -274,6 +274,17 @@ GgufFile::~GgufFile() {
   if (fd_ >= 0) ::close(fd_);
 }
 
+void GgufFile::release_pages(const void* p, size_t n) const {
+  if (!map_ || owned_ || n == 0) return;
+  const auto b = reinterpret_cast<uintptr_t>(map_), e = b + size_;
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  uintptr_t lo = reinterpret_cast<uintptr_t>(p), hi = lo + n;
+  if (lo < b || hi > e) return;
+  lo = (lo + page - 1) / page * page;  // whole pages only: a neighbour's bytes stay
+  hi = hi / page * page;
+  if (lo < hi) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);  // (advice: failure is harmless)
+}
+
 std::unique_ptr<GgufFile> GgufFile::open(const std::string& path) {
   std::unique_ptr<GgufFile> f(new GgufFile());
   f->path_ = path;

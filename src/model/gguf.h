@@ -85,6 +85,12 @@ class GgufFile {
   const GgufTensor* find_tensor(std::string_view name) const;  // nullptr if absent
   const GgufTensor& tensor(std::string_view name) const;       // throws if absent
 
+  // Tells the OS that the mapped bytes [p, p + n) (inside this file's mapping) will probably not
+  // be read again: the whole pages inside the range leave the process's resident set (they are
+  // read back from the page cache if they are). For weights of which Model keeps a packed copy.
+  // No effect on a file read by from_memory, or outside the mapping.
+  void release_pages(const void* p, size_t n) const;
+
  private:
   GgufFile() = default;
   void parse();  // reads the header, metadata and tensor table of map_[0, size_)

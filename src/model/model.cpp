@@ -1,7 +1,8 @@
 // Model loading: architecture from general.architecture, hyper-parameters from <arch>.*
-// keys (validated), weights as views into the GGUF mapping (no copies; only f16/bf16 norm
-// and bias vectors are widened to f32), every tensor's shape checked against the
-// hyper-parameters, and the tokenizer.
+// keys (validated), weights as views into the GGUF mapping (only f16/bf16 norm and bias vectors
+// are widened to f32, and the matrices of the types with packed kernels on this CPU get a packed
+// copy, ops/weight_pack.h), every tensor's shape checked against the hyper-parameters, and the
+// tokenizer.
 #include "model/model.h"
 
 #include <cmath>
@@ -223,8 +224,28 @@ std::unique_ptr<Model> Model::load(std::unique_ptr<GgufFile> file) {
   ModelLoader loader(*m, *ai);
   loader.load_hparams();
   loader.load_tensors();
+  if (weight_packing()) m->pack_weights();
   m->tok_ = Tokenizer::from_gguf(*m->file_);
   return m;
+}
+
+void Model::pack_weights() {
+  auto pack = [this](WeightView& w) {
+    if (!w.data || !PackedWeight::available(w.type)) return;
+    packed_.emplace_back(w);
+    w = packed_.back().view(w);
+    file_->release_pages(w.data, static_cast<size_t>(w.n_rows) * w.row_bytes);
+  };
+  for (LayerWeights& l : layers_) {
+    for (WeightView* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_gate, &l.ffn_up, &l.ffn_down}) pack(*w);
+  }
+  pack(output_);  // (tied: the embedding's rows are still read from the file by get_row)
+}
+
+size_t Model::packed_weight_bytes() const {
+  size_t n = 0;
+  for (const PackedWeight& p : packed_) n += p.size();
+  return n;
 }
 
 size_t Model::decode_weight_bytes() const {

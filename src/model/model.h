@@ -10,6 +10,7 @@
 #include "model/gguf.h"
 #include "model/tokenizer.h"
 #include "ops/matmul.h"
+#include "ops/weight_pack.h"
 
 namespace kvtrim {
 
@@ -125,6 +126,11 @@ class Model {
   // of one decoded token, which bounds decode speed at the machine's read bandwidth.
   size_t decode_weight_bytes() const;
 
+  // Bytes of the packed weight copies Model::load made (ops/weight_pack.h; 0 where
+  // weight_packing() was off or the CPU has no packed kernels). The GGUF pages of packed matrices
+  // are released from the resident set after packing, so the resident weights stay about one copy.
+  size_t packed_weight_bytes() const;
+
   // Runs n tokens (positions pos0 .. pos0+n-1) through the model, appending their K/V to
   // `cache`. logits: [n, n_vocab] if all_logits, else [n_vocab] for the last token.
   // Throws Error if a position would reach the cache's n_ctx.
@@ -144,6 +150,7 @@ class Model {
  private:
   Model() = default;
   void check_seq(const ForwardSeq& s) const;  // forward()'s checks of one sequence
+  void pack_weights();                         // packed copies of the packable matrices
   std::unique_ptr<GgufFile> file_;
   std::unique_ptr<Tokenizer> tok_;
   HParams hp_;
@@ -152,6 +159,7 @@ class Model {
   // f32 copies of norm / bias vectors stored as f16 or bf16 in the file (views point into
   // these; moving the outer vector keeps each inner buffer in place).
   std::vector<std::vector<float>> owned_f32_;
+  std::vector<PackedWeight> packed_;  // the views' `packed` point into these (buffers never move)
   friend class ModelLoader;
 };
 

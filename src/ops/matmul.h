@@ -18,6 +18,10 @@ struct WeightView {
   int64_t n_rows;
   int64_t n_cols;
   size_t row_bytes;  // ggml_row_size(type, n_cols)
+  // Optional copy of the same weights in the 16-row tile order (ops/weight_pack.h: a
+  // PackedWeight's data, made by Model::load). Where set, the kernels that know the layout read
+  // it instead of `data` (with the same result, bit for bit); everything else reads `data`.
+  const void* packed = nullptr;
 };
 
 // y[n_rows] = W · x[n_cols]. pool may be nullptr (single thread).

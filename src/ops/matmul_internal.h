@@ -52,4 +52,8 @@ const char* kernel_target_name();
 // gives every token matvec's result: then matmul with int8_prefill() uses it at every token count.
 bool has_strip_kernel(GgmlType t);
 
+// True if dot_rows reads weights of type t from a packed copy (WeightView::packed, layout in
+// ops/weight_pack.h) on the current target.
+bool has_packed_kernel(GgmlType t);
+
 }  // namespace kvtrim::detail

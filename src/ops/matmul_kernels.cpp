@@ -16,7 +16,9 @@
 // (ops/legacy_strips-inl.h, ops/kquant_strips-inl.h; Q8_0 only with VNNI); with AVX-512 VNNI a
 // batch of Q4_K / Q6_K weights (2+ tokens) or of the legacy strip types (16+) runs 16 rows at a
 // time on zmm registers, each block decoded once for all the call's tokens
-// (ops/kquant_tiles-inl.h); the row-at-a-time kernels (ops/row_kernels-inl.h) serve the other
+// (ops/kquant_tiles-inl.h), and Q4_0 / Q4_1 / Q8_0 weights with a packed copy (WeightView::packed)
+// run 16-row tiles from it at every token count (ops/legacy_packed-inl.h); the row-at-a-time
+// kernels (ops/row_kernels-inl.h) serve the other
 // cases. This file keeps the f32 / f16 / bf16 dot products, the row loops, the dispatch by weight
 // type, the activation quantization and the exported entry points.
 
@@ -195,6 +197,7 @@ KV_ATTR void legacy_rows_loop(const WeightView& w, int64_t r0, int64_t r1, const
 #include "ops/legacy_strips-inl.h"
 #include "ops/kquant_strips-inl.h"
 #include "ops/kquant_tiles-inl.h"
+#include "ops/legacy_packed-inl.h"
 
 #if KV_X86
 // A legacy type's rows: in strips of 8 where the type has a strip kernel, else one row at a time
@@ -205,6 +208,12 @@ KV_ATTR void legacy_dot_rows(const WeightView& w, int64_t r0, int64_t r1, const 
                              int64_t n_tok, float* y, int64_t ldy, int64_t nb) {
   if constexpr (kStripType<kT>) {
 #if KV_AVX512 && KV_VNNI
+    if constexpr (kPackType<kT>) {
+      if (w.packed) {
+        p_tile_rows_loop<kT>(w, r0, r1, act, act_stride, n_tok, y, ldy, nb);
+        return;
+      }
+    }
     if (KVTRIM_KQUANT_TILES && n_tok >= kLTileMinTokens) {
       l_tile_rows_loop<kT>(w, r0, r1, act, act_stride, n_tok, y, ldy, nb);
       return;
@@ -350,6 +359,20 @@ void QuantizeQ8K(const float* x, BlockQ8_K* y, int64_t nb) {
   }
 }
 
+bool PackedKernel(GgmlType t) {
+#if KV_X86 && KV_AVX512 && KV_VNNI
+  switch (t) {
+    case GgmlType::Q4_0: return kPackType<GgmlType::Q4_0>;
+    case GgmlType::Q4_1: return kPackType<GgmlType::Q4_1>;
+    case GgmlType::Q8_0: return kPackType<GgmlType::Q8_0>;
+    default: return false;
+  }
+#else
+  (void)t;
+  return false;
+#endif
+}
+
 const char* TargetName() {
   return hwy::TargetName(HWY_TARGET);
 }
@@ -386,6 +409,7 @@ HWY_EXPORT(QuantizeQ8A);
 HWY_EXPORT(QuantizeQ8K);
 HWY_EXPORT(TargetName);
 HWY_EXPORT(StripKernel);
+HWY_EXPORT(PackedKernel);
 
 void dot_rows(const WeightView& w, int64_t r0, int64_t r1, const void* act, size_t act_stride,
               int64_t n_tok, float* y, int64_t ldy) {
@@ -412,6 +436,10 @@ const char* kernel_target_name() {
 
 bool has_strip_kernel(GgmlType t) {
   return HWY_DYNAMIC_DISPATCH(StripKernel)(t);
+}
+
+bool has_packed_kernel(GgmlType t) {
+  return HWY_DYNAMIC_DISPATCH(PackedKernel)(t);
 }
 
 }  // namespace kvtrim::detail

@@ -31,6 +31,7 @@
 #include "core/thread_pool.h"
 #include "ops/dequant.h"
 #include "ops/matmul_internal.h"
+#include "ops/weight_pack.h"
 
 namespace kvtrim {
 namespace {
@@ -495,6 +496,71 @@ TEST(Matmul, Int8PrefillGivesEachTokenItsDecodeResult) {
   // the tiles ran wherever this CPU has AVX-512 VNNI
   if (sweep.seen_.count("AVX3_DL") != 0) {
     EXPECT_EQ(with_q6k_kernel.count("AVX3_DL"), 1u);
+  }
+}
+
+// A weight with a packed copy (ops/weight_pack.h, read by ops/legacy_packed-inl.h) gives the
+// results of the same weight without one, bit for bit: every packable type, row counts that fill
+// no tile (1), one (16) and leave a partial one (37, 130), an odd block count (160 columns),
+// random block bytes, 1 to 45 tokens (one token, batched decode steps, an 8-bit prefill of whole
+// and partial 8-token groups), 1-3 threads (splits inside a tile), every SIMD target (elsewhere
+// than AVX3_DL the copy is ignored), and matmul_many with row offsets off the tile grid.
+TEST(Matmul, PackedWeightsEqualUnpackedBitForBit) {
+  ThreadPool pool2(2), pool3(3);
+  TargetSweep sweep;
+  EXPECT_FALSE(PackedWeight::available(GgmlType::Q4_K));
+  EXPECT_FALSE(PackedWeight::available(GgmlType::F16));
+  const TestWeight k4 = make_weight(GgmlType::Q4_K, 40, 256, false, 2);
+  EXPECT_THROW(PackedWeight{k4.view}, Error);
+  set_int8_prefill(true);
+  int packed_runs = 0;
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0}) {
+    SCOPED_TRACE(type_name(t));
+    for (const Shape& s : {Shape{1, 64}, Shape{16, 160}, Shape{37, 160}, Shape{130, 576}}) {
+      SCOPED_TRACE(std::to_string(s.n_rows) + "x" + std::to_string(s.n_cols));
+      const TestWeight w = make_weight(t, s.n_rows, s.n_cols, s.n_rows != 37, 50 + static_cast<uint32_t>(s.n_rows));
+      const PackedWeight pw(w.view);
+      EXPECT_EQ(pw.size(), PackedWeight::bytes(t, s.n_rows, s.n_cols));
+      EXPECT_EQ(pw.size(), static_cast<size_t>((s.n_rows + 15) / 16) * 16 * w.view.row_bytes);
+      const WeightView pv = pw.view(w.view);
+      for (int64_t n_tok : {1, 2, 3, 4, 5, 8, 9, 15, 16, 45}) {
+        const auto x = make_x(n_tok * s.n_cols, 60 + static_cast<uint32_t>(n_tok));
+        sweep.each([&] {
+          if (PackedWeight::available(t)) ++packed_runs;
+          for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool2, &pool3}) {
+            std::vector<float> want(static_cast<size_t>(n_tok * s.n_rows)), got(want.size(), NAN);
+            matmul(w.view, x.data(), n_tok, want.data(), p);
+            matmul(pv, x.data(), n_tok, got.data(), p);
+            ASSERT_EQ(got, want) << "n_tok " << n_tok << " threads " << (p ? p->n_threads() : 1);
+          }
+        });
+      }
+    }
+  }
+  // matmul_many: the packed weights' rows start at 37 and 37 + 130 of the concatenation
+  const TestWeight a = make_weight(GgmlType::Q4_1, 37, 576, false, 71), b = make_weight(GgmlType::Q8_0, 130, 576, true, 72),
+                   c = make_weight(GgmlType::Q4_0, 21, 576, true, 73);
+  const PackedWeight pb(b.view), pc(c.view);
+  const WeightView vb = pb.view(b.view), vc = pc.view(c.view);
+  for (int64_t n_tok : {1, 4, 20}) {
+    const auto x = make_x(n_tok * 576, 80 + static_cast<uint32_t>(n_tok));
+    const WeightView* plain[3] = {&a.view, &b.view, &c.view};
+    const WeightView* packed[3] = {&a.view, &vb, &vc};
+    std::vector<std::vector<float>> want(3), got(3);
+    float *yw[3], *yg[3];
+    for (int i = 0; i < 3; ++i) {
+      want[i].resize(static_cast<size_t>(n_tok * plain[i]->n_rows));
+      got[i].assign(want[i].size(), NAN);
+      yw[i] = want[i].data();
+      yg[i] = got[i].data();
+    }
+    matmul_many(plain, yw, 3, x.data(), n_tok, &pool3);
+    matmul_many(packed, yg, 3, x.data(), n_tok, &pool3);
+    for (int i = 0; i < 3; ++i) ASSERT_EQ(got[i], want[i]) << "weight " << i << " n_tok " << n_tok;
+  }
+  set_int8_prefill(false);
+  if (sweep.seen_.count("AVX3_DL") != 0) {
+    EXPECT_GT(packed_runs, 0);
   }
 }
 

@@ -24,6 +24,7 @@ struct CommonOptions {
   std::string mem_limit;                    // --mem-limit: "" = available memory, "off", or a size
   bool int8_prefill = false;                // --int8-prefill: the default, accepted for scripts
   bool f32_prefill = false;                 // --f32-prefill: set_int8_prefill(false) (ops/matmul.h)
+  bool no_repack = false;                   // --no-repack: set_weight_packing(false) (ops/weight_pack.h)
 };
 
 void add_common_options(CLI::App* app, CommonOptions& o);
