@@ -68,12 +68,15 @@ int32_t Sampler::sample(const float* logits, int32_t n_vocab) {
   const float inv_t = 1.f / p_.temperature;
   for (size_t i = 0; i < n; ++i) e_[i] = logits[i] * inv_t;
   const float mx = max_of(e_.data(), n_vocab);
-  cand_.clear();
   const float first_cut = mx - kFirstSpan;
-  for (size_t i = 0; i < n; ++i) {
-    if (e_[i] >= first_cut) cand_.push_back({e_[i], static_cast<int32_t>(i)});
+  cand_.resize(n);
+  size_t m = 0;
+  for (size_t i = 0; i < n; ++i) {  // (stored always, kept by the count: no branch to mispredict)
+    cand_[m] = {e_[i], static_cast<int32_t>(i)};
+    m += e_[i] >= first_cut ? 1 : 0;
   }
-  bool complete = cand_.size() == n;
+  cand_.resize(m);
+  bool complete = m == n;
   auto complete_list = [&] {  // every token, the scaled logits recomputed as above
     cand_.resize(n);
     for (size_t i = 0; i < n; ++i) cand_[i] = {logits[i] * inv_t, static_cast<int32_t>(i)};
