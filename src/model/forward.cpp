@@ -30,7 +30,21 @@ struct Workspace {
   std::vector<int32_t> pos;  // [n] positions
   std::vector<float> x_in;   // [n, n_embd] a layer's input (only for ForwardObserver::on_layer_io)
   std::vector<float> logits; // [rows needing logits, n_vocab] of a batch of several sequences
+  std::vector<float> rope_cs;  // [n, n_rot] per row: cos [n_rot / 2], then sin, for rope_spec
+  RopeSpec rope_spec;          // the angles in rope_cs (n_rot 0: none this call)
 };
+
+// From this many rows on the forward pass's element-wise work (norms, RoPE, activations, the
+// residual adds) is split over the pool; a decode step's few rows stay on the caller (a pool
+// round trip costs more than they do). In a 96-token SmolLM2 prefill chunk that work on the
+// caller alone was ~10 % of the samples while the other thread waited (perf, docs/results/perf §9).
+constexpr int64_t kRowsPoolMin = 16;
+
+// fn(r0, r1) over the n rows: split over the pool for a chunk, on the caller for a few rows.
+template <typename Fn>
+void rows_job(ThreadPool* pool, int64_t n, const Fn& fn) {
+  for_range(n >= kRowsPoolMin ? pool : nullptr, n, 4, fn);
+}
 
 // y[n, n_rows] = x[n, n_cols] · Wᵀ: matvec for one token, matmul for a chunk.
 void project(const WeightView& w, const float* x, int64_t n, float* y, ThreadPool* pool) {
@@ -95,9 +109,12 @@ void add_bias(const WeightView& b, float* y, int64_t n, int64_t d) {
 }
 
 // Row-wise RMSNorm of n rows of width d with weight w[d].
-void rms_norm_rows(const float* x, const WeightView& w, float* y, int64_t n, int64_t d, float eps) {
+void rms_norm_rows(const float* x, const WeightView& w, float* y, int64_t n, int64_t d, float eps,
+                   ThreadPool* pool = nullptr) {
   const float* wd = static_cast<const float*>(w.data);
-  for (int64_t i = 0; i < n; ++i) rms_norm(x + i * d, wd, y + i * d, d, eps);
+  rows_job(pool, n, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) rms_norm(x + i * d, wd, y + i * d, d, eps);
+  });
 }
 
 }  // namespace
@@ -172,6 +189,7 @@ void Model::forward_batch(const std::vector<ForwardSeq>& seqs, ThreadPool* pool)
   float* xb = ws.xb.data();
   for (size_t s = 0; s < seqs.size(); ++s)
     for (int64_t i = 0; i < seqs[s].n; ++i) ws.pos[row0[s] + i] = static_cast<int32_t>(seqs[s].pos0 + i);
+  ws.rope_spec = RopeSpec{};  // (n_rot 0: this call's angles not computed yet)
 
   // token embeddings (gemma: times sqrt(n_embd))
   for (size_t s = 0; s < seqs.size(); ++s) {
@@ -201,29 +219,44 @@ void Model::forward_batch(const std::vector<ForwardSeq>& seqs, ThreadPool* pool)
 
     if (any_layer_io) ws.x_in.assign(x, x + n * n_embd);
     // --- attention: xb = rmsnorm(x); q, k, v = xb·Wqᵀ (+b), ...
-    rms_norm_rows(x, w.attn_norm, xb, n, n_embd, hp.norm_eps);
+    rms_norm_rows(x, w.attn_norm, xb, n, n_embd, hp.norm_eps, pool);
     project_groups_many({{&w.wq, ws.q.data()}, {&w.wk, ws.k.data()}, {&w.wv, ws.v.data()}}, xb, groups, pool);
     add_bias(w.bq, ws.q.data(), n, n_q);
     add_bias(w.bk, ws.k.data(), n, n_k);
     add_bias(w.bv, ws.v.data(), n, n_v);
     // gemma3: per-head RMSNorm of q and k
     if (w.q_norm.data)
-      rms_norm_rows(ws.q.data(), w.q_norm, ws.q.data(), n * hp.n_head, hdk, hp.norm_eps);
+      rms_norm_rows(ws.q.data(), w.q_norm, ws.q.data(), n * hp.n_head, hdk, hp.norm_eps, pool);
     if (w.k_norm.data)
-      rms_norm_rows(ws.k.data(), w.k_norm, ws.k.data(), n * hp.n_head_kv, hdk, hp.norm_eps);
+      rms_norm_rows(ws.k.data(), w.k_norm, ws.k.data(), n * hp.n_head_kv, hdk, hp.norm_eps, pool);
     for (size_t s = 0; s < seqs.size(); ++s) {
       ForwardObserver* ob = seqs[s].observer;
       if (ob && ob->wants_pre_rope())
         ob->on_qk_pre_rope(il, seqs[s].n, ws.q.data() + row0[s] * n_q, ws.k.data() + row0[s] * n_k);
     }
-    // RoPE at the original positions
-    for (int64_t i = 0; i < n; ++i) {
-      for (int ih = 0; ih < hp.n_head; ++ih) {
-        rope(ws.q.data() + i * n_q + ih * hdk, hdk, rs.n_rot, ws.pos[i], rs.base, rs.freq_scale, rs.neox);
+    // RoPE at the original positions: the rows' angles once per call and RoPE spec (Gemma3
+    // alternates two bases), then every head of every row
+    {
+      const int64_t nr = rs.n_rot, half = nr / 2;
+      if (ws.rope_spec.n_rot != nr || ws.rope_spec.base != rs.base || ws.rope_spec.freq_scale != rs.freq_scale) {
+        ws.rope_cs.resize(static_cast<size_t>(n * nr));
+        float* cs = ws.rope_cs.data();
+        const int32_t* pos = ws.pos.data();
+        rows_job(pool, n, [&](int64_t b, int64_t e) {
+          for (int64_t i = b; i < e; ++i) rope_angles(nr, pos[i], rs.base, rs.freq_scale, cs + i * nr, cs + i * nr + half);
+        });
+        ws.rope_spec = rs;
       }
-      for (int ih = 0; ih < hp.n_head_kv; ++ih) {
-        rope(ws.k.data() + i * n_k + ih * hdk, hdk, rs.n_rot, ws.pos[i], rs.base, rs.freq_scale, rs.neox);
-      }
+      const float* cs = ws.rope_cs.data();
+      float* const q = ws.q.data();
+      float* const k = ws.k.data();
+      rows_job(pool, n, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) {
+          const float* c = cs + i * nr;
+          for (int ih = 0; ih < hp.n_head; ++ih) rope_rotate(q + i * n_q + ih * hdk, nr, rs.neox, c, c + half);
+          for (int ih = 0; ih < hp.n_head_kv; ++ih) rope_rotate(k + i * n_k + ih * hdk, nr, rs.neox, c, c + half);
+        }
+      });
     }
     AttnParams ap;
     ap.n_head = hp.n_head;
@@ -261,20 +294,27 @@ void Model::forward_batch(const std::vector<ForwardSeq>& seqs, ThreadPool* pool)
       if (job_seqs.empty() || !joins_job(seqs[s])) seq_attention(s, pool, ap);
     // x += [post_norm](att·Woᵀ)
     project_groups(w.wo, ws.att.data(), groups, xb, pool);
-    if (w.post_attn_norm.data) rms_norm_rows(xb, w.post_attn_norm, xb, n, n_embd, hp.norm_eps);
-    add(x, xb, n * n_embd);
+    if (w.post_attn_norm.data) rms_norm_rows(xb, w.post_attn_norm, xb, n, n_embd, hp.norm_eps, pool);
+    rows_job(pool, n, [&](int64_t b, int64_t e) { add(x + b * n_embd, xb + b * n_embd, (e - b) * n_embd); });
 
     // --- feed-forward: x += [post_norm](W_down · (act(W_gate·xb) ⊙ (W_up·xb))), xb = rmsnorm(x)
-    rms_norm_rows(x, w.ffn_norm, xb, n, n_embd, hp.norm_eps);
+    rms_norm_rows(x, w.ffn_norm, xb, n, n_embd, hp.norm_eps, pool);
     project_groups_many({{&w.ffn_gate, ws.gate.data()}, {&w.ffn_up, ws.up.data()}}, xb, groups, pool);
-    if (ai.ffn_act == FfnAct::kSilu) {
-      swiglu(ws.gate.data(), ws.up.data(), ws.gate.data(), n * n_ff);
-    } else {
-      geglu_tanh(ws.gate.data(), ws.up.data(), ws.gate.data(), n * n_ff);
+    {
+      float* const g = ws.gate.data();
+      const float* const u = ws.up.data();
+      const bool silu = ai.ffn_act == FfnAct::kSilu;
+      rows_job(pool, n, [&](int64_t b, int64_t e) {
+        if (silu) {
+          swiglu(g + b * n_ff, u + b * n_ff, g + b * n_ff, (e - b) * n_ff);
+        } else {
+          geglu_tanh(g + b * n_ff, u + b * n_ff, g + b * n_ff, (e - b) * n_ff);
+        }
+      });
     }
     project_groups(w.ffn_down, ws.gate.data(), groups, xb, pool);
-    if (w.post_ffn_norm.data) rms_norm_rows(xb, w.post_ffn_norm, xb, n, n_embd, hp.norm_eps);
-    add(x, xb, n * n_embd);
+    if (w.post_ffn_norm.data) rms_norm_rows(xb, w.post_ffn_norm, xb, n, n_embd, hp.norm_eps, pool);
+    rows_job(pool, n, [&](int64_t b, int64_t e) { add(x + b * n_embd, xb + b * n_embd, (e - b) * n_embd); });
     for (size_t s = 0; s < seqs.size(); ++s) {
       ForwardObserver* ob = seqs[s].observer;
       if (ob && ob->wants_layer_io())

@@ -125,37 +125,47 @@ float ExpSub(float* x, int64_t n, float mx) {
   return s;
 }
 
-void Swiglu(const float* g, const float* u, float* y, int64_t n) {
+// The activations compute every element with the vector formula, the last partial vector
+// through a padded copy, so an element's result does not depend on where it falls in the array
+// (the forward pass splits a chunk's rows over the pool; a scalar tail with std::exp would give
+// the rows at the end of a split other last bits than the same rows elsewhere).
+template <class Body>
+HWY_INLINE void act_rows(const float* g, const float* u, float* y, int64_t n, Body body) {
   const DF df;
   const int64_t nl = static_cast<int64_t>(hn::Lanes(df));
-  const auto one = hn::Set(df, 1.0f);
   int64_t i = 0;
-  for (; i + nl <= n; i += nl) {
-    const auto vg = hn::LoadU(df, g + i);
-    const auto sig = hn::Div(one, hn::Add(one, hn::Exp(df, hn::Neg(vg))));
-    hn::StoreU(hn::Mul(hn::Mul(vg, sig), hn::LoadU(df, u + i)), df, y + i);
+  for (; i + nl <= n; i += nl) hn::StoreU(body(hn::LoadU(df, g + i), hn::LoadU(df, u + i)), df, y + i);
+  if (i < n) {
+    constexpr int64_t kMaxLanes = 64;  // (any x86 vector of floats fits)
+    alignas(64) float tg[kMaxLanes] = {}, tu[kMaxLanes] = {}, ty[kMaxLanes];
+    const int64_t rest = n - i;
+    std::copy_n(g + i, rest, tg);
+    std::copy_n(u + i, rest, tu);
+    hn::StoreU(body(hn::LoadU(df, tg), hn::LoadU(df, tu)), df, ty);
+    std::copy_n(ty, rest, y + i);
   }
-  for (; i < n; ++i) y[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+}
+
+void Swiglu(const float* g, const float* u, float* y, int64_t n) {
+  const DF df;
+  const auto one = hn::Set(df, 1.0f);
+  act_rows(g, u, y, n, [&](auto vg, auto vu) {
+    const auto sig = hn::Div(one, hn::Add(one, hn::Exp(df, hn::Neg(vg))));
+    return hn::Mul(hn::Mul(vg, sig), vu);
+  });
 }
 
 void GegluTanh(const float* g, const float* u, float* y, int64_t n) {
   constexpr float kC = 0.7978845608028654f;  // sqrt(2 / pi)
   constexpr float kA = 0.044715f;
   const DF df;
-  const int64_t nl = static_cast<int64_t>(hn::Lanes(df));
   const auto half = hn::Set(df, 0.5f), one = hn::Set(df, 1.0f), c = hn::Set(df, kC),
              a = hn::Set(df, kA);
-  int64_t i = 0;
-  for (; i + nl <= n; i += nl) {
-    const auto vg = hn::LoadU(df, g + i);
+  act_rows(g, u, y, n, [&](auto vg, auto vu) {
     const auto inner = hn::Mul(c, hn::MulAdd(hn::Mul(a, vg), hn::Mul(vg, vg), vg));
     const auto gel = hn::Mul(hn::Mul(half, vg), hn::Add(one, hn::Tanh(df, inner)));
-    hn::StoreU(hn::Mul(gel, hn::LoadU(df, u + i)), df, y + i);
-  }
-  for (; i < n; ++i) {
-    const float v = g[i];
-    y[i] = 0.5f * v * (1.0f + std::tanh(kC * (v + kA * v * v * v))) * u[i];
-  }
+    return hn::Mul(gel, vu);
+  });
 }
 
 void Add(float* y, const float* x, int64_t n) {
@@ -261,6 +271,8 @@ struct RopeTable {
   std::vector<float> cos, sin;
 };
 
+}  // namespace
+
 void rope_angles(int64_t n_rot, int32_t pos, float base, float freq_scale, float* c, float* s) {
   for (int64_t i = 0; i < n_rot / 2; ++i) {
     const double theta = static_cast<double>(pos) *
@@ -271,8 +283,6 @@ void rope_angles(int64_t n_rot, int32_t pos, float base, float freq_scale, float
     s[i] = static_cast<float>(std::sin(theta));
   }
 }
-
-}  // namespace
 
 void rope_rotate(float* x, int64_t n_rot, bool neox, const float* c, const float* s) {
   const int64_t half = n_rot / 2;

@@ -35,6 +35,8 @@ void axpy(float* y, float a, const float* x, int64_t n);
 void rope(float* x, int64_t head_dim, int64_t n_rot, int32_t pos, float base, float freq_scale, bool neox);
 // The rotation rope applies, with the angles' cos / sin [n_rot / 2] given (x's pairs as above).
 void rope_rotate(float* x, int64_t n_rot, bool neox, const float* c, const float* s);
+// The angles rope uses at position pos: c[i] = cos(theta_i), s[i] = sin(theta_i), i < n_rot / 2.
+void rope_angles(int64_t n_rot, int32_t pos, float base, float freq_scale, float* c, float* s);
 
 namespace ref {
 void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps);

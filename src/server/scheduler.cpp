@@ -563,10 +563,31 @@ void Scheduler::step() {
     stats_.prefill_seconds += dt * static_cast<double>(n_pre) / tot;
     recent_.push_back(Recent{now_seconds(), n_pre, n_decode});
   }
-  for (Slot* s : in_step) {
+  // The decoding slots' next tokens, drawn on the pool (each slot has its own sampler and
+  // logits; a 49k-token draw is tens of microseconds that the other thread would spend waiting),
+  // then handed out in slot order.
+  std::vector<int32_t> drawn(in_step.size(), -1);
+  {
+    Slot* const* sl = in_step.data();
+    int32_t* const out = drawn.data();
+    const int32_t n_vocab = model_.hparams().n_vocab;
+    for_range(&pool_, static_cast<int64_t>(in_step.size()), 1, [sl, out, n_vocab](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        Slot& s = *sl[i];
+        if (s.state != Slot::State::kDecode) continue;
+        try {
+          out[i] = s.sampler->sample(s.session->logits().data(), n_vocab);
+        } catch (...) {
+          out[i] = -1;  // (NaN logits: sample_next draws again on this thread and reports it)
+        }
+      }
+    });
+  }
+  for (size_t i = 0; i < in_step.size(); ++i) {
+    Slot* s = in_step[i];
     if (s->state == Slot::State::kDecode) {
       s->tokens.push_back(s->next_token);
-      sample_next(*s);
+      sample_next(*s, drawn[i]);
     } else {
       s->tokens.insert(s->tokens.end(), s->job->prompt.begin() + static_cast<std::ptrdiff_t>(s->prompt_done),
                        s->job->prompt.begin() + static_cast<std::ptrdiff_t>(s->prompt_done + static_cast<size_t>(n_pre)));
@@ -596,10 +617,10 @@ void Scheduler::step() {
   }
 }
 
-void Scheduler::sample_next(Slot& s) {
+void Scheduler::sample_next(Slot& s, int32_t drawn) {
   Job& j = *s.job;
   const Tokenizer& tok = model_.tokenizer();
-  const int32_t id = s.sampler->sample(s.session->logits().data(), model_.hparams().n_vocab);
+  const int32_t id = drawn >= 0 ? drawn : s.sampler->sample(s.session->logits().data(), model_.hparams().n_vocab);
   if (tok.is_eog(id)) return finish(s, "stop");
   ++s.n_gen;
   const std::string out = s.text->push(tok.token_to_piece(id));

@@ -137,7 +137,8 @@ class Scheduler {
   void loop();
   bool admit_front();  // admits the queue's first job if it fits (freeing memory under pressure)
   void step();
-  void sample_next(Slot& s);
+  // Hands the slot its next token: `drawn` (already sampled from its logits), or a draw here if < 0.
+  void sample_next(Slot& s, int32_t drawn = -1);
   void finish(Slot& s, const std::string& finish_reason);
   void fail(Slot& s, int status, const std::string& message);
   void release_slot(Slot& s);
