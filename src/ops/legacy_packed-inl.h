@@ -6,7 +6,8 @@
 // Why: the tiles and strips that read the GGUF rows in place decode a 32-column block of 16 rows
 // with two gathers and two 8 x 4 dword transposes (l_tile_decode), which a batch of a few tokens
 // cannot pay back: SmolLM2's 4-stream steps stayed on the 8-row strips, bound by that work. From
-// the packed copy the same block is four loads and a nibble split (Q4_0, Q4_1) or eight loads
+// the packed copy the same block is four loads and a nibble split (Q4_0, Q4_1; Q5_0, Q5_1 add
+// their fifth bits from one load by a shuffle and a byte test per register) or eight loads
 // (Q8_0), its scales one f16 conversion, and each token's part is eight dpbusd with the
 // activation's 4-byte groups broadcast; the tile is one contiguous stream for the prefetcher.
 //
@@ -25,14 +26,18 @@
 #if KV_X86 && KV_AVX512 && KV_VNNI
 
 template <GgmlType kT>
-constexpr bool kPackType = kT == GgmlType::Q4_0 || kT == GgmlType::Q4_1 || kT == GgmlType::Q8_0;
-// Bytes of one block's quants for the 16 rows of a tile.
+constexpr bool kPackType = kT == GgmlType::Q4_0 || kT == GgmlType::Q4_1 || kT == GgmlType::Q5_0 ||
+                           kT == GgmlType::Q5_1 || kT == GgmlType::Q8_0;
+// Bytes of one block's quants, and fifth bits (Q5), for the 16 rows of a tile.
 template <GgmlType kT>
 constexpr size_t kPackQs = kT == GgmlType::Q8_0 ? 512 : 256;
-
-// Block i of a packed tile: quants at qs, scales at dm (16 f16), mins (Q4_1) m_off bytes further.
 template <GgmlType kT>
-KV_ZMM HWY_INLINE void p_tile_block(const uint8_t* qs, const uint8_t* dm, size_t m_off, LTile& s) {
+constexpr size_t kPackQh = kFiveBit<kT> ? 64 : 0;
+
+// Block i of a packed tile: quants at qs, fifth bits (Q5) at qh, scales at dm (16 f16), mins
+// (Q4_1, Q5_1) m_off bytes further.
+template <GgmlType kT>
+KV_ZMM HWY_INLINE void p_tile_block(const uint8_t* qs, const uint8_t* qh, const uint8_t* dm, size_t m_off, LTile& s) {
   s.d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(dm)));
   if constexpr (kHasMin<kT>) s.m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(dm + m_off)));
   if constexpr (kT == GgmlType::Q8_0) {
@@ -43,6 +48,20 @@ KV_ZMM HWY_INLINE void p_tile_block(const uint8_t* qs, const uint8_t* dm, size_t
       const __m512i q = _mm512_loadu_si512(qs + 64 * j);
       s.u[j] = _mm512_and_si512(q, m4);
       s.u[4 + j] = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+    }
+    if constexpr (kFiveBit<kT>) {
+      // u[k] byte b of lane r gets 16 where bit 4k + b of row r's qh is set: byte k / 2 of the
+      // lane's qh copied to its 4 bytes, tested against bits 0..3 (k even) or 4..7 (k odd)
+      const __m512i h = _mm512_loadu_si512(qh);
+      const __m512i lo_bits = _mm512_set1_epi32(0x08040201), hi_bits = _mm512_set1_epi32(static_cast<int>(0x80402010u));
+      const __m512i five = _mm512_set1_epi8(0x10);
+      for (int byte = 0; byte < 4; ++byte) {
+        const int c = byte * 0x01010101;  // dword j of each 128-bit lane <- its byte 4 j + `byte`
+        const __m512i sp = _mm512_shuffle_epi8(h, _mm512_set4_epi32(c + 0x0c0c0c0c, c + 0x08080808, c + 0x04040404, c));
+        s.u[2 * byte] = _mm512_mask_add_epi8(s.u[2 * byte], _mm512_test_epi8_mask(sp, lo_bits), s.u[2 * byte], five);
+        s.u[2 * byte + 1] =
+            _mm512_mask_add_epi8(s.u[2 * byte + 1], _mm512_test_epi8_mask(sp, hi_bits), s.u[2 * byte + 1], five);
+      }
     }
   }
 }
@@ -60,8 +79,9 @@ constexpr size_t kPackAhead = 16384;
 template <GgmlType kT, int NT>
 KV_ZMM void p_tile_dot(const uint8_t* tile, int64_t nb, const BlockQ8A* const* x, const int32_t* const* qsum,
                        uintptr_t pf_end, __m512* out) {
-  constexpr size_t kQs = kPackQs<kT>;
-  const uint8_t* dm = tile + static_cast<size_t>(nb) * kQs;
+  constexpr size_t kQs = kPackQs<kT>, kQh = kPackQh<kT>;
+  const uint8_t* qh0 = tile + static_cast<size_t>(nb) * kQs;
+  const uint8_t* dm = qh0 + static_cast<size_t>(nb) * kQh;
   const size_t m_off = static_cast<size_t>(nb) * 32;
   __m512 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
@@ -72,7 +92,7 @@ KV_ZMM void p_tile_dot(const uint8_t* tile, int64_t nb, const BlockQ8A* const* x
     if (pf < pf_end) {
       for (size_t o = 0; o < kQs; o += 64) __builtin_prefetch(reinterpret_cast<const void*>(pf + o));
     }
-    p_tile_block<kT>(qs, dm + 32 * i, m_off, s);
+    p_tile_block<kT>(qs, qh0 + kQh * static_cast<size_t>(i), dm + 32 * i, m_off, s);
     __m512i ai[NT];
     for (int t = 0; t < NT; ++t) ai[t] = _mm512_setzero_si512();
     for (int k = 0; k < 8; ++k) {
@@ -116,7 +136,7 @@ KV_ZMM void p_tile_rows_loop(const WeightView& w, int64_t r0, int64_t r1, const 
   constexpr int kR = kTileRows;
   const auto* a = static_cast<const uint8_t*>(act);
   const int32_t* qsums = offset_qsums<kT>(a, act_stride, n_tok, nb, /*block_major=*/false);
-  const size_t tile_bytes = static_cast<size_t>(nb) * (kPackQs<kT> + (kHasMin<kT> ? 64 : 32));
+  const size_t tile_bytes = static_cast<size_t>(nb) * (kPackQs<kT> + kPackQh<kT> + (kHasMin<kT> ? 64 : 32));
   const auto* base = static_cast<const uint8_t*>(w.packed);
   const uintptr_t pf_end = reinterpret_cast<uintptr_t>(base) + static_cast<size_t>((r1 + kR - 1) / kR) * tile_bytes;
   __m512 out[kTileTokens];

@@ -16,7 +16,7 @@
 // (ops/legacy_strips-inl.h, ops/kquant_strips-inl.h; Q8_0 only with VNNI); with AVX-512 VNNI a
 // batch of Q4_K / Q6_K weights (2+ tokens) or of the legacy strip types (16+) runs 16 rows at a
 // time on zmm registers, each block decoded once for all the call's tokens
-// (ops/kquant_tiles-inl.h), and Q4_0 / Q4_1 / Q8_0 weights with a packed copy (WeightView::packed)
+// (ops/kquant_tiles-inl.h), and legacy-type weights with a packed copy (WeightView::packed)
 // run 16-row tiles from it at every token count (ops/legacy_packed-inl.h); the row-at-a-time
 // kernels (ops/row_kernels-inl.h) serve the other
 // cases. This file keeps the f32 / f16 / bf16 dot products, the row loops, the dispatch by weight
@@ -364,6 +364,8 @@ bool PackedKernel(GgmlType t) {
   switch (t) {
     case GgmlType::Q4_0: return kPackType<GgmlType::Q4_0>;
     case GgmlType::Q4_1: return kPackType<GgmlType::Q4_1>;
+    case GgmlType::Q5_0: return kPackType<GgmlType::Q5_0>;
+    case GgmlType::Q5_1: return kPackType<GgmlType::Q5_1>;
     case GgmlType::Q8_0: return kPackType<GgmlType::Q8_0>;
     default: return false;
   }

@@ -19,18 +19,26 @@ std::atomic<bool> g_packing{true};
 constexpr int kR = PackedWeight::kTileRows;
 
 size_t qs_record_bytes(GgmlType t) {
-  return t == GgmlType::Q8_0 ? 512 : 256;  // 16 rows x 32 (Q8_0) or 16 (Q4) quant bytes
+  return t == GgmlType::Q8_0 ? 512 : 256;  // 16 rows x 32 (Q8_0) or 16 (Q4, Q5) quant bytes
+}
+size_t qh_record_bytes(GgmlType t) {
+  return t == GgmlType::Q5_0 || t == GgmlType::Q5_1 ? 64 : 0;  // 16 rows' fifth bits (u32 each)
+}
+bool has_min(GgmlType t) {
+  return t == GgmlType::Q4_1 || t == GgmlType::Q5_1;
 }
 
 bool packable(GgmlType t) {
-  return t == GgmlType::Q4_0 || t == GgmlType::Q4_1 || t == GgmlType::Q8_0;
+  return t == GgmlType::Q4_0 || t == GgmlType::Q4_1 || t == GgmlType::Q5_0 || t == GgmlType::Q5_1 ||
+         t == GgmlType::Q8_0;
 }
 
-// Block i of one row, as its scale, min and quant bytes (Q4: 16 nibble bytes; Q8_0: 32 bytes of
-// w + 128).
+// Block i of one row, as its scale, min, quant bytes (Q4, Q5: 16 nibble bytes; Q8_0: 32 bytes of
+// w + 128) and fifth bits (Q5).
 struct RowBlock {
   uint16_t d = 0, m = 0;
   uint8_t q[32] = {};
+  uint8_t qh[4] = {};
 };
 
 RowBlock read_block(GgmlType t, const uint8_t* row, int64_t i) {
@@ -47,6 +55,21 @@ RowBlock read_block(GgmlType t, const uint8_t* row, int64_t i) {
       b.d = blk->d;
       b.m = blk->m;
       std::memcpy(b.q, blk->qs, sizeof(blk->qs));
+      break;
+    }
+    case GgmlType::Q5_0: {
+      const auto* blk = reinterpret_cast<const BlockQ5_0*>(row) + i;
+      b.d = blk->d;
+      std::memcpy(b.q, blk->qs, sizeof(blk->qs));
+      std::memcpy(b.qh, blk->qh, sizeof(blk->qh));
+      break;
+    }
+    case GgmlType::Q5_1: {
+      const auto* blk = reinterpret_cast<const BlockQ5_1*>(row) + i;
+      b.d = blk->d;
+      b.m = blk->m;
+      std::memcpy(b.q, blk->qs, sizeof(blk->qs));
+      std::memcpy(b.qh, blk->qh, sizeof(blk->qh));
       break;
     }
     default: {
@@ -67,8 +90,8 @@ bool PackedWeight::available(GgmlType t) {
 
 size_t PackedWeight::tile_bytes(GgmlType t, int64_t n_cols) {
   const size_t nb = static_cast<size_t>(n_cols / kQK);
-  const size_t scales = (t == GgmlType::Q4_1 ? 2 : 1) * kR * sizeof(uint16_t);
-  return nb * (qs_record_bytes(t) + scales);
+  const size_t scales = (has_min(t) ? 2 : 1) * kR * sizeof(uint16_t);
+  return nb * (qs_record_bytes(t) + qh_record_bytes(t) + scales);
 }
 
 size_t PackedWeight::bytes(GgmlType t, int64_t n_rows, int64_t n_cols) {
@@ -88,7 +111,7 @@ PackedWeight::PackedWeight(const WeightView& w) {
                static_cast<long long>(w.n_rows), static_cast<long long>(w.n_cols));
   const GgmlType t = w.type;
   const int64_t nb = w.n_cols / kQK;
-  const size_t qs_rec = qs_record_bytes(t), tb = tile_bytes(t, w.n_cols);
+  const size_t qs_rec = qs_record_bytes(t), qh_rec = qh_record_bytes(t), tb = tile_bytes(t, w.n_cols);
   const int64_t n_tiles = (w.n_rows + kR - 1) / kR;
   size_ = static_cast<size_t>(n_tiles) * tb;
   const size_t alloc = (size_ + 63) / 64 * 64;
@@ -100,7 +123,8 @@ PackedWeight::PackedWeight(const WeightView& w) {
   for (int64_t g = 0; g < n_tiles; ++g) {
     uint8_t* tile = buf_.get() + static_cast<size_t>(g) * tb;
     uint8_t* qs = tile;
-    auto* d = reinterpret_cast<uint16_t*>(tile + static_cast<size_t>(nb) * qs_rec);
+    uint8_t* qh = tile + static_cast<size_t>(nb) * qs_rec;
+    auto* d = reinterpret_cast<uint16_t*>(qh + static_cast<size_t>(nb) * qh_rec);
     uint16_t* m = d + nb * kR;
     const int rows = static_cast<int>(std::min<int64_t>(kR, w.n_rows - g * kR));
     for (int r = 0; r < rows; ++r) {
@@ -110,8 +134,9 @@ PackedWeight::PackedWeight(const WeightView& w) {
         uint8_t* rec = qs + static_cast<size_t>(i) * qs_rec;
         const int dwords = static_cast<int>(qs_rec / (4 * kR));  // 4 (Q4) or 8 (Q8_0)
         for (int j = 0; j < dwords; ++j) std::memcpy(rec + 64 * j + 4 * r, b.q + 4 * j, 4);
+        if (qh_rec) std::memcpy(qh + static_cast<size_t>(i) * qh_rec + 4 * r, b.qh, 4);
         d[i * kR + r] = b.d;
-        if (t == GgmlType::Q4_1) m[i * kR + r] = b.m;
+        if (has_min(t)) m[i * kR + r] = b.m;
       }
     }
   }

@@ -5,18 +5,21 @@
 // Why: the kernels of ops/legacy_strips-inl.h and ops/kquant_tiles-inl.h read the GGUF rows in
 // place and pay, per 32-column block, gathers and an in-register transpose to put 8 or 16 rows in
 // the lanes. A batched decode step (the server's 4 streams) is bound by that decode work, not by
-// the weight bytes. From the packed copy a block of 16 rows is 4 aligned loads (Q4; 8 for Q8_0)
-// and the nibble split, so the same tile kernel runs from 1 token on.
+// the weight bytes. From the packed copy a block of 16 rows is 4 loads (Q4, Q5; 8 for Q8_0) and
+// the nibble split (Q5: plus its 16 rows' fifth bits from one load), so the same tile kernel runs
+// from 1 token on.
 //
 // Layout (PackedWeight::kTileRows = 16 rows per tile; rows past n_rows in the last tile are zero):
 // tile g of a matrix with nb blocks per row occupies tile_bytes(t, n_cols) bytes at
-// g * tile_bytes, in three parts:
-//   qs: nb records of 256 (Q4_0, Q4_1) or 512 (Q8_0) bytes; record i, bytes 64 j + 4 r .. +3 =
-//       row 16 g + r's block i bytes 4 j .. 4 j + 3 (Q4: the packed nibble bytes as in GGUF, so
-//       the low nibbles are columns 4 j .. 4 j + 3 and the high ones 16 + 4 j ..; Q8_0: the
-//       quants XOR 0x80, i.e. w + 128 as an unsigned byte);
+// g * tile_bytes, in up to four parts:
+//   qs: nb records of 256 (Q4_0, Q4_1, Q5_0, Q5_1) or 512 (Q8_0) bytes; record i, bytes
+//       64 j + 4 r .. +3 = row 16 g + r's block i bytes 4 j .. 4 j + 3 (Q4, Q5: the packed nibble
+//       bytes as in GGUF, so the low nibbles are columns 4 j .. 4 j + 3 and the high ones
+//       16 + 4 j ..; Q8_0: the quants XOR 0x80, i.e. w + 128 as an unsigned byte);
+//   qh: (Q5_0, Q5_1) nb records of 64 bytes, bytes 4 r .. 4 r + 3 = row r's qh (bit c: column
+//       c's fifth bit);
 //   d:  nb x 16 f16, [i * 16 + r] = row r's block-i scale;
-//   m:  (Q4_1) nb x 16 f16, the block mins.
+//   m:  (Q4_1, Q5_1) nb x 16 f16, the block mins.
 // Same bytes as the GGUF rows (plus the last tile's padding). The GGUF copy stays the reference
 // for everything else that reads weights (get_row, the f32 prefill path, calibration).
 #pragma once
@@ -34,7 +37,7 @@ class PackedWeight {
   static constexpr int kTileRows = 16;
 
   // True when this CPU's kernels read weights of type t from a packed copy (AVX-512 VNNI; Q4_0,
-  // Q4_1, Q8_0); elsewhere packing is not offered and matrices stay as they are.
+  // Q4_1, Q5_0, Q5_1, Q8_0); elsewhere packing is not offered and matrices stay as they are.
   static bool available(GgmlType t);
   // Bytes of one tile of 16 rows of n_cols columns of type t (t packable).
   static size_t tile_bytes(GgmlType t, int64_t n_cols);

@@ -514,7 +514,7 @@ TEST(Matmul, PackedWeightsEqualUnpackedBitForBit) {
   EXPECT_THROW(PackedWeight{k4.view}, Error);
   set_int8_prefill(true);
   int packed_runs = 0;
-  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0}) {
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0}) {
     SCOPED_TRACE(type_name(t));
     for (const Shape& s : {Shape{1, 64}, Shape{16, 160}, Shape{37, 160}, Shape{130, 576}}) {
       SCOPED_TRACE(std::to_string(s.n_rows) + "x" + std::to_string(s.n_cols));
@@ -539,7 +539,7 @@ TEST(Matmul, PackedWeightsEqualUnpackedBitForBit) {
   }
   // matmul_many: the packed weights' rows start at 37 and 37 + 130 of the concatenation
   const TestWeight a = make_weight(GgmlType::Q4_1, 37, 576, false, 71), b = make_weight(GgmlType::Q8_0, 130, 576, true, 72),
-                   c = make_weight(GgmlType::Q4_0, 21, 576, true, 73);
+                   c = make_weight(GgmlType::Q5_1, 21, 576, true, 73);
   const PackedWeight pb(b.view), pc(c.view);
   const WeightView vb = pb.view(b.view), vc = pc.view(c.view);
   for (int64_t n_tok : {1, 4, 20}) {

@@ -42,7 +42,7 @@ void add_common_options(CLI::App* app, CommonOptions& o) {
   app->add_flag("--int8-prefill", o.int8_prefill, "8-bit-activation prefill (the default; kept for scripts)")
       ->excludes(f32);
   app->add_flag("--no-repack", o.no_repack,
-                "keep the weights only as the GGUF file stores them: no packed copy of the Q4_0 / Q4_1 / Q8_0 "
+                "keep the weights only as the GGUF file stores them: no packed copy of the Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 "
                 "matrices for the 16-row tile kernels (made at load on CPUs with AVX-512 VNNI; same results bit "
                 "for bit, decode batches and prefill faster; the file's pages of packed matrices leave memory)");
   app->add_flag("--no-kv-rotate", o.no_kv_rotate,
