@@ -22,6 +22,12 @@ check refeed_past_ctx 1 "re-feed: 401 context tokens leave 9 tokens of the conte
 check ctx_past_model 1 "exceeds the model's limit of 8192" run -m smollm2 -c 100000 -p hi -n 4
 check gen_stops_at_ctx 0 "stop: context_full" run -m smollm2 -c 24 -p "Once upon a time" -n 100 -t 2
 check inspect 0 "llama.block_count +30.*q4_1" inspect smollm2
+# the packed weight copies (made at load where the CPU has their kernels) give the text of the
+# file's layout token for token: a 400-token 8-bit prefill and 24 greedy tokens, default vs --no-repack
+a=$("$bin" run -m smollm2 -p "$long Once upon a time" -n 24 -t 2 2>/dev/null)
+b=$("$bin" run -m smollm2 -p "$long Once upon a time" -n 24 -t 2 --no-repack 2>/dev/null)
+if [ -n "$a" ] && [ "$a" = "$b" ]; then pass=$((pass + 1)); else
+  failed=$((failed + 1)); echo "FAIL [repack_same_text]: [$a] vs --no-repack [$b]"; fi
 head -c 20000 "${KVTRIM_SHARED_DATA:-$(dirname "$0")/../../shared/data}/wikitext-2/test.txt" > "$tmp/wiki.txt"
 check ppl 0 "ppl = [0-9]+\.[0-9]+ \+/- " ppl -m smollm2 -f "$tmp/wiki.txt" -c 256 -t 2
 check ppl_ctx_past_model 1 "exceeds the model's context limit" ppl -m smollm2 -f "$tmp/wiki.txt" -c 9000
