@@ -29,7 +29,9 @@ void matvec(const WeightView& w, const float* x, float* y, ThreadPool* pool);
 
 // From this many tokens on, matmul dequantizes W to f32 tiles and runs sgemm; below it, it runs
 // the decode kernel (8-bit activations for quantized W) row by row, giving every token exactly
-// matvec's result (with AVX-512 VNNI, Q4_K and Q6_K batches run 16-row tiles, ops/kquant_tiles-inl.h).
+// matvec's result (with AVX-512 VNNI, Q4_K and Q6_K batches run 16-row tiles, ops/kquant_tiles-inl.h,
+// and legacy-type weights with a packed copy run 16-row tiles from it at every token count,
+// ops/legacy_packed-inl.h).
 // With set_int8_prefill(true), the types with an integer prefill kernel on this CPU
 // (detail::has_strip_kernel: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 with VNNI in 8-row strips, and in 16-row
 // tiles from 16 tokens on with AVX-512 VNNI; Q4_K in strips or tiles; Q6_K in tiles) take it at
