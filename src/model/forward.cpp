@@ -238,7 +238,7 @@ void Model::forward_batch(const std::vector<ForwardSeq>& seqs, ThreadPool* pool)
     // alternates two bases), then every head of every row
     {
       const int64_t nr = rs.n_rot, half = nr / 2;
-      if (ws.rope_spec.n_rot != nr || ws.rope_spec.base != rs.base || ws.rope_spec.freq_scale != rs.freq_scale) {
+      if (!(ws.rope_spec == rs)) {
         ws.rope_cs.resize(static_cast<size_t>(n * nr));
         float* cs = ws.rope_cs.data();
         const int32_t* pos = ws.pos.data();

@@ -315,6 +315,17 @@ KV_ZMM void l_tile_decode(const uint8_t* const* p, const __m256i* gidx, int64_t 
   if constexpr (kHasMin<kT>) s.m = join_ps(a.m, b.m);
 }
 
+// acc + token x's part of a decoded block whose exact integer dot products are isum (qsum: the
+// type's offset times x's Σq): the strips' f32 operations in their order, so every tile kernel
+// (these, and the packed ones of legacy_packed-inl.h) gives a row a strip lane's bits.
+template <GgmlType kT>
+KV_ZMM HWY_INLINE __m512 l_tile_finish(const LTile& s, __m512i isum, const BlockQ8A& x, int32_t qsum, __m512 acc) {
+  if constexpr (kStripOffset<kT> != 0) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(qsum));
+  acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(s.d, _mm512_set1_ps(x.d)), acc);
+  if constexpr (kHasMin<kT>) acc = _mm512_fmadd_ps(s.m, _mm512_set1_ps(x.s), acc);
+  return acc;
+}
+
 // acc[t] ← token t's contribution of the decoded block (x[t]: its activation block; qsum[t]: the
 // type's offset times its Σq) for NT tokens sharing the 8 weight registers.
 template <GgmlType kT, int NT>
@@ -330,12 +341,8 @@ KV_ZMM HWY_INLINE void l_tile_tokens(const LTile& s, const BlockQ8A* const* x, c
     }
   }
   for (int t = 0; t < NT; ++t) {
-    __m512i isum = ai[t];
-    if constexpr (kStripOffset<kT> != 0) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(qsum[t]));
-    __m512 a = _mm512_load_ps(acc[t].v);
-    a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(s.d, _mm512_set1_ps(x[t]->d)), a);
-    if constexpr (kHasMin<kT>) a = _mm512_fmadd_ps(s.m, _mm512_set1_ps(x[t]->s), a);
-    _mm512_store_ps(acc[t].v, a);
+    const int32_t q = kStripOffset<kT> != 0 ? qsum[t] : 0;
+    _mm512_store_ps(acc[t].v, l_tile_finish<kT>(s, ai[t], *x[t], q, _mm512_load_ps(acc[t].v)));
   }
 }
 

@@ -102,12 +102,8 @@ KV_ZMM void p_tile_dot(const uint8_t* tile, int64_t nb, const BlockQ8A* const* x
         ai[t] = _mm512_dpbusd_epi32(ai[t], s.u[k], _mm512_set1_epi32(v));
       }
     }
-    for (int t = 0; t < NT; ++t) {
-      __m512i isum = ai[t];
-      if constexpr (kStripOffset<kT> != 0) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(qsum[t][i]));
-      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(s.d, _mm512_set1_ps(x[t][i].d)), acc[t]);
-      if constexpr (kHasMin<kT>) acc[t] = _mm512_fmadd_ps(s.m, _mm512_set1_ps(x[t][i].s), acc[t]);
-    }
+    for (int t = 0; t < NT; ++t)
+      acc[t] = l_tile_finish<kT>(s, ai[t], x[t][i], kStripOffset<kT> != 0 ? qsum[t][i] : 0, acc[t]);
   }
   for (int t = 0; t < NT; ++t) out[t] = acc[t];
 }

@@ -297,31 +297,17 @@ void rope_rotate(float* x, int64_t n_rot, bool neox, const float* c, const float
 
 void rope(float* x, int64_t head_dim, int64_t n_rot, int32_t pos, float base, float freq_scale,
           bool neox) {
-  // The angles of the last few (position, spec) pairs this thread used: a batched step of several
-  // streams alternates between their positions in every layer (with a single table every token of
-  // every layer recomputed its pow / sin / cos: 1-2 % of a 4-stream SmolLM2 step in perf).
-  constexpr int kTables = 16;
-  thread_local RopeTable tables[kTables];
-  thread_local int next = 0;
-  RopeTable* t = nullptr;
-  for (RopeTable& c : tables) {
-    if (c.n_rot == n_rot && c.pos == pos && c.base == base && c.freq_scale == freq_scale) {
-      t = &c;
-      break;
-    }
+  thread_local RopeTable t;
+  if (t.n_rot != n_rot || t.pos != pos || t.base != base || t.freq_scale != freq_scale) {
+    t.cos.resize(static_cast<size_t>(n_rot / 2));
+    t.sin.resize(static_cast<size_t>(n_rot / 2));
+    rope_angles(n_rot, pos, base, freq_scale, t.cos.data(), t.sin.data());
+    t.n_rot = n_rot;
+    t.pos = pos;
+    t.base = base;
+    t.freq_scale = freq_scale;
   }
-  if (!t) {
-    t = &tables[next];
-    next = (next + 1) % kTables;
-    t->cos.resize(static_cast<size_t>(n_rot / 2));
-    t->sin.resize(static_cast<size_t>(n_rot / 2));
-    rope_angles(n_rot, pos, base, freq_scale, t->cos.data(), t->sin.data());
-    t->n_rot = n_rot;
-    t->pos = pos;
-    t->base = base;
-    t->freq_scale = freq_scale;
-  }
-  rope_rotate(x, n_rot, neox, t->cos.data(), t->sin.data());
+  rope_rotate(x, n_rot, neox, t.cos.data(), t.sin.data());
 }
 
 namespace ref {

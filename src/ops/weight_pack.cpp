@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <type_traits>
 
 #include "core/error.h"
 #include "core/quant_blocks.h"
@@ -41,45 +42,30 @@ struct RowBlock {
   uint8_t qh[4] = {};
 };
 
-RowBlock read_block(GgmlType t, const uint8_t* row, int64_t i) {
+// Block i of a row of block type B: the fields the type has, copied.
+template <class B>
+RowBlock read_as(const uint8_t* row, int64_t i) {
+  const B& blk = reinterpret_cast<const B*>(row)[i];
   RowBlock b;
-  switch (t) {
-    case GgmlType::Q4_0: {
-      const auto* blk = reinterpret_cast<const BlockQ4_0*>(row) + i;
-      b.d = blk->d;
-      std::memcpy(b.q, blk->qs, sizeof(blk->qs));
-      break;
-    }
-    case GgmlType::Q4_1: {
-      const auto* blk = reinterpret_cast<const BlockQ4_1*>(row) + i;
-      b.d = blk->d;
-      b.m = blk->m;
-      std::memcpy(b.q, blk->qs, sizeof(blk->qs));
-      break;
-    }
-    case GgmlType::Q5_0: {
-      const auto* blk = reinterpret_cast<const BlockQ5_0*>(row) + i;
-      b.d = blk->d;
-      std::memcpy(b.q, blk->qs, sizeof(blk->qs));
-      std::memcpy(b.qh, blk->qh, sizeof(blk->qh));
-      break;
-    }
-    case GgmlType::Q5_1: {
-      const auto* blk = reinterpret_cast<const BlockQ5_1*>(row) + i;
-      b.d = blk->d;
-      b.m = blk->m;
-      std::memcpy(b.q, blk->qs, sizeof(blk->qs));
-      std::memcpy(b.qh, blk->qh, sizeof(blk->qh));
-      break;
-    }
-    default: {
-      const auto* blk = reinterpret_cast<const BlockQ8_0*>(row) + i;
-      b.d = blk->d;
-      for (int j = 0; j < kQK; ++j) b.q[j] = static_cast<uint8_t>(static_cast<uint8_t>(blk->qs[j]) ^ 0x80u);
-      break;
-    }
+  b.d = blk.d;
+  if constexpr (requires { blk.m; }) b.m = blk.m;
+  if constexpr (requires { blk.qh; }) std::memcpy(b.qh, blk.qh, sizeof(blk.qh));
+  if constexpr (std::is_same_v<B, BlockQ8_0>) {
+    for (int j = 0; j < kQK; ++j) b.q[j] = static_cast<uint8_t>(static_cast<uint8_t>(blk.qs[j]) ^ 0x80u);
+  } else {
+    std::memcpy(b.q, blk.qs, sizeof(blk.qs));
   }
   return b;
+}
+
+RowBlock read_block(GgmlType t, const uint8_t* row, int64_t i) {
+  switch (t) {
+    case GgmlType::Q4_0: return read_as<BlockQ4_0>(row, i);
+    case GgmlType::Q4_1: return read_as<BlockQ4_1>(row, i);
+    case GgmlType::Q5_0: return read_as<BlockQ5_0>(row, i);
+    case GgmlType::Q5_1: return read_as<BlockQ5_1>(row, i);
+    default: return read_as<BlockQ8_0>(row, i);
+  }
 }
 
 }  // namespace
