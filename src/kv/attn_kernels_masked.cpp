@@ -70,6 +70,11 @@ constexpr int64_t kChunkRows = 64;      // rows expanded at once for the accumul
 }  // namespace kvtrim::kv::masked
 #endif
 
+// AVX3_DL (VBMI2's byte / word expansion) is opt-in in Highway 1.0.3, as in ops/matmul_kernels.cpp.
+#ifndef HWY_WANT_AVX3_DL
+#define HWY_WANT_AVX3_DL
+#endif
+
 // foreach_target.h must come first: it re-includes this file once per target.
 // clang-format off
 #undef HWY_TARGET_INCLUDE
@@ -376,6 +381,8 @@ HWY_NOINLINE void decode_g(const MaskedRows& r, const float* w, int64_t dimP, in
   }
 }
 
+#include "kv/attn_kernels_masked_zmm-inl.h"
+
 // Staged weights w [dimP]: weight (or 1) below dim, 0 above (so pruned padding lanes read 0).
 HWY_INLINE void stage_weight(const MaskedRows& r, int64_t dimP, float* w) {
   for (int64_t c = 0; c < dimP; ++c) w[c] = c < r.dim ? (r.weight ? r.weight[c] : 1.f) : 0.f;
@@ -400,7 +407,10 @@ void scores_scalar(const MaskedRows& r, const float* q, int n_g, int64_t ldq, in
 template <int kG, typename V>
 HWY_INLINE void scores_simd(bool alt, const MaskedRows& r, const float* qT, const float* w, int64_t dimP, int ng,
                             int64_t t0, int64_t n_t, float* s, int64_t ld_s) {
-#ifdef KVTRIM_MASKED_X86
+#if HWY_TARGET == HWY_AVX3_DL
+  alt ? zmm::scores<kG, true, V>(r, qT, w, dimP, ng, t0, n_t, s, ld_s)
+      : zmm::scores<kG, false, V>(r, qT, w, dimP, ng, t0, n_t, s, ld_s);
+#elif defined(KVTRIM_MASKED_X86)
   alt ? scores_x86<kG, true, V>(r, qT, w, dimP, ng, t0, n_t, s, ld_s)
       : scores_x86<kG, false, V>(r, qT, w, dimP, ng, t0, n_t, s, ld_s);
 #else
@@ -416,8 +426,12 @@ void scores_typed(const MaskedRows& r, const float* q, int n_g, int64_t ldq, int
     return scores_scalar<V>(r, q, n_g, ldq, t0, n_t, s, ld_s);
   } else {
     if (r.dim > kMaxDim) return scores_scalar<V>(r, q, n_g, ldq, t0, n_t, s, ld_s);
+#if HWY_TARGET == HWY_AVX3_DL
+    constexpr int64_t N = 16;  // zmm::scores: 16-channel groups
+#else
     const hn::CappedTag<float, 8> df;
     constexpr int64_t N = hn::MaxLanes(df);
+#endif
     const int64_t dimP = (r.dim + N - 1) / N * N;
     HWY_ALIGN float qT[kMaxG * kMaxDim];
     HWY_ALIGN float w[kMaxDim];
@@ -463,7 +477,9 @@ void decode_scalar(const MaskedRows& r, int64_t t0, int64_t n_t, float* out, int
 template <bool kAlt, typename V>
 HWY_INLINE void decode_simd(const MaskedRows& r, const float* w, int64_t dimP, int64_t t0, int64_t n_t,
                             float* out, int64_t ld_out) {
-#ifdef KVTRIM_MASKED_X86
+#if HWY_TARGET == HWY_AVX3_DL
+  zmm::decode<kAlt, V>(r, w, dimP, t0, n_t, out, ld_out);
+#elif defined(KVTRIM_MASKED_X86)
   decode_x86<kAlt, V>(r, w, dimP, t0, n_t, out, ld_out);
 #else
   decode_g<kAlt, V>(r, w, dimP, t0, n_t, out, ld_out);
@@ -476,8 +492,12 @@ void decode_typed(const MaskedRows& r, int64_t t0, int64_t n_t, float* out, int6
     return decode_scalar<V>(r, t0, n_t, out, ld_out);
   } else {
     if (r.dim > kMaxDim) return decode_scalar<V>(r, t0, n_t, out, ld_out);
+#if HWY_TARGET == HWY_AVX3_DL
+    constexpr int64_t N = 16;
+#else
     const hn::CappedTag<float, 8> df;
     constexpr int64_t N = hn::MaxLanes(df);
+#endif
     const int64_t dimP = (r.dim + N - 1) / N * N;
     HWY_ALIGN float w[kMaxDim];
     if (r.fill) {
@@ -506,6 +526,57 @@ HWY_INLINE void with_type(const MaskedRows& r, F&& f) {
   }
 }
 
+// The accumulation in registers where this target has it (AVX3_DL, dim <= kMaxDim); false: the
+// caller expands the rows and sums them with attn_accum_f32.
+bool MaskedAccumDirect(const MaskedRows& r, const float* p, int n_g, int64_t ld_p, int64_t t0, int64_t n_t,
+                       float* acc, int64_t ld_acc) {
+#if HWY_TARGET == HWY_AVX3_DL
+  if (r.dim > kMaxDim) return false;
+  const int64_t groups = (r.dim + 15) / 16;
+  HWY_ALIGN float w[kMaxDim];
+  const bool alt = r.fill != nullptr;
+  if (alt) stage_weight(r, groups * 16, w);
+  const int head_passes = (n_g + zmm::kAccHeads - 1) / zmm::kAccHeads;
+  const int64_t ch_passes = (groups + zmm::kMaxCB - 1) / zmm::kMaxCB;
+  // several passes: a block of rows at a time, so that every pass after the first reads it from L1
+  const int64_t block = head_passes * ch_passes > 1 ? zmm::kBlock : std::max<int64_t>(n_t, 1);
+  with_type(r, [&]<typename V>() {
+    for (int64_t tb = t0; tb < t0 + n_t; tb += block) {
+      const int64_t nb = std::min(block, t0 + n_t - tb);
+      for (int g0 = 0; g0 < n_g; g0 += zmm::kAccHeads) {
+        const int ng = std::min(zmm::kAccHeads, n_g - g0);
+        const float* pg = p + g0 * ld_p + (tb - t0);
+        float* ag = acc + g0 * ld_acc;
+        for (int64_t j0 = 0; j0 < groups; j0 += zmm::kMaxCB) {
+          const int ncb = static_cast<int>(std::min<int64_t>(zmm::kMaxCB, groups - j0));
+          auto pass = [&]<int kG>() {
+            if (ncb == zmm::kMaxCB) {
+              alt ? zmm::accum_pass<kG, zmm::kMaxCB, true, V>(r, pg, ld_p, w, j0, ncb, tb, nb, ag, ld_acc)
+                  : zmm::accum_pass<kG, zmm::kMaxCB, false, V>(r, pg, ld_p, w, j0, ncb, tb, nb, ag, ld_acc);
+            } else {
+              alt ? zmm::accum_pass<kG, 0, true, V>(r, pg, ld_p, w, j0, ncb, tb, nb, ag, ld_acc)
+                  : zmm::accum_pass<kG, 0, false, V>(r, pg, ld_p, w, j0, ncb, tb, nb, ag, ld_acc);
+            }
+          };
+          switch (ng) {
+            case 1: pass.template operator()<1>(); break;
+            case 2: pass.template operator()<2>(); break;
+            case 3: pass.template operator()<3>(); break;
+            case 4: pass.template operator()<4>(); break;
+            case 5: pass.template operator()<5>(); break;
+            default: pass.template operator()<6>(); break;
+          }
+        }
+      }
+    }
+  });
+  return true;
+#else
+  (void)r, (void)p, (void)n_g, (void)ld_p, (void)t0, (void)n_t, (void)acc, (void)ld_acc;
+  return false;
+#endif
+}
+
 void MaskedScores(const MaskedRows& r, const float* q, int n_g, int64_t ldq, int64_t t0, int64_t n_t, float* s,
                   int64_t ld_s) {
   with_type(r, [&]<typename V>() { scores_typed<V>(r, q, n_g, ldq, t0, n_t, s, ld_s); });
@@ -523,6 +594,7 @@ namespace kvtrim::kv {
 
 HWY_EXPORT(MaskedScores);
 HWY_EXPORT(MaskedDecode);
+HWY_EXPORT(MaskedAccumDirect);
 
 void masked_scores(const MaskedRows& r, const float* q, int n_g, int64_t ldq, int64_t t0, int64_t n_t, float* s,
                    int64_t ld_s) {
@@ -534,6 +606,7 @@ void masked_decode(const MaskedRows& r, int64_t t0, int64_t n_t, float* out, int
 
 void masked_accum(const MaskedRows& r, const float* p, int n_g, int64_t ld_p, int64_t t0, int64_t n_t, float* acc,
                   int64_t ld_acc) {
+  if (HWY_DYNAMIC_DISPATCH(MaskedAccumDirect)(r, p, n_g, ld_p, t0, n_t, acc, ld_acc)) return;
   const int64_t dim = r.dim;
   thread_local std::vector<float> rows, a;
   rows.resize(static_cast<size_t>(masked::kChunkRows * dim + 8));
