@@ -163,14 +163,15 @@ struct MaskedRows {
   int64_t dim = 0;                 // coordinates of a full row
 };
 // s[g * ld_s + (t - t0)] = q[g * ldq ..] · row_t (pruned coordinates as above), g < n_g.
-// Channels are the SIMD lanes: a row's kept values are expanded to 8 coordinates at a time by
-// one table permutation (no per-entry gather), merged with the pruned coordinates' value, and
-// met by one FMA per query head; dim > 512 takes a scalar loop.
+// Channels are the SIMD lanes: a row's kept values are expanded to their coordinates (no
+// per-entry gather) — 16 at a time on AVX-512 (the mask bits as a k-register, vexpandps; kv/
+// attn_kernels_masked_zmm-inl.h), 8 at a time by one table permutation elsewhere — merged with
+// the pruned coordinates' value, and met by one FMA per query head; dim > 512 takes a scalar loop.
 void masked_scores(const MaskedRows& r, const float* q, int n_g, int64_t ldq, int64_t t0,
                    int64_t n_t, float* s, int64_t ld_s);
 // acc[g * ld_acc + c] += Σ_t p[g * ld_p + (t - t0)] · row_t[c]   for c < dim, g < n_g (every
-// coordinate: the pruned ones read their fill). Rows are expanded into an f32 scratch block and
-// summed by attn_accum_f32.
+// coordinate: the pruned ones read their fill). AVX-512: the output rows stay in registers across
+// the tokens; elsewhere rows are expanded into an f32 scratch block and summed by attn_accum_f32.
 void masked_accum(const MaskedRows& r, const float* p, int n_g, int64_t ld_p, int64_t t0,
                   int64_t n_t, float* acc, int64_t ld_acc);
 // out[(t - t0) * ld_out + c] = row_t[c] for c < dim (the rows as dense f32; out needs 8 floats of

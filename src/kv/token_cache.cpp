@@ -93,7 +93,9 @@ void TokenCache::append(int il, int64_t n, const float* k, const float* v, const
   const int64_t dk = cfg_.head_dim_k, dv = cfg_.head_dim_v;
   // Each kv head's rows are its own (segments, buffer, positions unless shared), so heads may be
   // stored in parallel; worth it only where a token costs a sparse code (OMP over a dictionary)
-  // on entering the current epoch or leaving its buffer.
+  // or a per-token channel choice (SWAN's top-k by magnitude, in a rotated basis) on entering
+  // the current epoch or leaving its buffer: a decode step spills one token per head and layer,
+  // ~5 µs of serial work per layer on SmolLM2 that the other threads would spend waiting.
   const auto one_head = [&](int ih) {
     Head& H = L.heads[static_cast<size_t>(ih)];
     thread_local std::vector<float> ck, cv;
@@ -134,7 +136,9 @@ void TokenCache::append(int il, int64_t n, const float* k, const float* v, const
     }
   };
   bool coding = false;
-  for (const Head& H : L.heads) coding = coding || (H.cur && (H.cur->k.sparse_code || H.cur->v.sparse_code));
+  for (const Head& H : L.heads)
+    coding = coding || (H.cur && (H.cur->k.sparse_code || H.cur->v.sparse_code || H.cur->k.by_magnitude ||
+                                  H.cur->v.by_magnitude));
   if (pool && coding && nkv > 1) {
     std::exception_ptr err;
     std::mutex mu;

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <random>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "kv/attention_reference.h"
+#include "kv/encoding.h"
 #include "kv/kv_cache.h"
 #include "kv_test_util.h"
 
@@ -301,6 +303,39 @@ void run(const Setup& s, ThreadPool* pool) {
   std::unique_ptr<KvCache> copy = sc.cache().clone();
   sc.append(3, rng);
   sc.check("the original after a clone", pool);
+}
+
+// magnitude_channels against a plain sort by the documented order (decreasing |c|, a NaN as an
+// infinite magnitude, ties to the lower index): rows with ties, signed zeros, infinities and NaNs
+// of both signs, every count T from 1 to the width.
+TEST(SwanCache, MagnitudeChannelsAreTheTopTByMagnitudeTiesToTheLowerIndex) {
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int> pick(0, 9);
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  for (int w : {1, 5, 64, 100}) {
+    kv::SideEncoding e;
+    e.d = w;
+    e.mode = kv::ChannelMode::kPerToken;
+    e.by_magnitude = true;
+    for (int rep = 0; rep < 20; ++rep) {
+      std::vector<float> c(static_cast<size_t>(w));
+      for (float& x : c) {  // few distinct magnitudes: many ties
+        const int k = pick(rng);
+        x = k == 0 ? 0.f : k == 1 ? -0.f : k == 2 ? -inf : k == 3 ? (rep % 2 ? -nan : nan) : (k % 2 ? -1.f : 1.f) * k;
+      }
+      std::vector<int32_t> order(static_cast<size_t>(w));
+      for (int j = 0; j < w; ++j) order[static_cast<size_t>(j)] = j;
+      auto mag = [&](int32_t j) { return std::isnan(c[j]) ? inf : std::fabs(c[j]); };
+      std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return mag(a) > mag(b); });
+      for (int T = 1; T <= w; ++T) {
+        e.topk = T;
+        std::vector<int32_t> want(order.begin(), order.begin() + T), got(static_cast<size_t>(T), -1);
+        std::sort(want.begin(), want.end());
+        e.magnitude_channels(c.data(), got.data());
+        ASSERT_EQ(got, want) << "width " << w << " T " << T << " rep " << rep;
+      }
+    }
+  }
 }
 
 TEST(SwanCache, BufferAndMagnitudeTopKOverEveryPrecision) {
