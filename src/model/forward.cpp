@@ -58,13 +58,20 @@ void project(const WeightView& w, const float* x, int64_t n, float* y, ThreadPoo
 // The products of a batch of sequences (forward_batch) run per group of rows so that every
 // sequence gets the numbers it would get alone: the single-token sequences (decode steps) in
 // runs of fewer than kMatmulGemmMinTokens rows (the decode kernel, the weights read once per
-// run), every longer sequence (a prefill chunk) on its own, as forward() would run it.
+// run), every longer sequence (a prefill chunk) on its own, as forward() would run it. Where
+// the model's products give every token its own result at any token count (token_exact: 8-bit
+// prefill and an integer kernel for every weight), all rows are one group: a server step that
+// prefills a chunk beside decoding streams reads the weights once instead of twice.
 struct RowGroups {
   std::vector<std::pair<int64_t, int64_t>> ranges;  // [r0, r1) in row order
 };
 
-RowGroups row_groups(const std::vector<ForwardSeq>& seqs, const std::vector<int64_t>& row0) {
+RowGroups row_groups(const std::vector<ForwardSeq>& seqs, const std::vector<int64_t>& row0, bool token_exact) {
   RowGroups g;
+  if (token_exact) {
+    g.ranges.emplace_back(row0.front(), row0.back());
+    return g;
+  }
   bool open_run = false;  // the last range is a run of single-token sequences with room left
   for (size_t s = 0; s < seqs.size(); ++s) {
     const bool single = seqs[s].n == 1;
@@ -156,6 +163,14 @@ void Model::check_seq(const ForwardSeq& s) const {
   }
 }
 
+bool Model::token_exact_products() const {
+  if (!matmul_token_exact(output_)) return false;
+  for (const LayerWeights& lw : layers_)
+    for (const WeightView* w : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.ffn_gate, &lw.ffn_up, &lw.ffn_down})
+      if (!matmul_token_exact(*w)) return false;
+  return true;
+}
+
 void Model::forward_batch(const std::vector<ForwardSeq>& seqs, ThreadPool* pool) const {
   const HParams& hp = hp_;
   const ArchInfo& ai = arch_info(hp.arch);
@@ -199,7 +214,8 @@ void Model::forward_batch(const std::vector<ForwardSeq>& seqs, ThreadPool* pool)
       if (hp.embd_scale != 1.f) scale(xr, hp.embd_scale, n_embd);
     }
   }
-  const RowGroups groups = row_groups(seqs, row0);
+  const bool token_exact = seqs.size() > 1 && token_exact_products();
+  const RowGroups groups = row_groups(seqs, row0, token_exact);
   bool any_layer_io = false;
   for (const ForwardSeq& sq : seqs) any_layer_io |= sq.observer && sq.observer->wants_layer_io();
   // The decode rows of sequences no press observes, when there are at least as many as threads:
@@ -212,6 +228,22 @@ void Model::forward_batch(const std::vector<ForwardSeq>& seqs, ThreadPool* pool)
   for (size_t s = 0; s < seqs.size(); ++s)
     if (joins_job(seqs[s])) job_seqs.push_back(s);
   if (!pool || pool->n_threads() < 2 || job_seqs.size() < static_cast<size_t>(pool->n_threads())) job_seqs.clear();
+  // Which thread attends which of them: longest context first onto the least loaded thread (a
+  // sequence's attention costs about its context length; an even split by count left one thread
+  // waiting whenever the contexts differ), fixed for the call. A sequence is attended whole by one
+  // thread either way, so the assignment does not change any result.
+  std::vector<std::vector<size_t>> job_bins;
+  if (!job_seqs.empty()) {
+    std::vector<size_t> order = job_seqs;
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return seqs[a].pos0 > seqs[b].pos0; });
+    job_bins.resize(static_cast<size_t>(pool->n_threads()));
+    std::vector<int64_t> load(job_bins.size(), 0);
+    for (size_t s : order) {
+      const size_t t = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+      job_bins[t].push_back(s);
+      load[t] += seqs[s].pos0 + 1;
+    }
+  }
 
   for (int il = 0; il < hp.n_layer; ++il) {
     const LayerWeights& w = layers_[il];
@@ -285,9 +317,14 @@ void Model::forward_batch(const std::vector<ForwardSeq>& seqs, ThreadPool* pool)
     if (!job_seqs.empty()) {
       AttnParams one = ap;
       one.split_threads = pool->n_threads();
-      const size_t* js = job_seqs.data();
-      for_range(pool, static_cast<int64_t>(job_seqs.size()), 1, [&](int64_t b, int64_t e) {
-        for (int64_t i = b; i < e; ++i) seq_attention(js[i], nullptr, one);
+      struct Job {
+        const std::vector<std::vector<size_t>>* bins;
+        const decltype(seq_attention)* attend;
+        const AttnParams* p;
+      } job{&job_bins, &seq_attention, &one};
+      const Job* jp = &job;  // (one pointer: the std::function needs no allocation)
+      pool->run([jp](int ith, int) {
+        for (size_t s : (*jp->bins)[static_cast<size_t>(ith)]) (*jp->attend)(s, nullptr, *jp->p);
       });
     }
     for (size_t s = 0; s < seqs.size(); ++s)
@@ -346,7 +383,7 @@ void Model::forward_batch(const std::vector<ForwardSeq>& seqs, ThreadPool* pool)
       gathered[s].n = seqs[s].all_logits ? seqs[s].n : 1;
       grow0[s + 1] = grow0[s] + gathered[s].n;
     }
-    project_groups(output_, xb, row_groups(gathered, grow0), ws.logits.data(), pool);
+    project_groups(output_, xb, row_groups(gathered, grow0, token_exact), ws.logits.data(), pool);
     m = 0;
     for (size_t s = 0; s < seqs.size(); ++s) {
       const int64_t cnt = seqs[s].all_logits ? seqs[s].n : 1;

@@ -131,6 +131,12 @@ class Model {
   // are released from the resident set after packing, so the resident weights stay about one copy.
   size_t packed_weight_bytes() const;
 
+  // True if every weight product gives each token the result it gets alone, whatever the token
+  // count (int8_prefill() and an integer kernel for every matrix's type on this CPU:
+  // ops/matmul.h matmul_token_exact): forward_batch then runs all its rows through one product
+  // per weight, a prefill chunk's and the decode steps' together.
+  bool token_exact_products() const;
+
   // Runs n tokens (positions pos0 .. pos0+n-1) through the model, appending their K/V to
   // `cache`. logits: [n, n_vocab] if all_logits, else [n_vocab] for the last token.
   // Throws Error if a position would reach the cache's n_ctx.
@@ -141,7 +147,8 @@ class Model {
   // steps of a server's conversations, or decode steps next to a prefill chunk). The decode
   // steps' rows go through each weight matrix together, in runs of up to 15 rows on the decode
   // kernel (the weights are read once per run instead of once per sequence); a longer
-  // sequence (a prefill chunk) has its own product, as forward() would run it. So every
+  // sequence (a prefill chunk) has its own product, as forward() would run it — unless
+  // token_exact_products(), where all rows share one product per weight. So every
   // sequence gets exactly, bit for bit, the logits forward() gives it alone. Attention runs
   // per sequence over its own cache. The caches must be distinct; every check of forward()
   // applies per sequence, before any work is done.

@@ -152,6 +152,14 @@ bool integer_path(const WeightView& w, int64_t n_tok) {
   return n_tok < kGemmMinTok || (g_int8_prefill.load(std::memory_order_relaxed) && detail::has_strip_kernel(w.type));
 }
 
+}  // namespace
+
+bool matmul_token_exact(const WeightView& w) {
+  return g_int8_prefill.load(std::memory_order_relaxed) && detail::has_strip_kernel(w.type);
+}
+
+namespace {
+
 // dst [n_tok rows of `stride` bytes] = x [n_tok, n_cols] quantized to f; a prefill's rows over
 // the pool (a decode step's few rows are not worth a round trip).
 void quantize_rows(ActFormat f, const float* x, int64_t n_tok, int64_t n_cols, uint8_t* dst, size_t stride,

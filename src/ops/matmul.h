@@ -47,6 +47,11 @@ constexpr int64_t kMatmulGemmMinTokens = 16;
 void set_int8_prefill(bool on);
 bool int8_prefill();
 
+// True if matmul gives every token matvec's result for w at every token count (int8_prefill() and
+// an integer prefill kernel for w's type on this CPU): then how tokens are grouped into matmul
+// calls does not change any result.
+bool matmul_token_exact(const WeightView& w);
+
 // y[n_tok, n_rows] = x[n_tok, n_cols] · Wᵀ (prefill). pool may be nullptr.
 void matmul(const WeightView& w, const float* x, int64_t n_tok, float* y, ThreadPool* pool);
 

@@ -10,6 +10,7 @@
 #include "core/thread_pool.h"
 #include "engine/press_runner.h"
 #include "engine/session.h"
+#include "ops/matmul.h"
 #include "press/press.h"
 #include "test_util.h"
 #include "tiny_model.h"
@@ -124,6 +125,34 @@ TEST_P(BatchTest, PrefillChunkBesideDecodeSteps) {
 // Two decode rows (as many as threads: they attend in one pool job) beside a prefill chunk
 // (it attends alone on the pool): every session still gets its solo logits.
 TEST_P(BatchTest, DecodeJobBesidePrefillChunk) {
+  ThreadPool pool(2);
+  SessionParams p = params(&pool);
+  p.n_batch = 32;
+  Session a_solo(*model_, p), b_solo(*model_, p), c_solo(*model_, p), a(*model_, p), b(*model_, p), c(*model_, p);
+  for (Session* s : {&a_solo, &a}) s->prefill(tokens(9, 1));
+  for (Session* s : {&c_solo, &c}) s->prefill(tokens(14, 4));
+  const std::vector<int32_t> prompt = tokens(20, 2);
+  b_solo.prefill(prompt);
+  const int32_t ta = 42, tc = 7;
+  a_solo.decode(ta);
+  c_solo.decode(tc);
+  Session::step_batch({SessionChunk{&a, &ta, 1, true}, SessionChunk{&b, prompt.data(), 20, false},
+                       SessionChunk{&c, &tc, 1, true}});
+  EXPECT_EQ(a.logits(), a_solo.logits());
+  EXPECT_EQ(b.logits(), b_solo.logits());
+  EXPECT_EQ(c.logits(), c_solo.logits());
+}
+
+// With 8-bit prefill on a CPU whose integer kernels cover every weight type of the model, the
+// whole batch (two decode rows and a 20-token prefill chunk) is one product per weight
+// (Model::token_exact_products): every session still gets its solo logits bit for bit.
+TEST_P(BatchTest, OneProductForDecodeRowsAndPrefillChunkWithInt8Prefill) {
+  struct Int8Prefill {
+    bool was = int8_prefill();
+    Int8Prefill() { set_int8_prefill(true); }
+    ~Int8Prefill() { set_int8_prefill(was); }
+  } on;
+  if (!model_->token_exact_products()) GTEST_SKIP() << "no integer kernel for every weight type on this CPU";
   ThreadPool pool(2);
   SessionParams p = params(&pool);
   p.n_batch = 32;
