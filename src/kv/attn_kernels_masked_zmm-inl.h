@@ -174,7 +174,7 @@ KV_MZ_INLINE void score_rows(const MaskedRows& r, const float* HWY_RESTRICT qT, 
 template <int kG, int kGroups, bool kAlt, typename V>
 KV_MZ_ATTR HWY_NOINLINE void scores_n(const MaskedRows& r, const float* HWY_RESTRICT qT, const float* w,
                                       int64_t dimP, int ng, int64_t t0, int64_t n_t, float* s, int64_t ld_s) {
-  constexpr bool kPairs = kG <= 4;  // two rows' accumulators fit the registers
+  constexpr bool kPairs = true;  // two rows: 2 · kG accumulators + 3 fit 32 zmm registers (kG <= 8)
   const int64_t mb = mask_bytes(r);
   alignas(64) __m512 part[kG][kRows];
   for (int64_t tb = t0; tb < t0 + n_t; tb += kRows) {
