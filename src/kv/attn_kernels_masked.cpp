@@ -18,6 +18,8 @@
 // no scattered loads: the work a dense row costs plus a fixed expansion, for the bytes of the
 // packed row. Scores end with one horizontal sum per (token, head).
 // Values take the same expansion into an f32 scratch block, summed by attn_accum_f32.
+// On AVX-512 (AVX3_DL) attn_kernels_masked_zmm-inl.h replaces all of this: 16-channel groups whose
+// mask bits are a k-register, one vexpandps per group, value rows summed in registers.
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
@@ -70,7 +72,8 @@ constexpr int64_t kChunkRows = 64;      // rows expanded at once for the accumul
 }  // namespace kvtrim::kv::masked
 #endif
 
-// AVX3_DL (VBMI2's byte / word expansion) is opt-in in Highway 1.0.3, as in ops/matmul_kernels.cpp.
+// AVX3_DL is opt-in in Highway 1.0.3 (as in ops/matmul_kernels.cpp): it runs the zmm kernels of
+// attn_kernels_masked_zmm-inl.h, 16 channels per group.
 #ifndef HWY_WANT_AVX3_DL
 #define HWY_WANT_AVX3_DL
 #endif

@@ -147,11 +147,6 @@ void for_rows(ThreadPool* pool, int64_t n_rows, int64_t grain, const Fn& fn) {
 
 std::atomic<bool> g_int8_prefill{false};
 
-// The integer kernel for n_tok tokens of w (else the sgemm path).
-bool integer_path(const WeightView& w, int64_t n_tok) {
-  return n_tok < kGemmMinTok || (g_int8_prefill.load(std::memory_order_relaxed) && detail::has_strip_kernel(w.type));
-}
-
 }  // namespace
 
 bool matmul_token_exact(const WeightView& w) {
@@ -159,6 +154,11 @@ bool matmul_token_exact(const WeightView& w) {
 }
 
 namespace {
+
+// The integer kernel for n_tok tokens of w (else the sgemm path).
+bool integer_path(const WeightView& w, int64_t n_tok) {
+  return n_tok < kGemmMinTok || matmul_token_exact(w);
+}
 
 // dst [n_tok rows of `stride` bytes] = x [n_tok, n_cols] quantized to f; a prefill's rows over
 // the pool (a decode step's few rows are not worth a round trip).
