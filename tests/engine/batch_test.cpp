@@ -52,6 +52,26 @@ class BatchTest : public ::testing::TestWithParam<Arch> {
     dir_ = test::temp_dir("batch");
     model_ = Model::load(test::write_tiny_model(test::tiny_spec(GetParam(), 7), dir_));
   }
+  // Two decode rows (as many as threads) and a 20-token prefill chunk in one step_batch: every
+  // session gets its solo logits bit for bit.
+  void two_decodes_beside_a_chunk() const {
+    ThreadPool pool(2);
+    SessionParams p = params(&pool);
+    p.n_batch = 32;
+    Session a_solo(*model_, p), b_solo(*model_, p), c_solo(*model_, p), a(*model_, p), b(*model_, p), c(*model_, p);
+    for (Session* s : {&a_solo, &a}) s->prefill(tokens(9, 1));
+    for (Session* s : {&c_solo, &c}) s->prefill(tokens(14, 4));
+    const std::vector<int32_t> prompt = tokens(20, 2);
+    b_solo.prefill(prompt);
+    const int32_t ta = 42, tc = 7;
+    a_solo.decode(ta);
+    c_solo.decode(tc);
+    Session::step_batch({SessionChunk{&a, &ta, 1, true}, SessionChunk{&b, prompt.data(), 20, false},
+                         SessionChunk{&c, &tc, 1, true}});
+    EXPECT_EQ(a.logits(), a_solo.logits());
+    EXPECT_EQ(b.logits(), b_solo.logits());
+    EXPECT_EQ(c.logits(), c_solo.logits());
+  }
   SessionParams params(ThreadPool* pool) const {
     SessionParams p;
     p.n_ctx = 128;
@@ -125,22 +145,7 @@ TEST_P(BatchTest, PrefillChunkBesideDecodeSteps) {
 // Two decode rows (as many as threads: they attend in one pool job) beside a prefill chunk
 // (it attends alone on the pool): every session still gets its solo logits.
 TEST_P(BatchTest, DecodeJobBesidePrefillChunk) {
-  ThreadPool pool(2);
-  SessionParams p = params(&pool);
-  p.n_batch = 32;
-  Session a_solo(*model_, p), b_solo(*model_, p), c_solo(*model_, p), a(*model_, p), b(*model_, p), c(*model_, p);
-  for (Session* s : {&a_solo, &a}) s->prefill(tokens(9, 1));
-  for (Session* s : {&c_solo, &c}) s->prefill(tokens(14, 4));
-  const std::vector<int32_t> prompt = tokens(20, 2);
-  b_solo.prefill(prompt);
-  const int32_t ta = 42, tc = 7;
-  a_solo.decode(ta);
-  c_solo.decode(tc);
-  Session::step_batch({SessionChunk{&a, &ta, 1, true}, SessionChunk{&b, prompt.data(), 20, false},
-                       SessionChunk{&c, &tc, 1, true}});
-  EXPECT_EQ(a.logits(), a_solo.logits());
-  EXPECT_EQ(b.logits(), b_solo.logits());
-  EXPECT_EQ(c.logits(), c_solo.logits());
+  two_decodes_beside_a_chunk();
 }
 
 // With 8-bit prefill on a CPU whose integer kernels cover every weight type of the model, the
@@ -153,22 +158,7 @@ TEST_P(BatchTest, OneProductForDecodeRowsAndPrefillChunkWithInt8Prefill) {
     ~Int8Prefill() { set_int8_prefill(was); }
   } on;
   if (!model_->token_exact_products()) GTEST_SKIP() << "no integer kernel for every weight type on this CPU";
-  ThreadPool pool(2);
-  SessionParams p = params(&pool);
-  p.n_batch = 32;
-  Session a_solo(*model_, p), b_solo(*model_, p), c_solo(*model_, p), a(*model_, p), b(*model_, p), c(*model_, p);
-  for (Session* s : {&a_solo, &a}) s->prefill(tokens(9, 1));
-  for (Session* s : {&c_solo, &c}) s->prefill(tokens(14, 4));
-  const std::vector<int32_t> prompt = tokens(20, 2);
-  b_solo.prefill(prompt);
-  const int32_t ta = 42, tc = 7;
-  a_solo.decode(ta);
-  c_solo.decode(tc);
-  Session::step_batch({SessionChunk{&a, &ta, 1, true}, SessionChunk{&b, prompt.data(), 20, false},
-                       SessionChunk{&c, &tc, 1, true}});
-  EXPECT_EQ(a.logits(), a_solo.logits());
-  EXPECT_EQ(b.logits(), b_solo.logits());
-  EXPECT_EQ(c.logits(), c_solo.logits());
+  two_decodes_beside_a_chunk();
 }
 
 // Press hooks run per session in a batch: a press that plans during prefill (streaming_llm
