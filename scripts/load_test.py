@@ -9,6 +9,11 @@ level completes. Bounded in time: levels x (seconds + drain).
 
   build/ci/kvtrim serve -m smollm2 --parallel 16 -c 4096 --port 8080 &
   python3 scripts/load_test.py --url http://127.0.0.1:8080 --levels 1,4 --seconds 60
+
+On a machine whose speed drifts within minutes (a shared VM), the levels of one run meet
+different speeds; repeat them interleaved (--levels 1,4,1,4,1,4 --seconds 20): a level that
+occurs more than once is then also summarised by its median decode tok/s, and the ratio of
+medians to the first level's is printed at the end.
 """
 import argparse
 import json
@@ -121,8 +126,11 @@ def main():
     print(f"{'streams':>7} {'done':>5} {'err':>4} {'p50 s':>7} {'p99 s':>7} {'ttft s':>7} {'dec tok/s':>9} "
           f"{'RSS MiB':>15}")
     base = None
-    for n in [int(x) for x in a.levels.split(",")]:
+    levels = [int(x) for x in a.levels.split(",")]
+    per_level = {}
+    for n in levels:
         r = run_level(a.url, n, a.seconds, a.max_tokens, a.press, a.seed)
+        per_level.setdefault(n, []).append(r["decode_tok_s"])
         base = base or r["decode_tok_s"]
         r["decode_vs_first_level"] = r["decode_tok_s"] / base if base else 0.0
         print(f"{n:>7} {r['completed']:>5} {r['errors']:>4} {r['p50_latency_s']:>7.2f} {r['p99_latency_s']:>7.2f} "
@@ -131,6 +139,13 @@ def main():
         if a.out:
             with open(a.out, "a") as f:
                 f.write(json.dumps(r) + "\n")
+    if any(len(v) > 1 for v in per_level.values()):
+        first = statistics.median(per_level[levels[0]])
+        print("medians over the repeated levels:")
+        for n, v in per_level.items():
+            m = statistics.median(v)
+            print(f"{n:>7} streams: {m:9.1f} dec tok/s over {len(v)} level(s)  "
+                  f"({m / first if first else 0.0:.2f}x the first level's median)", flush=True)
 
 
 if __name__ == "__main__":
