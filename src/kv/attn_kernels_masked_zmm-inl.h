@@ -56,16 +56,18 @@ KV_MZ_INLINE int64_t bits_before(const uint8_t* m, int64_t groups, int64_t mb) {
   return n;
 }
 
-// The packed values at v spread over the lanes set in k (the others 0), as f32, and v moved past
-// them. The narrower types convert one whole vector of raw elements (at most 32 bytes, inside the
-// store's slack) and expand the f32 lanes: on Zen 4 vpexpandw / vpexpandb take ~3.5× the time of
-// vexpandps (measured: 2.9 vs 0.8 ns per 16-channel group and three FMAs), in either form. f32
-// expands from memory (no read past the row).
-template <typename V>
-KV_MZ_INLINE __m512 expand(const typename sv::Raw<V>::T*& v, __mmask16 k) {
+// The packed values at v spread over the lanes set in k, as f32 (times scv where kScaleIt), the
+// other lanes 0 or, kMerge, src's (the pruned coordinates' fill: vexpandps merges it in the same
+// instruction), and v moved past them. The narrower types convert one whole vector of raw elements
+// (at most 32 bytes, inside the store's slack) and expand the f32 lanes: on Zen 4 vpexpandw /
+// vpexpandb take ~3.5× the time of vexpandps (measured: 2.9 vs 0.8 ns per 16-channel group and
+// three FMAs), in either form. f32 expands from memory (no read past the row; never scaled).
+template <typename V, bool kScaleIt, bool kMerge>
+KV_MZ_INLINE __m512 expand(const typename sv::Raw<V>::T*& v, __mmask16 k, __m512 scv, __m512 src) {
   __m512 r;
   if constexpr (std::is_same_v<V, float>) {
-    r = _mm512_maskz_expandloadu_ps(k, v);
+    static_assert(!kScaleIt);
+    r = kMerge ? _mm512_mask_expandloadu_ps(src, k, v) : _mm512_maskz_expandloadu_ps(k, v);
   } else {
     if constexpr (std::is_same_v<V, uint16_t>) {
       r = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(v)));
@@ -79,7 +81,8 @@ KV_MZ_INLINE __m512 expand(const typename sv::Raw<V>::T*& v, __mmask16 k) {
       const __m256i w = _mm256_slli_epi16(_mm256_cvtepu8_epi16(x), 7);
       r = _mm512_cvtph_ps(_mm256_add_epi16(w, _mm256_and_si256(w, _mm256_set1_epi16(0x4000))));
     }
-    r = _mm512_maskz_expand_ps(k, r);
+    if constexpr (kScaleIt) r = _mm512_mul_ps(r, scv);
+    r = kMerge ? _mm512_mask_expand_ps(src, k, r) : _mm512_maskz_expand_ps(k, r);
   }
   v += __builtin_popcount(static_cast<unsigned>(k));
   return r;
@@ -109,14 +112,12 @@ struct Row {
   template <bool kScale>
   KV_MZ_INLINE __m512 group(int64_t j, const float* w) {
     const __mmask16 k = group_mask(m, j, mb);
-    __m512 e = expand<V>(v, k);
-    if constexpr (kScale && kMul) e = _mm512_mul_ps(e, scv);
     if constexpr (kAlt) {
       const __m512 alt = _mm512_mul_ps(fv, _mm512_load_ps(w + j * 16));
       const __m512 flipped = _mm512_mask_xor_ps(alt, group_mask(sg, j, mb), alt, _mm512_set1_ps(-0.f));
-      return _mm512_mask_blend_ps(k, flipped, e);
+      return expand<V, kScale && kMul, true>(v, k, scv, flipped);
     } else {
-      return e;
+      return expand<V, kScale && kMul, false>(v, k, scv, scv);
     }
   }
 };
