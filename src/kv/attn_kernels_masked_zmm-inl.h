@@ -8,7 +8,7 @@
 // ±fill · w_c) is merged under the same mask, its signs flipped under the sign bits. Per row
 // group: one 16-bit mask load, one value load and conversion, the expansion and a popcount, then
 // one FMA per query head: the dense kernel's work plus ~4 instructions, where the 8-lane table
-// path of attn_kernels_masked.cpp spends ~14 per 8 channels.
+// path of attn_kernels_masked.cpp spends ~14 per 8 channels (counted from the code).
 //   scores: 16 rows' per-head accumulators are reduced together (a transpose-and-add tree, 3
 //           instructions per row and head instead of a horizontal sum's 8);
 //   accum:  the output rows stay in registers across the tokens (up to 6 heads × 4 groups per
@@ -117,7 +117,7 @@ struct Row {
       const __m512 flipped = _mm512_mask_xor_ps(alt, group_mask(sg, j, mb), alt, _mm512_set1_ps(-0.f));
       return expand<V, kScale && kMul, true>(v, k, scv, flipped);
     } else {
-      return expand<V, kScale && kMul, false>(v, k, scv, scv);
+      return expand<V, kScale && kMul, false>(v, k, scv, _mm512_setzero_ps());
     }
   }
 };
@@ -175,14 +175,13 @@ KV_MZ_INLINE void score_rows(const MaskedRows& r, const float* HWY_RESTRICT qT, 
 template <int kG, int kGroups, bool kAlt, typename V>
 KV_MZ_ATTR HWY_NOINLINE void scores_n(const MaskedRows& r, const float* HWY_RESTRICT qT, const float* w,
                                       int64_t dimP, int ng, int64_t t0, int64_t n_t, float* s, int64_t ld_s) {
-  constexpr bool kPairs = true;  // two rows: 2 · kG accumulators + 3 fit 32 zmm registers (kG <= 8)
+  static_assert(kG <= 8, "two rows' 2 · kG accumulators, their groups and q fit 32 zmm registers");
   const int64_t mb = mask_bytes(r);
   alignas(64) __m512 part[kG][kRows];
   for (int64_t tb = t0; tb < t0 + n_t; tb += kRows) {
     const int nr = static_cast<int>(std::min<int64_t>(kRows, t0 + n_t - tb));
     int i = 0;
-    if constexpr (kPairs)
-      for (; i + 2 <= nr; i += 2) score_rows<kG, 2, kGroups, kAlt, V>(r, qT, w, dimP, mb, tb, i, part);
+    for (; i + 2 <= nr; i += 2) score_rows<kG, 2, kGroups, kAlt, V>(r, qT, w, dimP, mb, tb, i, part);
     for (; i < nr; ++i) score_rows<kG, 1, kGroups, kAlt, V>(r, qT, w, dimP, mb, tb, i, part);
     for (int g = 0; g < kG; ++g)
       for (int x = nr; x < kRows; ++x) part[g][x] = _mm512_setzero_ps();
