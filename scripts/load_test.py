@@ -92,6 +92,7 @@ def run_level(url, n, seconds, max_tokens, press, seed):
                     errors.append(str(e))
 
     rss0 = metric(url, "kvtrim_process_resident_bytes")
+    kv0 = metric(url, "kvtrim_kv_bytes_total")
     t0 = time.time()
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
     for t in threads:
@@ -100,13 +101,19 @@ def run_level(url, n, seconds, max_tokens, press, seed):
         t.join()
     wall = time.time() - t0
     rss1 = metric(url, "kvtrim_process_resident_bytes")
+    kv1 = metric(url, "kvtrim_kv_bytes_total")
     q = lambda xs, p: sorted(xs)[min(len(xs) - 1, int(p * len(xs)))] if xs else float("nan")
     return {"streams": n, "seconds": round(wall, 1), "completed": len(lat), "errors": len(errors),
             "error_samples": errors[:3], "p50_latency_s": q(lat, 0.5), "p99_latency_s": q(lat, 0.99),
             "p50_ttft_s": q(ttft, 0.5), "completion_tokens": sum(toks),
             "decode_tok_s": sum(toks) / wall if wall > 0 else 0.0,
             "mean_tokens_per_request": statistics.mean(toks) if toks else 0.0,
-            "rss_before_mib": rss0 / 2**20, "rss_after_mib": rss1 / 2**20, "press": press or "none"}
+            "rss_before_mib": rss0 / 2**20, "rss_after_mib": rss1 / 2**20,
+            # the conversations the slots keep between requests (cache_prompt) are part of the RSS;
+            # RSS minus them is what must not grow from round to round
+            "kv_held_before_mib": kv0 / 2**20, "kv_held_after_mib": kv1 / 2**20,
+            "rss_minus_kv_before_mib": (rss0 - kv0) / 2**20, "rss_minus_kv_after_mib": (rss1 - kv1) / 2**20,
+            "press": press or "none"}
 
 
 def main():
@@ -124,7 +131,7 @@ def main():
     except (urllib.error.URLError, OSError) as e:
         sys.exit(f"load_test: no server at {a.url}: {e}")
     print(f"{'streams':>7} {'done':>5} {'err':>4} {'p50 s':>7} {'p99 s':>7} {'ttft s':>7} {'dec tok/s':>9} "
-          f"{'RSS MiB':>15}")
+          f"{'RSS MiB':>15} {'KV held MiB':>13} {'RSS-KV MiB':>15}")
     base = None
     levels = [int(x) for x in a.levels.split(",")]
     per_level = {}
@@ -135,6 +142,8 @@ def main():
         r["decode_vs_first_level"] = r["decode_tok_s"] / base if base else 0.0
         print(f"{n:>7} {r['completed']:>5} {r['errors']:>4} {r['p50_latency_s']:>7.2f} {r['p99_latency_s']:>7.2f} "
               f"{r['p50_ttft_s']:>7.2f} {r['decode_tok_s']:>9.1f} {r['rss_before_mib']:>7.1f}->{r['rss_after_mib']:<7.1f}"
+              f" {r['kv_held_before_mib']:>6.1f}->{r['kv_held_after_mib']:<6.1f}"
+              f" {r['rss_minus_kv_before_mib']:>7.1f}->{r['rss_minus_kv_after_mib']:<7.1f}"
               f"  ({r['decode_vs_first_level']:.2f}x)", flush=True)
         if a.out:
             with open(a.out, "a") as f:
