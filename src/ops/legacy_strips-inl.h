@@ -146,11 +146,11 @@ KV_ATTR inline __m256i strip_isum(const StripBlockVecs& s, const int8_t* xq) {
     return _mm256_set1_epi32(v);
   };
 #if KV_VNNI
-  __m256i a0 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), s.u[0], bc(0));
-  __m256i a1 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), s.u[1], bc(1));
+  __m256i a0 = dpbusd256(_mm256_setzero_si256(), s.u[0], bc(0));
+  __m256i a1 = dpbusd256(_mm256_setzero_si256(), s.u[1], bc(1));
   for (int k = 2; k < 8; k += 2) {
-    a0 = _mm256_dpbusd_epi32(a0, s.u[k], bc(k));
-    a1 = _mm256_dpbusd_epi32(a1, s.u[k + 1], bc(k + 1));
+    a0 = dpbusd256(a0, s.u[k], bc(k));
+    a1 = dpbusd256(a1, s.u[k + 1], bc(k + 1));
   }
   return _mm256_add_epi32(a0, a1);
 #else

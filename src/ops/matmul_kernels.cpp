@@ -6,7 +6,7 @@
 // matmul_internal.h) and each block contributes an integer dot product times one f32
 // scale. The integer products use x86 intrinsics where Highway 1.0.3 has no op for them:
 //   AVX2 / AVX3:  _mm256_maddubs_epi16 (u8 x s8 -> i16 pairs) + _mm256_madd_epi16;
-//   AVX3_DL:      AVX-512 VNNI _mm256_dpbusd_epi32 / _mm256_dpwssd_epi32 (one instruction);
+//   AVX3_DL:      AVX-512 VNNI vpdpbusd / vpdpwssd, EVEX-encoded (dpbusd256 / dpwssd256);
 // every other target (EMU128, SCALAR, non-x86) runs the portable scalar integer code below,
 // which computes the same sums. The weight nibbles are used unsigned (0..15 / 0..31 / 0..63)
 // and the type's offset (8, 16, 32) or min is applied per block through the activation

@@ -26,11 +26,29 @@ inline float hsum_ps(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+#if KV_VNNI
+// The 256-bit VNNI products in their EVEX encoding (AVX512-VNNI + AVX512VL). Highway 1.0.3's
+// AVX3_DL target string also enables "avxvnni", and under it GCC emits _mm256_dpbusd_epi32 /
+// _mm256_dpwssd_epi32 with a VEX prefix: that is AVX-VNNI (Alder Lake, Zen 5), which CPUs with
+// AVX512-VNNI alone (Ice Lake server, Zen 4) do not have, while Highway's run-time check for
+// AVX3_DL only asks for AVX512-VNNI — so those CPUs died of SIGILL in every strip (Qwen's and
+// Gemma3's Q4_K decode, the legacy types' strips). The `{evex}` pseudo-prefix (written %{evex%} in an asm template) pins the encoding;
+// tests/isa_encoding_test.sh checks the binaries for VEX-encoded VNNI.
+KV_ATTR HWY_INLINE __m256i dpbusd256(__m256i acc, __m256i u, __m256i s) {
+  __asm__("%{evex%} vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));  // acc += u (u8) · s (s8)
+  return acc;
+}
+KV_ATTR HWY_INLINE __m256i dpwssd256(__m256i acc, __m256i p, __m256i s) {
+  __asm__("%{evex%} vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(p), "v"(s));  // acc += p (s16) · s (s16)
+  return acc;
+}
+#endif
+
 // acc (8 x i32) += sums of 4 adjacent u[j] * s[j] (u unsigned, s signed; |u*s| pairs must
 // fit i16 without VNNI: u <= 128 with |s| <= 127).
 KV_ATTR inline __m256i mul_add_us8(__m256i acc, __m256i u, __m256i s) {
 #if KV_VNNI
-  return _mm256_dpbusd_epi32(acc, u, s);
+  return dpbusd256(acc, u, s);
 #else
   const __m256i p = _mm256_maddubs_epi16(u, s);
   return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
@@ -41,7 +59,7 @@ KV_ATTR inline __m256i mul_add_us8(__m256i acc, __m256i u, __m256i s) {
 KV_ATTR inline __m256i mul_add_us8_scaled(__m256i acc, __m256i u, __m256i s, __m256i scale16) {
   const __m256i p = _mm256_maddubs_epi16(u, s);
 #if KV_VNNI
-  return _mm256_dpwssd_epi32(acc, p, scale16);
+  return dpwssd256(acc, p, scale16);
 #else
   return _mm256_add_epi32(acc, _mm256_madd_epi16(p, scale16));
 #endif
