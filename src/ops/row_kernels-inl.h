@@ -32,8 +32,9 @@ inline float hsum_ps(__m256 v) {
 // _mm256_dpwssd_epi32 with a VEX prefix: that is AVX-VNNI (Alder Lake, Zen 5), which CPUs with
 // AVX512-VNNI alone (Ice Lake server, Zen 4) do not have, while Highway's run-time check for
 // AVX3_DL only asks for AVX512-VNNI — so those CPUs died of SIGILL in every strip (Qwen's and
-// Gemma3's Q4_K decode, the legacy types' strips). The `{evex}` pseudo-prefix (written %{evex%} in an asm template) pins the encoding;
-// tests/isa_encoding_test.sh checks the binaries for VEX-encoded VNNI.
+// Gemma3's Q4_K decode, the legacy types' strips). The `{evex}` pseudo-prefix (written %{evex%}
+// in an asm template) pins the encoding; tests/isa_encoding.sh checks the binaries for
+// VEX-encoded VNNI.
 KV_ATTR HWY_INLINE __m256i dpbusd256(__m256i acc, __m256i u, __m256i s) {
   __asm__("%{evex%} vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));  // acc += u (u8) · s (s8)
   return acc;
