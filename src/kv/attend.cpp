@@ -113,13 +113,10 @@ struct AttendJob {
     std::vector<float> qbuf, qk, acc, ml;
     std::vector<const float*> qp, qpa;
     std::vector<int64_t> lo, hi;
-    for (int64_t it = b; it < e; ++it) {
-      int64_t item = it;
-      if (next) {
-        const int64_t c = next->fetch_add(1, std::memory_order_relaxed);
-        if (c >= e - b) break;
-        item = e - 1 - c;
-      }
+    for (int64_t i = 0; i < e - b; ++i) {
+      const int64_t c = next ? next->fetch_add(1, std::memory_order_relaxed) : i;  // c-th item taken
+      if (c >= e - b) break;
+      const int64_t item = next ? e - 1 - c : b + c;
       const int64_t i0 = item / nkv * bq;
       const int ih = static_cast<int>(item % nkv);
       const int64_t nq = std::min(bq, n_q - i0);
