@@ -2,6 +2,7 @@
 # Installs the Debian packages kvtrim builds with (only those missing; needs root or sudo).
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config ccache
+      binutils  # objdump: tests/isa_encoding.sh (also pulled in by build-essential)
       clang libclang-rt-dev  # the debug preset: ASan + UBSan builds and the libFuzzer targets (fuzz/)
       libhwy-dev libopenblas-dev libcli11-dev nlohmann-json3-dev libbz2-dev
       libcpp-httplib-dev  # kvtrim serve's HTTP server (as llama-server)
