@@ -418,7 +418,9 @@ McResult score_item(Session& s, const McTokens& toks, const McItem& item, const 
   if (after_context) after_context(s);
   const int32_t n_ctx = s.n_past();
   r.n_context = n_ctx;
-  r.kv_bytes = s.cache().bytes().total();
+  const KvBytes held = s.cache().bytes();
+  r.kv_bytes = held.total();
+  r.kv_bases = static_cast<int64_t>(held.bases);
   r.kv_bytes_dense = s.cache().dense_bytes_f16();
   std::vector<float> logits;
   for (size_t c = 0; c < toks.choices.size(); ++c) {
@@ -465,7 +467,7 @@ json to_json(const McResult& r, const std::string& config) {
               {"pred_norm", r.pred_norm}, {"acc", r.acc() ? 1 : 0}, {"acc_norm", r.acc_norm() ? 1 : 0},
               {"loglik", r.loglik},   {"n_tokens", r.n_tokens}, {"n_bytes", r.n_bytes},
               {"n_context", r.n_context}, {"kv_bytes", r.kv_bytes}, {"kv_bytes_dense", r.kv_bytes_dense},
-              {"seconds", r.seconds}};
+              {"kv_bases", r.kv_bases},   {"seconds", r.seconds}};
 }
 
 McResult from_json(const json& j) {
@@ -482,6 +484,7 @@ McResult from_json(const json& j) {
   r.n_context = j.at("n_context").get<int64_t>();
   r.kv_bytes = j.at("kv_bytes").get<size_t>();
   r.kv_bytes_dense = j.at("kv_bytes_dense").get<size_t>();
+  r.kv_bases = j.value("kv_bases", int64_t{-1});
   r.seconds = j.at("seconds").get<double>();
   return r;
 }
@@ -525,6 +528,12 @@ McSummary summarize(const std::vector<McResult>& rows) {
     s.acc += r.acc();
     s.acc_norm += r.acc_norm();
     s.kv_ratio += r.kv_bytes_dense ? static_cast<double>(r.kv_bytes) / static_cast<double>(r.kv_bytes_dense) : 0.0;
+    if (r.kv_bases >= 0 && r.kv_bytes_dense) {
+      s.kv_ratio_wo_bases = std::max(0.0, s.kv_ratio_wo_bases) +
+                            static_cast<double>(r.kv_bytes - static_cast<size_t>(r.kv_bases)) /
+                                static_cast<double>(r.kv_bytes_dense);
+      ++s.n_with_bases;
+    }
   }
   if (s.n) {
     const double n = static_cast<double>(s.n);
@@ -532,6 +541,7 @@ McSummary summarize(const std::vector<McResult>& rows) {
     s.acc_norm /= n;
     s.kv_ratio /= n;
   }
+  if (s.n_with_bases) s.kv_ratio_wo_bases /= static_cast<double>(s.n_with_bases);
   return s;
 }
 
@@ -540,10 +550,11 @@ std::string mc_summary_table(const std::string& bench, const std::vector<McResul
   const bool norm_std = bench != "mmlu";  // lm-eval's headline metric
   const double se_a = s.n > 1 ? std::sqrt(s.acc * (1 - s.acc) / static_cast<double>(s.n - 1)) : 0.0;
   const double se_n = s.n > 1 ? std::sqrt(s.acc_norm * (1 - s.acc_norm) / static_cast<double>(s.n - 1)) : 0.0;
-  std::string out = "| bench | n | acc | acc_norm | KV / f16 |\n|---|---:|---:|---:|---:|\n";
-  out += strprintf("| %s | %lld | %s%.4f ± %.4f%s | %s%.4f ± %.4f%s | %.3f |\n", bench.c_str(),
+  const std::string wo = s.n_with_bases == s.n && s.n > 0 ? strprintf("%.3f", s.kv_ratio_wo_bases) : "—";
+  std::string out = "| bench | n | acc | acc_norm | KV / f16 | KV / f16 w/o bases |\n|---|---:|---:|---:|---:|---:|\n";
+  out += strprintf("| %s | %lld | %s%.4f ± %.4f%s | %s%.4f ± %.4f%s | %.3f | %s |\n", bench.c_str(),
                    static_cast<long long>(s.n), norm_std ? "" : "**", s.acc, se_a, norm_std ? "" : "**",
-                   norm_std ? "**" : "", s.acc_norm, se_n, norm_std ? "**" : "", s.kv_ratio);
+                   norm_std ? "**" : "", s.acc_norm, se_n, norm_std ? "**" : "", s.kv_ratio, wo.c_str());
   return out;
 }
 

@@ -81,6 +81,9 @@ struct McResult {
   int pred = 0, pred_norm = 0;       // argmax loglik, argmax loglik / bytes (first wins ties)
   int64_t n_context = 0;
   size_t kv_bytes = 0, kv_bytes_dense = 0;  // after the context's compression
+  // of kv_bytes: bases / rotations / dictionaries, fixed per press and calibration however long
+  // the context (-1: a row written before this was recorded)
+  int64_t kv_bases = -1;
   double seconds = 0;
   bool acc() const { return pred == gold; }
   bool acc_norm() const { return pred_norm == gold; }
@@ -127,9 +130,14 @@ struct McSummary {
   int64_t n = 0;
   double acc = 0, acc_norm = 0;  // fractions
   double kv_ratio = 0;           // mean kv_bytes / kv_bytes_dense
+  // mean (kv_bytes - kv_bases) / kv_bytes_dense over the rows that recorded kv_bases (-1: none
+  // did), and how many did: the per-token cost once shared matrices are set apart
+  double kv_ratio_wo_bases = -1;
+  int64_t n_with_bases = 0;
 };
 McSummary summarize(const std::vector<McResult>& rows);
-// "| bench | n | acc | acc_norm | KV / f16 |" with the standard metric in bold.
+// "| bench | n | acc | acc_norm | KV / f16 | KV / f16 w/o bases |" with the standard metric in
+// bold (the last column "—" unless every row recorded its bases).
 std::string mc_summary_table(const std::string& bench, const std::vector<McResult>& rows);
 
 }  // namespace kvtrim::eval

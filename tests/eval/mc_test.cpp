@@ -298,10 +298,48 @@ TEST(McResults, ResumeKeepsRowsAndIgnoresOtherConfigs) {
   const std::string table = mc_summary_table("piqa", f.rows());
   EXPECT_NE(table.find("| piqa | 2 | 0.5000"), std::string::npos) << table;
   EXPECT_NE(table.find("**0.5000"), std::string::npos) << table;
+  // rows without kv_bases (older files) leave the w/o-bases column empty
+  EXPECT_EQ(s.n_with_bases, 0);
+  EXPECT_NE(table.find("| 0.500 | — |"), std::string::npos) << table;
   // The torn line was cut off: the file ends with a newline.
   std::ifstream in(path, std::ios::binary);
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   EXPECT_EQ(text.back(), '\n');
+}
+
+// kv_bases: written, read back, set apart in the summary; a row written before it existed reads -1.
+TEST(McResults, BasesSetApart) {
+  const std::string path = testing::TempDir() + "/mc_bases.jsonl";
+  std::remove(path.c_str());
+  {
+    McResultsFile f(path, "cfg");
+    McResult a = fake(0, 0, 0), b = fake(1, 1, 1);
+    a.kv_bases = 30;  // 50 held, 30 of them bases: 20 / 100 per item
+    b.kv_bases = 10;  // 40 / 100
+    f.append(a);
+    f.append(b);
+  }
+  McResultsFile f(path, "cfg");
+  ASSERT_EQ(f.rows().size(), 2u);
+  EXPECT_EQ(f.rows()[0].kv_bases, 30);
+  McSummary s = summarize(f.rows());
+  EXPECT_EQ(s.n_with_bases, 2);
+  EXPECT_DOUBLE_EQ(s.kv_ratio, 0.5);
+  EXPECT_DOUBLE_EQ(s.kv_ratio_wo_bases, 0.3);
+  EXPECT_NE(mc_summary_table("piqa", f.rows()).find("| 0.500 | 0.300 |"), std::string::npos);
+  {
+    std::ofstream o(path, std::ios::app);
+    o << R"({"config":"cfg","bench":"piqa","index":2,"item_hash":"h2","gold":0,"pred":0,"pred_norm":0,)"
+      << R"("acc":1,"acc_norm":1,"loglik":[-1,-2],"n_tokens":[1,2],"n_bytes":[3,4],"n_context":5,)"
+      << R"("kv_bytes":50,"kv_bytes_dense":100,"seconds":0.1})" << "\n";
+  }
+  McResultsFile g(path, "cfg");
+  ASSERT_EQ(g.rows().size(), 3u);
+  EXPECT_EQ(g.rows()[2].kv_bases, -1);
+  s = summarize(g.rows());
+  EXPECT_EQ(s.n_with_bases, 2);  // the mean covers the rows that recorded bases
+  EXPECT_DOUBLE_EQ(s.kv_ratio_wo_bases, 0.3);
+  EXPECT_NE(mc_summary_table("piqa", g.rows()).find("| — |"), std::string::npos);  // not every row
 }
 
 }  // namespace
