@@ -82,10 +82,18 @@ struct KvBytes {
   // indices, bitmasks, fills, per-head positions); positions shared by a layer's heads, bases
   // and epoch metadata count in per_layer only. For pictures of where the bytes are.
   std::vector<size_t> per_head;
+  // The matrices `bases` counts, by identity, with their bytes: interned (kv/encoding.h), so
+  // every cache of a process that uses one holds the same copy. Several caches together hold
+  // each distinct matrix once (held_once below).
+  std::vector<std::pair<const void*, size_t>> basis_ids;
   size_t total() const {
     return keys + values + positions + scales + bases + indices + bitmasks + fills + other;
   }
 };
+
+// Bytes held by several caches together (a server's slots): their totals with each shared basis
+// matrix counted once, however many of them hold it; bases_once (optional): of those, the bases.
+size_t held_once(const std::vector<const KvBytes*>& caches, size_t* bases_once = nullptr);
 
 struct AttnParams {
   int n_head = 0;          // query heads (a multiple of n_head_kv: GQA groups)

@@ -270,7 +270,10 @@ KvBytes TokenCache::bytes() const {
         for (const SideEncoding* s : {&e->k, &e->v}) {
           l.indices += s->subset_bytes();
           l.scales += s->recovery_bytes();
-          if (s->basis && bases.insert(s->basis.get()).second) l.bases += s->basis->bytes();
+          if (s->basis && bases.insert(s->basis.get()).second) {
+            l.bases += s->basis->bytes();
+            b.basis_ids.emplace_back(s->basis.get(), s->basis->bytes());
+          }
         }
       }
     }

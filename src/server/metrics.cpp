@@ -67,26 +67,28 @@ std::string render_metrics(const SchedulerStats& st, const ServerOptions& opt,
   single(o, "kvtrim_queue_length", "gauge", "jobs waiting for a slot or for memory",
          static_cast<double>(st.queue_length));
 
-  size_t held = 0, dense = 0, reserved = 0;
+  size_t dense = 0;
   int busy = 0;
   metric(o, "kvtrim_kv_bytes", "gauge", "KV cache bytes held per slot (exact, KvCache::bytes)");
   for (const SlotView& v : st.slots) {
     sample(o, "kvtrim_kv_bytes", static_cast<double>(v.bytes), strprintf("slot=\"%d\"", v.id));
-    held += v.bytes;
     dense += v.bytes_dense;
-    reserved += v.reserved;
     busy += v.state == "prefill" || v.state == "decode";
   }
   metric(o, "kvtrim_kv_tokens", "gauge", "positions in each slot's conversation");
   for (const SlotView& v : st.slots) sample(o, "kvtrim_kv_tokens", v.n_past, strprintf("slot=\"%d\"", v.id));
-  single(o, "kvtrim_kv_bytes_total", "gauge", "KV cache bytes held by all slots",
-         static_cast<double>(held));
+  single(o, "kvtrim_kv_bytes_total", "gauge",
+         "KV cache bytes held by all slots (basis matrices shared by several slots counted once)",
+         static_cast<double>(st.kv_bytes_held));
+  single(o, "kvtrim_kv_bases_bytes", "gauge",
+         "of the total: bases, rotations and dictionaries (each shared matrix once; a slot's kvtrim_kv_bytes counts the ones it uses)",
+         static_cast<double>(st.kv_bases_held));
   single(o, "kvtrim_kv_bytes_uncompressed", "gauge", "bytes the same positions would take uncompressed at each slot's cache types",
          static_cast<double>(dense));
   single(o, "kvtrim_kv_bytes_saved", "gauge", "uncompressed minus held bytes (what compression saves now)",
-         dense > held ? static_cast<double>(dense - held) : 0.0);
+         dense > st.kv_bytes_held ? static_cast<double>(dense - st.kv_bytes_held) : 0.0);
   single(o, "kvtrim_kv_bytes_reserved", "gauge", "bytes reserved by admitted jobs (held + room for their remaining tokens)",
-         static_cast<double>(reserved));
+         static_cast<double>(st.kv_bytes_reserved));
   single(o, "kvtrim_kv_budget_bytes", "gauge", "the --kv-budget (0 = none)",
          static_cast<double>(opt.kv_budget));
   single(o, "kvtrim_slots_busy", "gauge", "slots running a job",

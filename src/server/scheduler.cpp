@@ -273,9 +273,8 @@ void Scheduler::loop() {
     if (s->job) fail(*s, 503, "the server is shutting down");
 }
 
-size_t Scheduler::reserved(const Slot& s) const {
+size_t Scheduler::reserved(const Slot& s, size_t held) const {
   if (!s.session) return 0;
-  size_t held = s.session->cache().bytes().total();
   if (!s.job) return held;
   const size_t bpt = bytes_per_token(s.k, s.v);
   size_t left = (s.job->prompt.size() - s.prompt_done) + static_cast<size_t>(s.job->max_tokens - s.n_gen);
@@ -288,10 +287,19 @@ size_t Scheduler::reserved(const Slot& s) const {
 int64_t Scheduler::peak_beside_prompt(const Job& j) { return std::max<int64_t>(j.max_tokens, j.refeed_peak); }
 
 size_t Scheduler::reserved_total(const Slot* except) const {
-  size_t t = 0;
-  for (const auto& s : slots_)
-    if (s.get() != except) t += reserved(*s);
-  return t;
+  // every slot's reservation, the basis matrices that several slots share (interned: one copy in
+  // memory) counted once
+  std::vector<KvBytes> held;
+  std::vector<const KvBytes*> ptrs;
+  held.reserve(slots_.size());
+  size_t room = 0;
+  for (const auto& s : slots_) {
+    if (s.get() == except || !s->session) continue;
+    held.push_back(s->session->cache().bytes());
+    room += reserved(*s, held.back().total()) - held.back().total();
+  }
+  for (const KvBytes& b : held) ptrs.push_back(&b);
+  return held_once(ptrs) + room;
 }
 
 bool Scheduler::relieve_pressure(size_t need, const Slot* chosen) {
@@ -690,6 +698,9 @@ void Scheduler::release_slot(Slot& s) {
 void Scheduler::publish() {
   const double now = now_seconds();
   std::vector<SlotView> views;
+  std::vector<KvBytes> held;  // the slots' bytes, for the total with shared bases once
+  held.reserve(slots_.size());
+  size_t room = 0;  // the admitted jobs' room beyond what they hold
   const auto& hp = model_.hparams();
   for (const auto& s : slots_) {
     SlotView v;
@@ -703,16 +714,25 @@ void Scheduler::publish() {
       v.n_past = c.n_past();
       v.bytes = b.total();
       v.bytes_dense = static_cast<size_t>(v.n_past) * bytes_per_token(s->k, s->v);
-      v.reserved = reserved(*s);
+      v.reserved = reserved(*s, v.bytes);
+      room += v.reserved - v.bytes;
       v.layer_bytes = b.per_layer;
       v.head_bytes = b.per_head;
+      held.push_back(b);
       for (int il = 0; il < hp.n_layer; ++il)
         for (int ih = 0; ih < hp.n_head_kv; ++ih) v.head_tokens.push_back(c.n_tokens(il, ih));
     }
     views.push_back(std::move(v));
   }
+  std::vector<const KvBytes*> ptrs;
+  for (const KvBytes& b : held) ptrs.push_back(&b);
+  size_t bases = 0;
+  const size_t total = held_once(ptrs, &bases);
   std::lock_guard<std::mutex> lk(mu_);
   stats_.slots = std::move(views);
+  stats_.kv_bytes_held = total;
+  stats_.kv_bases_held = bases;
+  stats_.kv_bytes_reserved = total + room;
   while (!recent_.empty() && recent_.front().t < now - 10) recent_.pop_front();
   int64_t p = 0, d = 0;
   for (const Recent& r : recent_) p += r.prefill, d += r.decode;

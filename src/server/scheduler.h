@@ -113,6 +113,10 @@ struct SchedulerStats {
   int64_t steps = 0, batched_decode_tokens = 0;     // decode tokens that shared a step with another
   int64_t pressure_compressions = 0, evictions = 0;
   size_t bytes_freed_by_pressure = 0;
+  // KV bytes of all slots together, each shared basis matrix once (kv/kv_cache.h held_once;
+  // a slot's own `bytes` counts the bases it uses), and of those the bases
+  size_t kv_bytes_held = 0, kv_bases_held = 0;
+  size_t kv_bytes_reserved = 0;  // held + the admitted jobs' room (what admission compares)
   double recent_prefill_tps = 0, recent_decode_tps = 0;  // over the last ~10 s
 };
 
@@ -143,7 +147,8 @@ class Scheduler {
   void fail(Slot& s, int status, const std::string& message);
   void release_slot(Slot& s);
   void prepare_slot(Slot& s, Job& j);
-  size_t reserved(const Slot& s) const;
+  // held: the slot's KvBytes::total() (its bases included, as for the slot alone)
+  size_t reserved(const Slot& s, size_t held) const;
   // Tokens beside the prompt a job may hold at its fullest: its max_tokens, or its press's re-feed
   // chunk while the prompt is compressed, whichever is more.
   static int64_t peak_beside_prompt(const Job& j);

@@ -162,6 +162,30 @@ TEST_F(ServerTest, ConcurrentCompletionsEqualSoloGeneration) {
   EXPECT_GT(metric("kvtrim_kv_bytes_total"), 0);  // the conversations stay cached
 }
 
+// Two conversations with q8 keys and values: each slot's cache holds the Hadamard rotation of its
+// quantized rows (KvBytes::bases), the same interned matrix. A slot's own bytes count it; the
+// server's total counts it once, as memory holds it.
+TEST_F(ServerTest, SharedBasesCountOnceInTheTotal) {
+  start({});
+  for (int i = 0; i < 2; ++i) {
+    auto r = post("/v1/completions", completion_body(prompt(12 + i, 7 + i), 4, R"("kv_cache_type":"q8",)"));
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+  }
+  const json s = json::parse(client_->Get("/v1/kvtrim/slots")->body);
+  int64_t sum = 0;
+  int holding = 0;
+  for (const json& v : s["slots"]) {
+    sum += v["bytes"].get<int64_t>();
+    holding += v["bytes"].get<int64_t>() > 0;
+  }
+  ASSERT_EQ(holding, 2);
+  const int64_t hd = model_->hparams().head_dim_k;
+  const int64_t rotation = hd * hd * static_cast<int64_t>(sizeof(float));  // H_d / sqrt(d), f32
+  EXPECT_EQ(metric("kvtrim_kv_bases_bytes"), rotation);
+  EXPECT_EQ(metric("kvtrim_kv_bytes_total"), sum - rotation);
+}
+
 TEST_F(ServerTest, StreamCarriesTheSameTextAndEndsWithDone) {
   start({});
   const auto p = prompt(12, 3);
