@@ -523,15 +523,15 @@ void McResultsFile::append(const McResult& r) {
 
 McSummary summarize(const std::vector<McResult>& rows) {
   McSummary s;
+  double wo_bases = 0;
   for (const auto& r : rows) {
     ++s.n;
     s.acc += r.acc();
     s.acc_norm += r.acc_norm();
     s.kv_ratio += r.kv_bytes_dense ? static_cast<double>(r.kv_bytes) / static_cast<double>(r.kv_bytes_dense) : 0.0;
     if (r.kv_bases >= 0 && r.kv_bytes_dense) {
-      s.kv_ratio_wo_bases = std::max(0.0, s.kv_ratio_wo_bases) +
-                            static_cast<double>(r.kv_bytes - static_cast<size_t>(r.kv_bases)) /
-                                static_cast<double>(r.kv_bytes_dense);
+      wo_bases += static_cast<double>(r.kv_bytes - static_cast<size_t>(r.kv_bases)) /
+                  static_cast<double>(r.kv_bytes_dense);
       ++s.n_with_bases;
     }
   }
@@ -541,7 +541,7 @@ McSummary summarize(const std::vector<McResult>& rows) {
     s.acc_norm /= n;
     s.kv_ratio /= n;
   }
-  if (s.n_with_bases) s.kv_ratio_wo_bases /= static_cast<double>(s.n_with_bases);
+  if (s.n_with_bases) s.kv_ratio_wo_bases = wo_bases / static_cast<double>(s.n_with_bases);
   return s;
 }
 

@@ -67,12 +67,12 @@ size_t KvCache::dense_bytes_f16() const {
   return static_cast<size_t>(cfg_.n_layer) * static_cast<size_t>(n_past_) * per_token;
 }
 
-size_t held_once(const std::vector<const KvBytes*>& caches, size_t* bases_once) {
+size_t held_once(const std::vector<KvBytes>& caches, size_t* bases_once) {
   std::unordered_set<const void*> seen;
   size_t rest = 0, bases = 0;
-  for (const KvBytes* b : caches) {
-    rest += b->total() - b->bases;
-    for (const auto& [id, n] : b->basis_ids)
+  for (const KvBytes& b : caches) {
+    rest += b.total() - b.bases;
+    for (const auto& [id, n] : b.basis_ids)
       if (seen.insert(id).second) bases += n;
   }
   if (bases_once) *bases_once = bases;

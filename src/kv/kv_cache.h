@@ -93,7 +93,7 @@ struct KvBytes {
 
 // Bytes held by several caches together (a server's slots): their totals with each shared basis
 // matrix counted once, however many of them hold it; bases_once (optional): of those, the bases.
-size_t held_once(const std::vector<const KvBytes*>& caches, size_t* bases_once = nullptr);
+size_t held_once(const std::vector<KvBytes>& caches, size_t* bases_once = nullptr);
 
 struct AttnParams {
   int n_head = 0;          // query heads (a multiple of n_head_kv: GQA groups)

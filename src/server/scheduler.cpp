@@ -290,7 +290,6 @@ size_t Scheduler::reserved_total(const Slot* except) const {
   // every slot's reservation, the basis matrices that several slots share (interned: one copy in
   // memory) counted once
   std::vector<KvBytes> held;
-  std::vector<const KvBytes*> ptrs;
   held.reserve(slots_.size());
   size_t room = 0;
   for (const auto& s : slots_) {
@@ -298,8 +297,7 @@ size_t Scheduler::reserved_total(const Slot* except) const {
     held.push_back(s->session->cache().bytes());
     room += reserved(*s, held.back().total()) - held.back().total();
   }
-  for (const KvBytes& b : held) ptrs.push_back(&b);
-  return held_once(ptrs) + room;
+  return held_once(held) + room;
 }
 
 bool Scheduler::relieve_pressure(size_t need, const Slot* chosen) {
@@ -724,10 +722,8 @@ void Scheduler::publish() {
     }
     views.push_back(std::move(v));
   }
-  std::vector<const KvBytes*> ptrs;
-  for (const KvBytes& b : held) ptrs.push_back(&b);
   size_t bases = 0;
-  const size_t total = held_once(ptrs, &bases);
+  const size_t total = held_once(held, &bases);
   std::lock_guard<std::mutex> lk(mu_);
   stats_.slots = std::move(views);
   stats_.kv_bytes_held = total;
