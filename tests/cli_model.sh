@@ -54,6 +54,13 @@ printf '%s\n' '{"question": "What is 2 plus 3?", "answer": "2+3=<<2+3=5>>5\n####
   '{"question": "What is 6 plus 1?", "answer": "6+1=7\n#### 7"}' > "$tmp/gsm8k.jsonl"
 check gsm8k 0 "GSM8K-style evaluation \(2 shots, number_match\).*\| gsm8k \| 2 \|" eval gsm8k -m smollm2 -t 2 --data "$tmp/gsm8k.jsonl" --shots 2 --samples 5 --max-new-tokens 16 --out "$tmp/gsm8k_out.jsonl"
 check gsm8k_resume 0 "0 questions to run" eval gsm8k -m smollm2 -t 2 --data "$tmp/gsm8k.jsonl" --shots 2 --samples 5 --max-new-tokens 16 --out "$tmp/gsm8k_out.jsonl"
+# a calibration press's rows name the calibration's checksum: a rerun resumes them, other fits
+# written to the same path (`kvtrim calibrate` again) are another config and run again
+check calib_k 0 "wrote" calibrate -m smollm2 --seqs 2 --seq-len 128 -t 2 -o "$tmp/k.kvcalib"
+check gsm8k_calib 0 "press: ksvd:ratio=0\.5,calib=[^ ]* \(calibration [0-9a-f]{16}\).*: 2 questions to run" eval gsm8k -m smollm2 -t 2 --data "$tmp/gsm8k.jsonl" --shots 2 --samples 5 --max-new-tokens 8 --press "ksvd:0.5,calib=$tmp/k.kvcalib" --out "$tmp/g_calib.jsonl"
+check gsm8k_calib_resume 0 ": 0 questions to run" eval gsm8k -m smollm2 -t 2 --data "$tmp/gsm8k.jsonl" --shots 2 --samples 5 --max-new-tokens 8 --press "ksvd:0.5,calib=$tmp/k.kvcalib" --out "$tmp/g_calib.jsonl"
+check calib_k_again 0 "wrote" calibrate -m smollm2 --seqs 2 --seq-len 96 -t 2 -o "$tmp/k.kvcalib"
+check gsm8k_calib_other 0 ": 2 questions to run, 2 lines of other configs kept" eval gsm8k -m smollm2 -t 2 --data "$tmp/gsm8k.jsonl" --shots 2 --samples 5 --max-new-tokens 8 --press "ksvd:0.5,calib=$tmp/k.kvcalib" --out "$tmp/g_calib.jsonl"
 check gsm8k_sweep 0 "GSM8K-style sweep.*\| swan:calib=[^|]* \| 0\.50 \| [0-9.]+ \| [0-9.]+% \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \|" eval sweep gsm8k -m smollm2 -t 2 --data "$tmp/gsm8k.jsonl" --shots 2 --samples 1 --max-new-tokens 8 --presses "swan:calib=$tmp/s.kvcalib" --ratios 0.5 --out-dir "$tmp/gsm8k_sweep"
 echo "$pass passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -435,6 +435,7 @@ Calibration Calibration::from_gguf(const GgufFile& f, const Model* model, bool v
     const int dk = mf.head_dim_k, dv = mf.head_dim_v;
     const size_t kk = static_cast<size_t>(dk) * dk, vv = static_cast<size_t>(dv) * dv;
     Calibration c(mf, L, H);
+    c.checksum_ = f.get_string(P + "checksum", "");
     Reader rd{f, path};
     for (const GgufValue& mv : f.get_array(P + "methods").values) {
       const BasisMethod m = parse_basis_method(mv.as_string());

@@ -114,6 +114,10 @@ class Calibration {
   void check_model(const Model& model, const std::string& path) const;
 
   const ModelFingerprint& fingerprint() const { return fp_; }
+  // The stored checksum of the tensor data of the file this was loaded from (16 hex digits, as
+  // written by save()); "" for a calibration made in memory. Identifies the fits an evaluation
+  // used (eval configs: a recalibration at the same path is another config).
+  const std::string& checksum() const { return checksum_; }
   int n_layer() const { return n_layer_; }
   int n_head_kv() const { return n_head_kv_; }
 
@@ -149,6 +153,7 @@ class Calibration {
 
  private:
   ModelFingerprint fp_;
+  std::string checksum_;
   int n_layer_ = 0, n_head_kv_ = 0;
   std::map<BasisMethod, std::vector<HeadFit>> fits_;
   std::vector<HeadStats> stats_;

@@ -30,6 +30,9 @@ struct RunIdentity {
   int64_t batch = 0;       // prefill chunk (tokens)
   std::string prefill;     // prefill precision: "" = f32 (--f32-prefill; the CLI's default before 2026-11-27,
                            // so older hashes stay valid), "int8" (the CLI's default since)
+  std::string calib;       // single-press commands: the press's calibration (Press::calibration_id; ""
+                           // = it reads none, and the hash is what it was before calibrations were
+                           // identified). The sweeps carry it per cell (SweepCell::calib).
 };
 
 // The identity of a sample set (`source` in the recipes below).

@@ -142,6 +142,7 @@ void set_cell_configs(std::vector<SweepCell>* cells, const std::vector<std::stri
   for (SweepCell& c : *cells) {
     std::vector<std::string> parts = base_parts;
     parts.push_back("press=" + c.spec);
+    if (!c.calib.empty()) parts.push_back("calib=" + c.calib);
     parts.push_back("protocol=" + protocol);
     c.config = config_hash(parts);
   }

@@ -68,6 +68,7 @@ struct SweepCell {
   std::string press = "none";  // label (press_label); "none" for the baseline
   double ratio = 0;            // 0 = the baseline
   std::string spec = "none";   // canonical press spec (Press::spec()); "none" for the baseline
+  std::string calib;   // the calibration the cell's press reads (Press::calibration_id; "" = none)
   std::string config;  // hash of everything that decides this cell's rows (set_cell_configs)
   bool baseline() const { return spec == "none"; }
 };
@@ -75,7 +76,8 @@ struct SweepCell {
 // bad entry fails before any model is loaded). Throws Error for duplicate entries.
 std::vector<SweepCell> sweep_cells(const std::vector<std::string>& entries,
                                    const std::vector<double>& ratios);
-// cell.config = config_hash(base_parts + "press=" + spec + "protocol=" + protocol).
+// cell.config = config_hash(base_parts + "press=" + spec [+ "calib=" + calib, when the press reads
+// a calibration] + "protocol=" + protocol).
 void set_cell_configs(std::vector<SweepCell>* cells, const std::vector<std::string>& base_parts,
                       const std::string& protocol);
 

@@ -21,8 +21,15 @@ class CalibrationSource {
   // The calibration for ctx's model (loaded on first use, checked against the model and the
   // cache's shape). Thread-safe.
   std::shared_ptr<const Calibration> get(const PressContext& ctx) const;
+  // What identifies the calibration this press reads with `model` (eval configs): the file's
+  // stored checksum (16 hex digits), "memory" for the in-memory override. Loads and checks the
+  // file as get() does (an Error for a missing file or one made for another model).
+  std::string identity(const Model& model) const;
 
  private:
+  std::shared_ptr<const Calibration> file_locked(const Model* model) const;
+  void check_override_locked(const Calibration& cal, const Model* model) const;
+
   std::string who_, path_;
   mutable std::mutex mu_;
   mutable std::shared_ptr<const Calibration> cal_;  // loaded from a file

@@ -413,6 +413,16 @@ CompressionPlan ComposedPress::plan_after_append(const PressContext& ctx, int il
   return total;
 }
 
+std::string ComposedPress::calibration_id(const Model& model) const {
+  std::string id;
+  for (const auto& p : presses_) {
+    const std::string part = p->calibration_id(model);
+    if (part.empty()) continue;
+    id += (id.empty() ? "" : "+") + part;
+  }
+  return id;
+}
+
 CompressionPlan Press::plan_decode(const PressContext& ctx) const { return CompressionPlan(ctx.n_layer(), ctx.n_head_kv()); }
 
 CompressionPlan Press::plan_after_append(const PressContext& ctx, int il) const {

@@ -273,6 +273,11 @@ class Press {
   // (the server: a follow-up turn keeps the ratio of the whole conversation, not of what the
   // earlier turns left); nullptr for presses without one.
   virtual const Budget* token_budget() const { return nullptr; }
+  // What identifies the calibration this press reads with `model`: "" for a press that reads
+  // none, else CalibrationSource::identity (the file's checksum); a composition joins its
+  // presses' with '+'. Part of an evaluation's config, so results made with another
+  // calibration at the same path (`kvtrim calibrate` run again) are not resumed as this run's.
+  virtual std::string calibration_id(const Model& /*model*/) const { return ""; }
 
  private:
   std::string spec_;
@@ -316,6 +321,7 @@ class ComposedPress : public Press {
   CompressionPlan plan_decode(const PressContext& ctx) const override;
   bool plans_after_append() const override;
   CompressionPlan plan_after_append(const PressContext& ctx, int il) const override;
+  std::string calibration_id(const Model& model) const override;
   const std::vector<std::unique_ptr<Press>>& presses() const { return presses_; }
 
  private:

@@ -23,7 +23,7 @@ TEST(EvalRecipe, FileIdentityIsNameAndSize) {
 }
 
 TEST(EvalRecipe, HashesArePinned) {
-  const RunIdentity id{"/nonexistent/m.gguf", "f16", 256, ""};
+  const RunIdentity id{"/nonexistent/m.gguf", "f16", 256, "", ""};
   // the part lists the commands wrote their results with, in their order
   const std::string gen = generation_config(id, PromptFormat::kChat, "none", "src");
   EXPECT_EQ(gen, config_hash({"model=m.gguf:0", "format=chat", "kv=f16", "batch=256", "press=none",
@@ -57,11 +57,50 @@ TEST(EvalRecipe, HashesArePinned) {
                                           "ctx=512", "prefix=256", "chunk=0", "press=none", "protocol=sweep-ppl-v1"}));
 }
 
+// The calibration a press reads joins the config right after the press, and only then (runs
+// without one keep the hashes above): another calibration at the same path is another config.
+TEST(EvalRecipe, CalibrationIsPartOfTheIdentity) {
+  RunIdentity id{"/nonexistent/m.gguf", "f16", 256, "", ""};
+  const std::string none_gen = generation_config(id, PromptFormat::kChat, "ksvd:ratio=0.5", "src");
+  const std::string none_mc = mc_config(id, "mmlu", "ksvd:ratio=0.5", "s");
+  PplConfig c;
+  c.ctx = 512;
+  const std::string none_ppl = ppl_config(id, "/x/test.txt", c, "ksvd:ratio=0.5");
+  id.calib = "0123456789abcdef";
+  EXPECT_EQ(generation_config(id, PromptFormat::kChat, "ksvd:ratio=0.5", "src"),
+            config_hash({"model=m.gguf:0", "format=chat", "kv=f16", "batch=256", "press=ksvd:ratio=0.5",
+                          "calib=0123456789abcdef", "protocol=kvpress-v1", "src"}));
+  EXPECT_EQ(mc_config(id, "mmlu", "ksvd:ratio=0.5", "s"),
+            config_hash({"model=m.gguf:0", "bench=mmlu", "kv=f16", "batch=256", "press=ksvd:ratio=0.5",
+                         "calib=0123456789abcdef", "protocol=mc-loglik-v1", "s"}));
+  EXPECT_EQ(ppl_config(id, "/x/test.txt", c, "ksvd:ratio=0.5"),
+            config_hash({"model=m.gguf:0", "data=test.txt:0", "kv=f16", "batch=256", "press=ksvd:ratio=0.5",
+                         "calib=0123456789abcdef", "mode=pcc", "ctx=512", "prefix=256", "chunk=0", "protocol=ppl-v1"}));
+  EXPECT_NE(generation_config(id, PromptFormat::kChat, "ksvd:ratio=0.5", "src"), none_gen);
+  EXPECT_NE(mc_config(id, "mmlu", "ksvd:ratio=0.5", "s"), none_mc);
+  EXPECT_NE(ppl_config(id, "/x/test.txt", c, "ksvd:ratio=0.5"), none_ppl);
+  id.calib = "fedcba9876543210";
+  EXPECT_NE(generation_config(id, PromptFormat::kChat, "ksvd:ratio=0.5", "src"),
+            config_hash({"model=m.gguf:0", "format=chat", "kv=f16", "batch=256", "press=ksvd:ratio=0.5",
+                          "calib=0123456789abcdef", "protocol=kvpress-v1", "src"}));
+
+  std::vector<SweepCell> cells(2);
+  cells[1].spec = "ksvd:ratio=0.5";
+  set_mc_sweep_configs(&cells, id, "mmlu", "s");
+  const std::string before = cells[1].config;
+  cells[1].calib = "0123456789abcdef";
+  set_mc_sweep_configs(&cells, id, "mmlu", "s");
+  EXPECT_EQ(cells[1].config, config_hash({"model=m.gguf:0", "kv=f16", "batch=256", "bench=mmlu", "s",
+                                          "press=ksvd:ratio=0.5", "calib=0123456789abcdef",
+                                          "protocol=sweep-mc-loglik-v1"}));
+  EXPECT_NE(cells[1].config, before);
+}
+
 // The prefill precision changes the numerics of every forward pass: 8-bit runs (the CLI's default)
 // get other hashes than f32 ones (--f32-prefill; a sweep never mixes rows of the two), and the f32
 // runs' stay as pinned above, as they were before 8-bit prefill became the default.
 TEST(EvalRecipe, Int8PrefillIsPartOfTheIdentity) {
-  const RunIdentity f32{"/nonexistent/m.gguf", "f16", 256, ""}, int8{"/nonexistent/m.gguf", "f16", 256, "int8"};
+  const RunIdentity f32{"/nonexistent/m.gguf", "f16", 256, "", ""}, int8{"/nonexistent/m.gguf", "f16", 256, "int8", ""};
   EXPECT_EQ(generation_config(int8, PromptFormat::kChat, "none", "src"),
             config_hash({"model=m.gguf:0", "format=chat", "kv=f16;prefill=int8", "batch=256", "press=none",
                          "protocol=kvpress-v1", "src"}));

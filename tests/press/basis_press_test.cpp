@@ -510,5 +510,46 @@ TEST_F(BasisPress, ClearErrors) {
   EXPECT_TRUE(has(e4, "do not compose").empty()) << e4;
 }
 
+// Press::calibration_id (what an eval config records of the calibration a press reads): the
+// file's stored checksum, another one for a file with other fits at the same path, joined over
+// a composition, "" for presses that read none, "memory" for the in-memory override.
+TEST_F(BasisPress, CalibrationIdNamesTheFitsRead) {
+  set_calibration_override(nullptr);
+  const std::string path = test::temp_dir("basis_calib_id") + "/a.kvcalib";
+  Calibration base = *cal();
+  base.set_stats({});  // (the fixture's partial statistics are not a savable set; the fits are)
+  base.save(path);
+  const std::string id = make_press("ksvd:calib=" + path)->calibration_id(*model_);
+  EXPECT_EQ(id, Calibration::load(path).checksum());
+  EXPECT_EQ(id.size(), 16u);
+  EXPECT_EQ(make_press("snapkv:0.5+ksvd:calib=" + path)->calibration_id(*model_), id);
+  EXPECT_EQ(make_press("eigenattention:calib=" + path + "+ksvd:calib=" + path)->calibration_id(*model_),
+            id + "+" + id);
+  EXPECT_EQ(make_press("snapkv:0.5")->calibration_id(*model_), "");
+  EXPECT_EQ(make_press("ojakv:ratio=0.5,init=prompt")->calibration_id(*model_), "");
+  // other fits written to the same path (`kvtrim calibrate` again): another identity. Here the
+  // first K-SVD key direction of one head negated (still an orthonormal fit).
+  {
+    Calibration other = base;
+    std::vector<HeadFit> fits;
+    for (int il = 0; il < other.n_layer(); ++il)
+      for (int ih = 0; ih < other.n_head_kv(); ++ih) fits.push_back(other.fit(BasisMethod::kKSvd, il, ih));
+    SideFit& k = fits[0].k;
+    for (int r = 0; r < k.d; ++r) k.enc[static_cast<size_t>(r * k.d)] *= -1.f;
+    other.set_fits(BasisMethod::kKSvd, fits);
+    other.save(path);
+  }
+  const std::string id2 = make_press("ksvd:calib=" + path)->calibration_id(*model_);
+  EXPECT_NE(id2, id);
+  EXPECT_EQ(id2, Calibration::load(path).checksum());
+  {
+    test::CalibrationScope scope(cal());
+    EXPECT_EQ(make_press("ksvd")->calibration_id(*model_), "memory");
+  }
+  // a missing file: the press's own error, before any work
+  const std::string e = error_of([&] { make_press("ksvd:calib=/nonexistent/x.kvcalib")->calibration_id(*model_); });
+  EXPECT_TRUE(has(e, "does not exist").empty()) << e;
+}
+
 }  // namespace
 }  // namespace kvtrim

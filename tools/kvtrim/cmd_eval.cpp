@@ -41,7 +41,15 @@ namespace evalcmd {
 std::string default_haystack_dir() { return eval::shared_data_path("haystack/paul_graham", "--haystack DIR"); }
 
 eval::RunIdentity run_identity(const CommonOptions& common, const Model& model) {
-  return {model.gguf().path(), kv_tag(common), common.batch, prefill_tag(common)};
+  return {model.gguf().path(), kv_tag(common), common.batch, prefill_tag(common), ""};
+}
+
+void set_cell_calibrations(std::vector<eval::SweepCell>* cells, const Model& model) {
+  for (eval::SweepCell& c : *cells) c.calib = c.baseline() ? "" : make_press(c.spec)->calibration_id(model);
+}
+
+std::string calibration_note(const std::string& calib) {
+  return calib.empty() ? "" : " (calibration " + calib + ")";
 }
 
 // The samples of `eval ruler` (and `eval sweep ruler`): generated with the model's token
@@ -138,7 +146,7 @@ void run_generation(const EvalRulerOptions& o, const EvalGsm8kOptions* g) {
   eval::RunnerOptions ro;
   ro.query_aware = o.query_aware;
   KVTRIM_CHECK(!o.query_aware || !o.press.spec.empty(), "--query-aware needs --press");
-  std::string press_desc = "none";
+  std::string press_desc = "none", calib;
   if (!o.press.spec.empty()) {
     PressSchedule sched;
     sched.after_prefill = false;
@@ -149,7 +157,8 @@ void run_generation(const EvalRulerOptions& o, const EvalGsm8kOptions* g) {
                  (sched.decode_every ? strprintf(" every=%d target=%lld", sched.decode_every,
                                                  static_cast<long long>(sched.decode_target))
                                      : "");
-    std::fprintf(stderr, "press: %s\n", press_desc.c_str());
+    calib = p->calibration_id(*model);
+    std::fprintf(stderr, "press: %s%s\n", press_desc.c_str(), calibration_note(calib).c_str());
     s.set_press(std::move(p), sched);
     ro.after_context = [](Session& ss, const std::vector<int32_t>* question) {
       if (question) ss.observe_question(*question);
@@ -166,7 +175,9 @@ void run_generation(const EvalRulerOptions& o, const EvalGsm8kOptions* g) {
   if (o.dry_run) return;
 
   // Everything that determines a result (not --samples / --tasks: more samples extend a run).
-  const std::string cfg = eval::generation_config(run_identity(o.common, *model), format, press_desc, source);
+  eval::RunIdentity id = run_identity(o.common, *model);
+  id.calib = calib;
+  const std::string cfg = eval::generation_config(id, format, press_desc, source);
   std::unique_ptr<eval::ResultsFile> results;
   if (!o.out.empty()) results = std::make_unique<eval::ResultsFile>(o.out, cfg);
   const int64_t pending = eval::count_pending(samples, results.get());
@@ -233,7 +244,7 @@ void run_mc(const EvalMcOptions& o) {
 
   auto model = load_model(o.common);
   Session s(*model, session_params(o.common));
-  std::string press_desc = "none";
+  std::string press_desc = "none", calib;
   std::function<void(Session&)> after_context;
   if (!o.press.spec.empty()) {
     KVTRIM_CHECK(o.press.decode_every == 0, "eval mc scores without decoding: --press-every does not apply");
@@ -241,12 +252,15 @@ void run_mc(const EvalMcOptions& o) {
     sched.after_prefill = false;
     auto p = make_press(o.press.spec);
     press_desc = p->spec();
-    std::fprintf(stderr, "press: %s\n", press_desc.c_str());
+    calib = p->calibration_id(*model);
+    std::fprintf(stderr, "press: %s%s\n", press_desc.c_str(), calibration_note(calib).c_str());
     s.set_press(std::move(p), sched);
     after_context = [](Session& ss) { ss.compress(); };
   }
   // Everything that determines a result (not --limit: more items extend a run).
-  const std::string cfg = eval::mc_config(run_identity(o.common, *model), o.bench, press_desc, source);
+  eval::RunIdentity id = run_identity(o.common, *model);
+  id.calib = calib;
+  const std::string cfg = eval::mc_config(id, o.bench, press_desc, source);
   std::unique_ptr<eval::McResultsFile> results;
   if (!o.out.empty()) results = std::make_unique<eval::McResultsFile>(o.out, cfg);
   std::vector<eval::McResult> rows;
@@ -318,6 +332,8 @@ void run_ppl(const EvalPplOptions& o) {
   sched.after_prefill = false;
   auto p = make_press(o.press);
   const std::string press_desc = p->spec();
+  eval::RunIdentity id = run_identity(o.common, *model);
+  id.calib = p->calibration_id(*model);
   s.set_press(std::move(p), sched);
   eval::check_ppl_config(s, c);
   const int64_t n_win = eval::ppl_window_count(static_cast<int64_t>(tokens.size()), c.ctx);
@@ -331,7 +347,7 @@ void run_ppl(const EvalPplOptions& o) {
                          .c_str()
                    : "");
   // Everything that determines a window's numbers (not --max-tokens: more tokens extend a run).
-  const std::string cfg = eval::ppl_config(run_identity(o.common, *model), o.file, c, press_desc);
+  const std::string cfg = eval::ppl_config(id, o.file, c, press_desc);
   std::unique_ptr<eval::PplResultsFile> results;
   if (!o.out.empty()) results = std::make_unique<eval::PplResultsFile>(o.out, cfg);
   std::vector<eval::PplWindow> rows;

@@ -80,6 +80,10 @@ struct EvalSweepOptions {
 std::string default_haystack_dir();
 // The model, cache storage and prefill chunk of a run (the start of every config recipe).
 eval::RunIdentity run_identity(const CommonOptions& common, const Model& model);
+// Each sweep cell's SweepCell::calib: the calibration its press reads with `model` (loading and
+// checking each file once per press; an Error for a missing file or one made for another
+// model, before any cell runs). Call before the set_*_sweep_configs.
+void set_cell_calibrations(std::vector<eval::SweepCell>* cells, const Model& model);
 // The samples of `eval ruler` (and `eval sweep ruler`): generated with the model's token
 // counts, or loaded from --data and filtered by --tasks / --samples. *source: what identifies
 // them in a config hash.

@@ -162,6 +162,7 @@ void run_sweep(const EvalSweepOptions& o, const std::string& bench) {
     load_sweep_model(o.common, m, &j);
     j.session = std::make_unique<Session>(*j.model, session_params(j.common));
     j.cells = grid;
+    set_cell_calibrations(&j.cells, *j.model);
     const eval::RunIdentity id = run_identity(o.common, *j.model);
     if (ruler) {
       const eval::PromptFormat format = eval::resolve_prompt_format(o.ruler.format, *j.model);
@@ -301,6 +302,7 @@ void run_sweep_ppl(const EvalSweepOptions& o) {
                      : "");
     // eval ppl's config parts (not --max-tokens: more tokens extend a run), the press added per cell.
     j.cells = grid;
+    set_cell_calibrations(&j.cells, *j.model);
     eval::set_ppl_sweep_configs(&j.cells, run_identity(o.common, *j.model), po.file, j.c);
     for (const auto& c : j.cells) {
       configs.insert(c.config);

@@ -80,6 +80,9 @@ class LowRankPress : public Press {
   // The calibration this press uses for ctx's model (loaded once, checked against the model).
   // Throws Error when it is missing (naming the `kvtrim calibrate` command) or for another model.
   std::shared_ptr<const Calibration> calibration(const PressContext& ctx) const;
+  std::string calibration_id(const Model& model) const override {
+    return needs_calibration() ? cal_.identity(model) : "";
+  }
   // Rank kept of a side of dimension d for the ratio option.
   static int rank_for_removed_ratio(double ratio, int d);
 

@@ -48,6 +48,7 @@ class LexicoPress : public Press {
  public:
   explicit LexicoPress(LexicoOptions o) : o_(std::move(o)), cal_("lexico", o_.calib) {}
   std::string name() const override { return "lexico"; }
+  std::string calibration_id(const Model& model) const override { return cal_.identity(model); }
 
   CompressionPlan plan(const PressContext& ctx) const override {
     CompressionPlan out(ctx.n_layer(), ctx.n_head_kv());

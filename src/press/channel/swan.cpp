@@ -91,6 +91,9 @@ class SwanPress : public Press {
  public:
   explicit SwanPress(SwanOptions o) : o_(std::move(o)), cal_("swan", o_.calib) {}
   std::string name() const override { return "swan"; }
+  std::string calibration_id(const Model& model) const override {
+    return o_.proj == Proj::kIdentity || o_.proj == Proj::kRandom ? "" : cal_.identity(model);
+  }
 
   CompressionPlan plan(const PressContext& ctx) const override {
     CompressionPlan out(ctx.n_layer(), ctx.n_head_kv());
