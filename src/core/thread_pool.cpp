@@ -137,4 +137,70 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
   });
 }
 
+namespace {
+
+// One thread's runs: `front` (low 32 bits) and `back` (high 32 bits) delimit the runs not yet
+// taken, [front, back); the owner takes the front one, a thief the back one, each by one CAS.
+struct alignas(64) StealRange {
+  std::atomic<uint64_t> fb{0};
+  int64_t c0 = 0, c1 = 0, per = 1;  // the range's grains [c0, c1), grains per run
+};
+
+inline uint64_t pack_fb(uint64_t f, uint64_t b) { return f | (b << 32); }
+
+// The front (take_front) or back run of r; -1 when none is left.
+int64_t take_run(StealRange& r, bool take_front) {
+  uint64_t w = r.fb.load(std::memory_order_relaxed);
+  for (;;) {
+    const uint64_t f = w & kSlotMask, b = w >> 32;
+    if (f >= b) return -1;
+    const uint64_t nw = take_front ? pack_fb(f + 1, b) : pack_fb(f, b - 1);
+    if (r.fb.compare_exchange_weak(w, nw, std::memory_order_acq_rel, std::memory_order_relaxed))
+      return static_cast<int64_t>(take_front ? f : b - 1);
+  }
+}
+
+}  // namespace
+
+void ThreadPool::parallel_for_stealing(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t grain,
+                                       int pieces) {
+  if (n <= 0) return;
+  grain = std::max<int64_t>(1, grain);
+  const int64_t n_chunks = (n + grain - 1) / grain;
+  const int nth = static_cast<int>(std::min<int64_t>(n_threads_, n_chunks));
+  if (nth <= 1 || nth > kMaxStealThreads || pieces <= 1) {
+    parallel_for(n, fn, grain);
+    return;
+  }
+  StealRange ranges[kMaxStealThreads];
+  for (int i = 0; i < nth; ++i) {
+    StealRange& r = ranges[i];
+    r.c0 = n_chunks * i / nth;
+    r.c1 = n_chunks * (i + 1) / nth;
+    const int64_t len = r.c1 - r.c0;
+    r.per = std::max<int64_t>(1, (len + pieces - 1) / pieces);
+    r.fb.store(pack_fb(0, static_cast<uint64_t>((len + r.per - 1) / r.per)), std::memory_order_relaxed);
+  }
+  struct Job {
+    StealRange* ranges;
+    int nth;
+    int64_t n, grain;
+    const std::function<void(int64_t, int64_t)>* fn;
+    void run_piece(const StealRange& r, int64_t k) const {
+      const int64_t g0 = r.c0 + k * r.per, g1 = std::min(r.c1, g0 + r.per);
+      const int64_t b = g0 * grain, e = std::min(n, g1 * grain);
+      if (b < e) (*fn)(b, e);
+    }
+  } job{ranges, nth, n, grain, &fn};
+  const Job* jp = &job;  // (one pointer: the std::function needs no allocation)
+  run([jp](int ith, int) {
+    if (ith >= jp->nth) return;
+    for (int64_t k; (k = take_run(jp->ranges[ith], true)) >= 0;) jp->run_piece(jp->ranges[ith], k);
+    for (int d = 1; d < jp->nth; ++d) {
+      StealRange& other = jp->ranges[(ith + d) % jp->nth];
+      for (int64_t k; (k = take_run(other, false)) >= 0;) jp->run_piece(other, k);
+    }
+  });
+}
+
 }  // namespace kvtrim

@@ -32,6 +32,16 @@ class ThreadPool {
   // fn(begin, end) on each thread's range.
   void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t grain = 1);
 
+  // parallel_for with work stealing: each thread's contiguous range is cut into up to `pieces`
+  // runs of whole grains, which the thread takes front to back; a thread done with its own runs
+  // takes the others' from their back end. The same calls fn(begin, end) cover [0, n) exactly
+  // once, but a thread that is late (descheduled on a shared machine, slower on its half) no
+  // longer holds the others at the barrier: they finish its tail. For work whose result does
+  // not depend on the thread (each row computed alone), results are those of parallel_for.
+  // Up to kMaxStealThreads threads; more fall back to parallel_for.
+  static constexpr int kMaxStealThreads = 64;
+  void parallel_for_stealing(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t grain, int pieces);
+
  private:
   void worker(int ith);
 

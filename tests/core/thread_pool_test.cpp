@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <thread>
 #include <vector>
 
 namespace kvtrim {
@@ -30,6 +32,53 @@ TEST(ThreadPool, RunGivesEachThreadItsIndex) {
     });
     for (auto& s : seen) EXPECT_EQ(s.load(), 1);
   }
+}
+
+// parallel_for_stealing: every index once, every call a run of whole grains (but the last), for
+// thread counts, sizes, grains and piece counts around the edges.
+TEST(ThreadPool, StealingCoversRangeExactlyOnceInWholeGrains) {
+  for (int nth : {1, 2, 3, 5}) {
+    ThreadPool pool(nth);
+    for (int64_t n : {0, 1, 7, 16, 64, 1000, 1001}) {
+      for (int64_t grain : {1, 4, 16}) {
+        for (int pieces : {1, 2, 4, 7}) {
+          std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+          std::atomic<int> bad{0};
+          pool.parallel_for_stealing(n, [&](int64_t b, int64_t e) {
+            if (b % grain != 0 || (e % grain != 0 && e != n) || b >= e) bad++;
+            for (int64_t i = b; i < e; ++i) hits[static_cast<size_t>(i)]++;
+          }, grain, pieces);
+          EXPECT_EQ(bad.load(), 0) << nth << " threads, n " << n << ", grain " << grain << ", pieces " << pieces;
+          for (auto& h : hits) ASSERT_EQ(h.load(), 1) << nth << " threads, n " << n << ", grain " << grain;
+        }
+      }
+    }
+  }
+}
+
+// A thread held up in its first run: the other thread takes the rest of its range from the back.
+// (The held run waits until another thread has run a piece of its range, up to 20 s: without
+// stealing nobody would, and the test fails on the check below.)
+TEST(ThreadPool, StealingFinishesALateThreadsRange) {
+  ThreadPool pool(2);
+  constexpr int64_t kN = 64;
+  std::vector<std::atomic<int>> by(kN);  // 1 + the index of the thread that ran each row
+  for (auto& b : by) b = 0;
+  std::atomic<bool> first{true};
+  const std::thread::id caller = std::this_thread::get_id();
+  pool.parallel_for_stealing(kN, [&](int64_t b, int64_t e) {
+    const int who = std::this_thread::get_id() == caller ? 1 : 2;
+    for (int64_t i = b; i < e; ++i) by[static_cast<size_t>(i)] = who;
+    if (b == 0 && first.exchange(false)) {  // the first run of thread 0's range [0, 32)
+      const auto t0 = std::chrono::steady_clock::now();
+      while (by[31].load() == 0 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20))
+        std::this_thread::yield();
+    }
+  }, 4, 4);
+  for (auto& b : by) EXPECT_NE(b.load(), 0);
+  // rows [24, 32), the back run of the range that began at row 0, were run by the other thread
+  // than the one held in [0, 8)
+  EXPECT_NE(by[31].load(), by[0].load());
 }
 
 }  // namespace kvtrim
