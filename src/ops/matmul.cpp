@@ -3,7 +3,7 @@
 //
 // matvec (decode): x is quantized once to 8 bits (see matmul_internal.h), then the rows of
 //   W are split over the pool in contiguous ranges of kRowGrain-row chunks, a thread done with
-//   its own range finishing the back of a late one's (for_rows_stealing); each thread runs
+//   its own range finishing the back of a late one's (for_rows, kStealPieces); each thread runs
 //   the integer dot kernel on the quantized blocks directly (no dequantized copy of W).
 // matmul (prefill):
 //   n_tok < kGemmMinTok, or (int8_prefill()) any n_tok for the types with an integer prefill
@@ -133,35 +133,25 @@ std::vector<float>& tile_scratch() {
   return buf;
 }
 
-// Runs fn(r0, r1) over [0, n_rows) split in contiguous grain-multiple ranges per thread.
-// The closure given to the pool captures one pointer, so std::function does not allocate.
-template <typename Fn>
-void for_rows(ThreadPool* pool, int64_t n_rows, int64_t grain, const Fn& fn) {
-  if (pool == nullptr || pool->n_threads() <= 1 || n_rows <= grain) {
-    fn(int64_t{0}, n_rows);
-    return;
-  }
-  const Fn* f = &fn;
-  pool->parallel_for(
-      n_rows, [f](int64_t b, int64_t e) { (*f)(b, e); }, grain);
-}
-
-// for_rows for the integer kernels: each thread's rows in kStealPieces runs, the runs of a late
+// The integer kernels' rows: each thread's range in kStealPieces runs, the runs of a late
 // thread finished by the others (ThreadPool::parallel_for_stealing; a row's result does not
 // depend on which thread computes it). Measured on the 2-core Zen 4 VM (perf of `kvtrim bench
 // --streams 4`): with halves fixed per thread each thread waited for the other at the end of a
-// product for ~9-16 % of its samples.
+// product for ~9-16 % of its samples (docs/results/perf §12).
 constexpr int kStealPieces = 4;
 
+// Runs fn(r0, r1) over [0, n_rows) split in contiguous grain-multiple ranges per thread
+// (pieces > 1: each range in that many runs, stolen from the back by a thread done with its
+// own). The closure given to the pool captures one pointer, so std::function does not allocate.
 template <typename Fn>
-void for_rows_stealing(ThreadPool* pool, int64_t n_rows, int64_t grain, const Fn& fn) {
+void for_rows(ThreadPool* pool, int64_t n_rows, int64_t grain, const Fn& fn, int pieces = 1) {
   if (pool == nullptr || pool->n_threads() <= 1 || n_rows <= grain) {
     fn(int64_t{0}, n_rows);
     return;
   }
   const Fn* f = &fn;
   pool->parallel_for_stealing(
-      n_rows, [f](int64_t b, int64_t e) { (*f)(b, e); }, grain, kStealPieces);
+      n_rows, [f](int64_t b, int64_t e) { (*f)(b, e); }, grain, pieces);
 }
 
 std::atomic<bool> g_int8_prefill{false};
@@ -213,8 +203,9 @@ void matvec(const WeightView& w, const float* x, float* y, ThreadPool* pool) {
     detail::quantize_act(f, x, buf.data(), w.n_cols);
     act = buf.data();
   }
-  for_rows_stealing(pool, w.n_rows, kRowGrain,
-                    [&](int64_t r0, int64_t r1) { detail::dot_rows(w, r0, r1, act, 0, 1, y, 0); });
+  for_rows(
+      pool, w.n_rows, kRowGrain, [&](int64_t r0, int64_t r1) { detail::dot_rows(w, r0, r1, act, 0, 1, y, 0); },
+      kStealPieces);
 }
 
 void matmul(const WeightView& w, const float* x, int64_t n_tok, float* y, ThreadPool* pool) {
@@ -235,9 +226,9 @@ void matmul(const WeightView& w, const float* x, int64_t n_tok, float* y, Thread
       quantize_rows(f, x, n_tok, n_cols, buf.data(), stride, pool);
       act = buf.data();
     }
-    for_rows_stealing(pool, n_rows, kRowGrain, [&](int64_t r0, int64_t r1) {
-      detail::dot_rows(w, r0, r1, act, stride, n_tok, y, n_rows);
-    });
+    for_rows(
+        pool, n_rows, kRowGrain,
+        [&](int64_t r0, int64_t r1) { detail::dot_rows(w, r0, r1, act, stride, n_tok, y, n_rows); }, kStealPieces);
     return;
   }
   ensure_blas_single_thread();
@@ -303,14 +294,17 @@ void matmul_many(const WeightView* const* ws, float* const* ys, int n, const flo
     }
     act[i] = quantized[fi];
   }
-  for_rows_stealing(pool, row0[n], kRowGrain, [&](int64_t r0, int64_t r1) {
-    for (int i = 0; i < n; ++i) {
-      const int64_t b = std::max(r0, row0[i]), e = std::min(r1, row0[i + 1]);
-      if (b < e)
-        detail::dot_rows(*ws[i], b - row0[i], e - row0[i], act[i], stride[i], n_tok, ys[i],
-                         n_tok > 1 ? ws[i]->n_rows : 0);
-    }
-  });
+  for_rows(
+      pool, row0[n], kRowGrain,
+      [&](int64_t r0, int64_t r1) {
+        for (int i = 0; i < n; ++i) {
+          const int64_t b = std::max(r0, row0[i]), e = std::min(r1, row0[i + 1]);
+          if (b < e)
+            detail::dot_rows(*ws[i], b - row0[i], e - row0[i], act[i], stride[i], n_tok, ys[i],
+                             n_tok > 1 ? ws[i]->n_rows : 0);
+        }
+      },
+      kStealPieces);
 }
 
 void get_row(const WeightView& w, int64_t row, float* out) {
