@@ -66,24 +66,13 @@ std::string model_part(const RunIdentity& id) { return "model=" + file_identity(
 std::string kv_part(const RunIdentity& id) { return "kv=" + id.kv + (id.prefill.empty() ? "" : ";prefill=" + id.prefill); }
 std::string batch_part(const RunIdentity& id) { return "batch=" + std::to_string(id.batch); }
 std::string format_part(PromptFormat f) { return "format=" + std::string(prompt_format_name(f)); }
-// "press=DESC", then the calibration the press reads, if any (only then: the hashes of runs
-// without one are those of every run before calibrations were identified)
-std::vector<std::string> press_parts(const std::string& press_desc, const std::string& calib) {
-  std::vector<std::string> p = {"press=" + press_desc};
-  if (!calib.empty()) p.push_back("calib=" + calib);
-  return p;
-}
-std::vector<std::string> joined(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
 
 // ppl's parts after the model: the text, the storage and the window recipe (press and
 // protocol added by the caller).
 std::vector<std::string> ppl_window_parts(const RunIdentity& id, const std::string& data_file, const PplConfig& c,
                                           const std::string* press_desc) {
   std::vector<std::string> p = {model_part(id), "data=" + file_identity(data_file), kv_part(id), batch_part(id)};
-  if (press_desc) p = joined(std::move(p), press_parts(*press_desc, id.calib));
+  if (press_desc) append_press_parts(&p, *press_desc, id.calib);
   p.push_back(std::string("mode=") + ppl_mode_name(c.mode));
   p.push_back("ctx=" + std::to_string(c.ctx));
   p.push_back("prefix=" + std::to_string(c.first_row()));
@@ -95,16 +84,18 @@ std::vector<std::string> ppl_window_parts(const RunIdentity& id, const std::stri
 
 std::string generation_config(const RunIdentity& id, PromptFormat format, const std::string& press_desc,
                               const std::string& source) {
-  return config_hash(joined(joined({model_part(id), format_part(format), kv_part(id), batch_part(id)},
-                                   press_parts(press_desc, id.calib)),
-                            {"protocol=kvpress-v1", source}));
+  std::vector<std::string> p = {model_part(id), format_part(format), kv_part(id), batch_part(id)};
+  append_press_parts(&p, press_desc, id.calib);
+  p.insert(p.end(), {"protocol=kvpress-v1", source});
+  return config_hash(p);
 }
 
 std::string mc_config(const RunIdentity& id, const std::string& bench, const std::string& press_desc,
                       const std::string& source) {
-  return config_hash(joined(joined({model_part(id), "bench=" + bench, kv_part(id), batch_part(id)},
-                                   press_parts(press_desc, id.calib)),
-                            {"protocol=mc-loglik-v1", source}));
+  std::vector<std::string> p = {model_part(id), "bench=" + bench, kv_part(id), batch_part(id)};
+  append_press_parts(&p, press_desc, id.calib);
+  p.insert(p.end(), {"protocol=mc-loglik-v1", source});
+  return config_hash(p);
 }
 
 std::string ppl_config(const RunIdentity& id, const std::string& data_file, const PplConfig& c,

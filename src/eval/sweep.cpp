@@ -137,12 +137,16 @@ std::vector<SweepCell> sweep_cells(const std::vector<std::string>& entries,
   return cells;
 }
 
+void append_press_parts(std::vector<std::string>* parts, const std::string& press, const std::string& calib) {
+  parts->push_back("press=" + press);
+  if (!calib.empty()) parts->push_back("calib=" + calib);
+}
+
 void set_cell_configs(std::vector<SweepCell>* cells, const std::vector<std::string>& base_parts,
                       const std::string& protocol) {
   for (SweepCell& c : *cells) {
     std::vector<std::string> parts = base_parts;
-    parts.push_back("press=" + c.spec);
-    if (!c.calib.empty()) parts.push_back("calib=" + c.calib);
+    append_press_parts(&parts, c.spec, c.calib);
     parts.push_back("protocol=" + protocol);
     c.config = config_hash(parts);
   }

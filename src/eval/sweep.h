@@ -76,8 +76,11 @@ struct SweepCell {
 // bad entry fails before any model is loaded). Throws Error for duplicate entries.
 std::vector<SweepCell> sweep_cells(const std::vector<std::string>& entries,
                                    const std::vector<double>& ratios);
-// cell.config = config_hash(base_parts + "press=" + spec [+ "calib=" + calib, when the press reads
-// a calibration] + "protocol=" + protocol).
+// Appends "press=" + press and, when the press reads a calibration (calib not empty),
+// "calib=" + calib: only then, so runs without one keep the hashes they had before
+// calibrations were identified. Every recipe's press part (recipe.h) and the sweeps'.
+void append_press_parts(std::vector<std::string>* parts, const std::string& press, const std::string& calib);
+// cell.config = config_hash(base_parts + append_press_parts(spec, calib) + "protocol=" + protocol).
 void set_cell_configs(std::vector<SweepCell>* cells, const std::vector<std::string>& base_parts,
                       const std::string& protocol);
 
