@@ -2,7 +2,8 @@
 # kvtrim serve on the real default model, black box over loopback: chat, stream, a press that
 # frees bytes, bad inputs (4xx with an OpenAI error object), a client that hangs up mid-stream,
 # the official openai Python client, and the web page in headless Chromium (DOM checked after
-# one chat turn; the screenshot goes to $KVTRIM_TEST_LOG_DIR).
+# one chat turn; the screenshot goes to $KVTRIM_TEST_LOG_DIR), a second server on the port in use,
+# and a clean stop on SIGINT.
 set -u
 bin="${KVTRIM_BIN:?KVTRIM_BIN not set}"
 here=$(cd "$(dirname "$0")" && pwd)
@@ -83,5 +84,38 @@ if [ -n "$browser" ]; then
 else
   echo "skip: chromium not installed (scripts/install_deps.sh installs it)"
 fi
+# a second server on the port in use fails to start, with the reason (cpp-httplib's default
+# SO_REUSEPORT would let it bind and split the connections between the two)
+port=${url##*:}
+timeout 30 "$bin" serve -m smollm2 --port "$port" -c 512 --parallel 1 -t 1 > "$tmp/second.log" 2>&1
+rc=$?
+if [ $rc -ne 0 ] && grep -q "cannot bind 127.0.0.1:$port" "$tmp/second.log"; then ok; else
+  bad port_in_use "rc $rc: $(tail -2 "$tmp/second.log")"; fi
+
+# SIGINT stops the server cleanly (exit 0), although bash starts a script's background job with
+# SIGINT ignored (the server installs its own handler): the first signal closes the door and lets a
+# running stream go on, a second ends it with a 503 error event
+curl -sN -m 60 -H 'Content-Type: application/json' \
+  -d '{"prompt":"Once upon a time, in a land far away, there lived","max_tokens":400,"stream":true,"temperature":1}' \
+  "$url/v1/completions" > "$tmp/drain.txt" 2>&1 &
+cpid=$!
+for _ in $(seq 1 100); do [ -s "$tmp/drain.txt" ] && break; sleep 0.05; done
+kill -INT $pid
+for _ in $(seq 1 50); do grep -q "stopping: no new connections" "$tmp/serve.log" && break; sleep 0.1; done
+kill -INT $pid
+for _ in $(seq 1 100); do kill -0 $pid 2>/dev/null || break; sleep 0.1; done
+if kill -0 $pid 2>/dev/null; then
+  bad sigint_stops "still running 10 s after two SIGINTs"
+else
+  wait $pid; rc=$?
+  if [ $rc -eq 0 ] && grep -q "signal 2 (SIGINT), stopping: no new connections" "$tmp/serve.log" &&
+     grep -q "signal 2 (SIGINT) again, ending the running requests" "$tmp/serve.log"; then ok; else
+    bad sigint_stops "rc $rc: $(tail -3 "$tmp/serve.log")"; fi
+fi
+wait $cpid
+# the stream ends well-formed: the 503 of the second signal (or its own end, had it finished first)
+if tail -c 400 "$tmp/drain.txt" | grep -q 'data: \[DONE\]' &&
+   { grep -q 'the server is shutting down' "$tmp/drain.txt" || grep -q '"finish_reason":"' "$tmp/drain.txt"; }; then ok; else
+  bad drain_stream "$(tail -c 300 "$tmp/drain.txt")"; fi
 echo "$pass passed, $failed failed"
 [ "$failed" -eq 0 ]

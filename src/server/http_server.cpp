@@ -1,6 +1,7 @@
 #include "server/http_server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <chrono>
@@ -237,6 +238,13 @@ HttpServer::HttpServer(Scheduler& sched, HttpOptions opt) : impl_(std::make_uniq
   m.svr.set_payload_max_length(m.opt.max_body);
   m.svr.set_write_timeout(m.opt.write_timeout_s, 0);
   m.svr.set_read_timeout(10, 0);
+  // SO_REUSEADDR only: cpp-httplib's default adds SO_REUSEPORT, under which a second server bound
+  // to a port in use succeeds and the kernel splits the connections between the two processes
+  // (each with its own conversations) instead of the second one failing to start.
+  m.svr.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, reinterpret_cast<const void*>(&yes), sizeof(yes));
+  });
   m.routes();
 }
 

@@ -100,14 +100,22 @@ Scheduler::Scheduler(const Model& model, ThreadPool& pool, ServerOptions opt)
   worker_ = std::thread([this] { loop(); });
 }
 
-Scheduler::~Scheduler() {
+Scheduler::~Scheduler() { stop(); }
+
+void Scheduler::stop() {
   {
     std::lock_guard<std::mutex> lk(mu_);
     stop_ = true;
   }
   cv_.notify_all();
   if (worker_.joinable()) worker_.join();
-  for (auto& j : queue_) j->emit(JobEvent{JobEvent::Kind::kError, {}, {}, {}, 503, "the server is shutting down"});
+  std::deque<std::shared_ptr<Job>> waiting;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    waiting.swap(queue_);
+    stats_.queue_length = 0;
+  }
+  for (auto& j : waiting) j->emit(JobEvent{JobEvent::Kind::kError, {}, {}, {}, 503, "the server is shutting down"});
 }
 
 size_t Scheduler::bytes_per_token(KvDtype k, KvDtype v) const {
@@ -219,7 +227,7 @@ std::shared_ptr<Job> Scheduler::submit(const CompletionRequest& r) {
   }
   {
     std::lock_guard<std::mutex> lk(mu_);
-    KVTRIM_CHECK(!stop_, "the server is shutting down");
+    if (stop_) throw ApiError(503, "the server is shutting down", {}, "shutting_down");
     const int free_slots = opt_.n_parallel - n_busy_.load();
     if (static_cast<int>(queue_.size()) >= opt_.max_queue + std::max(free_slots, 0)) {
       ++stats_.rejected_queue;

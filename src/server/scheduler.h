@@ -123,7 +123,7 @@ struct SchedulerStats {
 class Scheduler {
  public:
   Scheduler(const Model& model, ThreadPool& pool, ServerOptions opt);
-  ~Scheduler();  // stops the worker; waiting jobs get a 503
+  ~Scheduler();  // stop()
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
 
@@ -131,6 +131,9 @@ class Scheduler {
   // 503: it cannot fit the budget even alone, or the queue is full) and queues it.
   std::shared_ptr<Job> submit(const CompletionRequest& r);
   SchedulerStats stats() const;
+  // Ends every job now: running and waiting ones get a 503 error event ("the server is shutting
+  // down"), later submits are refused. Idempotent; the destructor calls it.
+  void stop();
   const ServerOptions& options() const { return opt_; }
   const Model& model() const { return model_; }
   // Uncompressed bytes one token takes in a cache of these types (all layers and heads).

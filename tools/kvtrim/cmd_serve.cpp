@@ -1,11 +1,13 @@
 // kvtrim serve: the OpenAI-compatible server (src/server/): slots with continuous batching, a
 // KV memory budget enforced with compression, conversations that keep their cache, /metrics,
 // and a web page showing the caches. Stops cleanly on SIGINT / SIGTERM.
-#include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <cctype>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <thread>
 
 #include "cli.h"
@@ -37,13 +39,56 @@ struct ServeOptions {
 
 namespace {
 
+// The stop signals reach a watcher thread through a pipe: the handler (any thread may run it:
+// threads a library started before main, OpenBLAS's, do not block them) only writes the signal's
+// number. Installing a handler also undoes an inherited SIG_IGN: a shell script's `kvtrim serve &`
+// starts with SIGINT ignored, and a stop signal must stop the server cleanly from any parent.
+int g_stop_pipe[2] = {-1, -1};
+
+extern "C" void on_stop_signal(int sig) {
+  const int saved = errno;
+  const unsigned char b = static_cast<unsigned char>(sig);
+  [[maybe_unused]] const ssize_t w = write(g_stop_pipe[1], &b, 1);
+  errno = saved;
+}
+
+// Installs on_stop_signal for SIGINT and SIGTERM while it lives; wait() returns the signal's number,
+// or 0 after wake().
+class StopSignals {
+ public:
+  StopSignals() {
+    KVTRIM_CHECK(pipe(g_stop_pipe) == 0, "serve: cannot create the signal pipe: %s", std::strerror(errno));
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    for (int sig : {SIGINT, SIGTERM}) sigaction(sig, &sa, nullptr);
+  }
+  ~StopSignals() {
+    struct sigaction sa {};
+    sa.sa_handler = SIG_DFL;
+    sigemptyset(&sa.sa_mask);
+    for (int sig : {SIGINT, SIGTERM}) sigaction(sig, &sa, nullptr);
+    close(g_stop_pipe[0]);
+    close(g_stop_pipe[1]);
+    g_stop_pipe[0] = g_stop_pipe[1] = -1;
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+  int wait() {
+    unsigned char b = 0;
+    for (;;) {
+      const ssize_t r = read(g_stop_pipe[0], &b, 1);
+      if (r == 1) return b;
+      if (r < 0 && errno == EINTR) continue;
+      return 0;
+    }
+  }
+  void wake() { on_stop_signal(0); }
+};
+
 void serve(const ServeOptions& o) {
-  // Block the stop signals in every thread started from here; one thread waits for them.
-  sigset_t sigs;
-  sigemptyset(&sigs);
-  sigaddset(&sigs, SIGINT);
-  sigaddset(&sigs, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  StopSignals stop_signals;
 
   server::ServerOptions so;
   so.n_parallel = o.parallel;
@@ -86,17 +131,28 @@ void serve(const ServeOptions& o) {
                kv_tag(o.common).c_str(), so.press.empty() ? "none" : so.press.c_str(),
                so.pressure_press.empty() ? "none" : so.pressure_press.c_str(),
                so.kv_budget ? human_bytes(so.kv_budget).c_str() : "none");
+  // First stop signal: no new connections, the requests in progress run to their end (a drain, as
+  // a service manager's SIGTERM expects). A second one ends them now with a 503 error event.
   std::thread watcher([&] {
-    int sig = 0;
-    sigwait(&sigs, &sig);
-    if (sig == SIGINT || sig == SIGTERM) {
-      std::fprintf(stderr, "kvtrim serve: signal %d, stopping\n", sig);
-      http.stop();
-    }
+    const auto name = [](int sig) { return sig == SIGINT ? "SIGINT" : "SIGTERM"; };
+    int sig = stop_signals.wait();
+    if (sig == 0) return;
+    const server::SchedulerStats st = sched.stats();
+    int running = 0;
+    for (const auto& v : st.slots) running += v.state == "prefill" || v.state == "decode" ? 1 : 0;
+    std::fprintf(stderr,
+                 "kvtrim serve: signal %d (%s), stopping: no new connections; %d running and %zu waiting requests "
+                 "finish (signal again to end them now)\n",
+                 sig, name(sig), running, st.queue_length);
+    http.stop();
+    sig = stop_signals.wait();
+    if (sig == 0) return;
+    std::fprintf(stderr, "kvtrim serve: signal %d (%s) again, ending the running requests\n", sig, name(sig));
+    sched.stop();
   });
   http.serve();
   // serve() returned without a signal (cannot bind any more, or stopped): wake the watcher
-  pthread_kill(watcher.native_handle(), SIGTERM);
+  stop_signals.wake();
   watcher.join();
 }
 
