@@ -24,6 +24,7 @@
 
 #include "core/fp16.h"
 #include "core/ggml_type.h"
+#include "core/memory.h"
 #include "core/quant_blocks.h"
 #include "core/thread_pool.h"
 #include "engine/sampler.h"
@@ -218,18 +219,21 @@ BENCHMARK(BM_MatmulPrefill)
 // args: threads, n_tok (1 = decode via matvec; 2..15 = a batched decode step of n_tok streams
 // (the decode kernel, logits for every stream); >= 16 = prefill via matmul, output once), int8
 // (1 = set_int8_prefill: prefill on the integer strip kernels instead of sgemm), packed (1 = the
-// weights' packed copies, ops/weight_pack.h, as Model::load makes them where the CPU has the
-// kernels; elsewhere the same as 0)
+// weights' packed copies, ops/weight_pack.h, each in its own malloc'd buffer of 4 KiB pages; 2 =
+// the same copies one after another in a HugePageBuffer, as Model::load makes them: 2 MiB pages
+// where the kernel's THP allows; where the CPU lacks the packed kernels 1 and 2 are the same as 0)
 void BM_SmolLM2Token(benchmark::State& state) {
   constexpr int64_t kEmbd = 576, kFf = 1536, kKv = 192, kVocab = 49152, kLayers = 30;
   const int64_t n_tok = state.range(1);
   set_int8_prefill(state.range(2) != 0);
-  const bool use_packed = state.range(3) != 0;
+  const int use_packed = static_cast<int>(state.range(3));
   ThreadPool* pool = pool_for(static_cast<int>(state.range(0)));
   static std::vector<std::unique_ptr<BenchWeight>> layers;
   static std::unique_ptr<BenchWeight> output;
   static std::vector<PackedWeight> packed;  // layers', then the output's (if packable here)
-  static std::vector<WeightView> views[2];  // plain, packed: the layers', then the output's
+  static std::vector<PackedWeight> packed_huge;
+  static HugePageBuffer huge;
+  static std::vector<WeightView> views[3];  // plain, packed, packed in huge pages: the layers', then the output's
   if (layers.empty()) {
     const std::pair<int64_t, int64_t> shapes[] = {{kEmbd, kEmbd}, {kKv, kEmbd}, {kKv, kEmbd},
                                                   {kEmbd, kEmbd}, {kFf, kEmbd}, {kFf, kEmbd},
@@ -241,16 +245,28 @@ void BM_SmolLM2Token(benchmark::State& state) {
     output = make_weight(GgmlType::Q8_0, kVocab, kEmbd, 99);
     for (const auto& l : layers) views[0].push_back(l->view);
     views[0].push_back(output->view);
+    const auto slot = [](const WeightView& v) { return (PackedWeight::bytes(v.type, v.n_rows, v.n_cols) + 63) / 64 * 64; };
+    size_t total = 0;
+    for (const WeightView& v : views[0])
+      if (PackedWeight::available(v.type)) total += slot(v);
+    huge = HugePageBuffer(total);
+    size_t at = 0;
+    packed.reserve(views[0].size());
+    packed_huge.reserve(views[0].size());
     for (const WeightView& v : views[0]) {
       if (PackedWeight::available(v.type)) {
         packed.emplace_back(v);
         views[1].push_back(packed.back().view(v));
+        packed_huge.emplace_back(v, huge.data() + at);
+        at += slot(v);
+        views[2].push_back(packed_huge.back().view(v));
       } else {
         views[1].push_back(v);
+        views[2].push_back(v);
       }
     }
   }
-  const std::vector<WeightView>& ws = views[use_packed ? 1 : 0];
+  const std::vector<WeightView>& ws = views[std::clamp(use_packed, 0, 2)];
   const auto x = rand_vec(n_tok * kFf);
   std::vector<float> y(static_cast<size_t>(n_tok * kFf));
   const int64_t n_out = n_tok < kMatmulGemmMinTokens ? n_tok : 1;  // rows needing logits
@@ -270,16 +286,17 @@ void BM_SmolLM2Token(benchmark::State& state) {
 }
 BENCHMARK(BM_SmolLM2Token)
     ->ArgNames({"thr", "ntok", "int8", "packed"})
-    ->ArgsProduct({{2}, {1, 2, 4, 8}, {0}, {0, 1}})
+    ->ArgsProduct({{2}, {1, 2, 4, 8}, {0}, {0, 1, 2}})
     ->Args({1, 1, 0, 0})
     ->Args({1, 1, 0, 1})
+    ->Args({1, 1, 0, 2})
     ->Args({2, 15, 0, 0})
     ->Args({2, 15, 0, 1})
     ->Args({2, 16, 0, 0})
     ->Args({2, 64, 0, 0})
     ->Args({2, 128, 0, 0})
     ->Args({2, 512, 0, 0})
-    ->ArgsProduct({{2}, {16, 64, 128, 512}, {1}, {0, 1}})
+    ->ArgsProduct({{2}, {16, 64, 128, 512}, {1}, {0, 1, 2}})
     ->UseRealTime()
     ->ComputeStatistics("min", min_of)
     ->Unit(benchmark::kMillisecond);

@@ -1,11 +1,14 @@
 #include "core/memory.h"
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <new>
 #include <string>
+#include <utility>
 
 #include "core/error.h"
 
@@ -57,6 +60,76 @@ size_t available_memory_bytes(const char** source) {
     }
   }
   return avail;
+}
+
+namespace {
+constexpr size_t kHugePage = size_t{2} << 20;
+}
+
+HugePageBuffer::HugePageBuffer(size_t bytes) {
+  if (bytes == 0) return;
+  const size_t len = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+  map_bytes_ = len + kHugePage;  // room to start the buffer on a 2 MiB boundary
+  map_ = mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (map_ == MAP_FAILED) {
+    map_ = nullptr;
+    throw std::bad_alloc();
+  }
+  const auto base = reinterpret_cast<uintptr_t>(map_);
+  const uintptr_t aligned = (base + kHugePage - 1) & ~static_cast<uintptr_t>(kHugePage - 1);
+  // the slack before and after the aligned range goes back (the buffer is its own mapping)
+  if (aligned > base) munmap(map_, aligned - base);
+  const uintptr_t end = aligned + len, map_end = base + map_bytes_;
+  if (map_end > end) munmap(reinterpret_cast<void*>(end), map_end - end);
+  map_ = reinterpret_cast<void*>(aligned);
+  map_bytes_ = len;
+  (void)madvise(map_, len, MADV_HUGEPAGE);  // advice: EINVAL without THP support is harmless
+  data_ = static_cast<uint8_t*>(map_);
+  size_ = bytes;
+}
+
+HugePageBuffer::~HugePageBuffer() { release(); }
+
+void HugePageBuffer::release() {
+  if (map_) munmap(map_, map_bytes_);
+  map_ = nullptr;
+  map_bytes_ = 0;
+  data_ = nullptr;
+  size_ = 0;
+}
+
+HugePageBuffer::HugePageBuffer(HugePageBuffer&& o) noexcept { *this = std::move(o); }
+
+HugePageBuffer& HugePageBuffer::operator=(HugePageBuffer&& o) noexcept {
+  if (this != &o) {
+    release();
+    std::swap(data_, o.data_);
+    std::swap(size_, o.size_);
+    std::swap(map_, o.map_);
+    std::swap(map_bytes_, o.map_bytes_);
+  }
+  return *this;
+}
+
+size_t HugePageBuffer::huge_page_bytes() const {
+  if (!map_) return 0;
+  std::ifstream f("/proc/self/smaps");
+  const auto start = reinterpret_cast<uintptr_t>(map_);
+  std::string line;
+  bool in = false;
+  while (std::getline(f, line)) {
+    unsigned long lo = 0, hi = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2 && line.find(':') > line.find(' ')) {
+      in = lo <= start && start < hi;
+      continue;
+    }
+    if (in && line.rfind("AnonHugePages:", 0) == 0) {
+      unsigned long kb = 0;
+      std::sscanf(line.c_str() + 14, "%lu", &kb);
+      return static_cast<size_t>(kb) * 1024;
+    }
+  }
+  return 0;
 }
 
 std::string format_bytes(size_t n) {

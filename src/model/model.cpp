@@ -230,17 +230,30 @@ std::unique_ptr<Model> Model::load(std::unique_ptr<GgufFile> file) {
 }
 
 void Model::pack_weights() {
-  auto pack = [this](WeightView& w) {
-    if (!w.data || !PackedWeight::available(w.type)) return;
-    packed_.emplace_back(w);
-    w = packed_.back().view(w);
-    file_->release_pages(w.data, static_cast<size_t>(w.n_rows) * w.row_bytes);
-  };
+  // Every packable matrix, in the order a decode step reads them, into one buffer of 2 MiB pages
+  // (core/memory.h HugePageBuffer: the TLB misses of streaming ~100 MiB of weights per step in
+  // 4 KiB pages were measurable, docs/results/perf §13).
+  std::vector<WeightView*> ws;
   for (LayerWeights& l : layers_) {
-    for (WeightView* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_gate, &l.ffn_up, &l.ffn_down}) pack(*w);
+    for (WeightView* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_gate, &l.ffn_up, &l.ffn_down}) ws.push_back(w);
   }
-  pack(output_);  // (tied: the embedding's rows are still read from the file by get_row)
+  ws.push_back(&output_);  // (tied: the embedding's rows are still read from the file by get_row)
+  std::erase_if(ws, [](const WeightView* w) { return !w->data || !PackedWeight::available(w->type); });
+  const auto slot = [](const WeightView& w) { return (PackedWeight::bytes(w.type, w.n_rows, w.n_cols) + 63) / 64 * 64; };
+  size_t total = 0;
+  for (const WeightView* w : ws) total += slot(*w);
+  packed_buf_ = HugePageBuffer(total);
+  packed_.reserve(ws.size());
+  size_t at = 0;
+  for (WeightView* w : ws) {
+    packed_.emplace_back(*w, packed_buf_.data() + at);
+    at += slot(*w);
+    *w = packed_.back().view(*w);
+    file_->release_pages(w->data, static_cast<size_t>(w->n_rows) * w->row_bytes);
+  }
 }
+
+size_t Model::packed_weight_huge_page_bytes() const { return packed_buf_.huge_page_bytes(); }
 
 size_t Model::packed_weight_bytes() const {
   size_t n = 0;

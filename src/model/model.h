@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "core/memory.h"
 #include "kv/kv_types.h"
 #include "model/gguf.h"
 #include "model/tokenizer.h"
@@ -130,6 +131,8 @@ class Model {
   // weight_packing() was off or the CPU has no packed kernels). The GGUF pages of packed matrices
   // are released from the resident set after packing, so the resident weights stay about one copy.
   size_t packed_weight_bytes() const;
+  // Of the packed copy, the bytes the kernel backs with 2 MiB pages now (0 without THP).
+  size_t packed_weight_huge_page_bytes() const;
 
   // True if every weight product gives each token the result it gets alone, whatever the token
   // count (int8_prefill() and an integer kernel for every matrix's type on this CPU:
@@ -166,7 +169,8 @@ class Model {
   // f32 copies of norm / bias vectors stored as f16 or bf16 in the file (views point into
   // these; moving the outer vector keeps each inner buffer in place).
   std::vector<std::vector<float>> owned_f32_;
-  std::vector<PackedWeight> packed_;  // the views' `packed` point into these (buffers never move)
+  HugePageBuffer packed_buf_;         // every packed matrix, one after another
+  std::vector<PackedWeight> packed_;  // their slices of packed_buf_ (the views' `packed` point there)
   friend class ModelLoader;
 };
 

@@ -88,26 +88,43 @@ void PackedWeight::Free::operator()(void* p) const {
   std::free(p);
 }
 
-PackedWeight::PackedWeight(const WeightView& w) {
+// The packed size of w after checking that it can be packed.
+size_t PackedWeight::bytes_checked(const WeightView& w) {
   KVTRIM_CHECK(packable(w.type), "PackedWeight: type %s has no packed layout",
                std::string(ggml_type_name(w.type)).c_str());
   KVTRIM_CHECK(w.data && w.n_rows > 0 && w.n_cols > 0 && w.n_cols % kQK == 0 &&
                    w.row_bytes == ggml_row_size(w.type, w.n_cols),
                "PackedWeight: bad %s matrix %lld x %lld", std::string(ggml_type_name(w.type)).c_str(),
                static_cast<long long>(w.n_rows), static_cast<long long>(w.n_cols));
+  return bytes(w.type, w.n_rows, w.n_cols);
+}
+
+PackedWeight::PackedWeight(const WeightView& w) {
+  const size_t alloc = (bytes_checked(w) + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, alloc);
+  if (!p) throw std::bad_alloc();
+  own_.reset(static_cast<uint8_t*>(p));
+  buf_ = own_.get();
+  pack(w);
+}
+
+PackedWeight::PackedWeight(const WeightView& w, uint8_t* dst) {
+  bytes_checked(w);
+  KVTRIM_CHECK(dst && reinterpret_cast<uintptr_t>(dst) % 64 == 0, "PackedWeight: destination not 64-byte aligned");
+  buf_ = dst;
+  pack(w);
+}
+
+void PackedWeight::pack(const WeightView& w) {
   const GgmlType t = w.type;
   const int64_t nb = w.n_cols / kQK;
   const size_t qs_rec = qs_record_bytes(t), qh_rec = qh_record_bytes(t), tb = tile_bytes(t, w.n_cols);
   const int64_t n_tiles = (w.n_rows + kR - 1) / kR;
   size_ = static_cast<size_t>(n_tiles) * tb;
-  const size_t alloc = (size_ + 63) / 64 * 64;
-  void* p = std::aligned_alloc(64, alloc);
-  if (!p) throw std::bad_alloc();
-  buf_.reset(static_cast<uint8_t*>(p));
-  std::memset(p, 0, alloc);  // the last tile's padding rows: zero quants, zero scales
+  std::memset(buf_, 0, size_);  // the last tile's padding rows: zero quants, zero scales
   const auto* src = static_cast<const uint8_t*>(w.data);
   for (int64_t g = 0; g < n_tiles; ++g) {
-    uint8_t* tile = buf_.get() + static_cast<size_t>(g) * tb;
+    uint8_t* tile = buf_ + static_cast<size_t>(g) * tb;
     uint8_t* qs = tile;
     uint8_t* qh = tile + static_cast<size_t>(nb) * qs_rec;
     auto* d = reinterpret_cast<uint16_t*>(qh + static_cast<size_t>(nb) * qh_rec);
@@ -130,7 +147,7 @@ PackedWeight::PackedWeight(const WeightView& w) {
 
 WeightView PackedWeight::view(const WeightView& w) const {
   WeightView v = w;
-  v.packed = buf_.get();
+  v.packed = buf_;
   return v;
 }
 

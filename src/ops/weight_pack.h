@@ -43,12 +43,15 @@ class PackedWeight {
   static size_t tile_bytes(GgmlType t, int64_t n_cols);
   static size_t bytes(GgmlType t, int64_t n_rows, int64_t n_cols);
 
-  // Packs w (a packable type, any row count >= 1) into a 64-byte aligned buffer.
+  // Packs w (a packable type, any row count >= 1) into a 64-byte aligned buffer of its own.
   explicit PackedWeight(const WeightView& w);
+  // Packs w into dst (bytes(w.type, w.n_rows, w.n_cols) bytes, 64-byte aligned, owned by the
+  // caller and outliving this object): Model::load packs every matrix into one huge-page buffer.
+  PackedWeight(const WeightView& w, uint8_t* dst);
   PackedWeight(PackedWeight&&) noexcept = default;
   PackedWeight& operator=(PackedWeight&&) noexcept = default;
 
-  const void* data() const { return buf_.get(); }
+  const void* data() const { return buf_; }
   size_t size() const { return size_; }
   // w with its `packed` pointer set to this copy.
   WeightView view(const WeightView& w) const;
@@ -57,7 +60,10 @@ class PackedWeight {
   struct Free {
     void operator()(void* p) const;
   };
-  std::unique_ptr<uint8_t, Free> buf_;
+  static size_t bytes_checked(const WeightView& w);
+  void pack(const WeightView& w);
+  std::unique_ptr<uint8_t, Free> own_;  // the buffer, unless the caller gave one
+  uint8_t* buf_ = nullptr;
   size_t size_ = 0;
 };
 

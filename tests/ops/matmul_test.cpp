@@ -28,6 +28,7 @@
 #include "core/fp16.h"
 #include "core/ggml_type.h"
 #include "core/quant_blocks.h"
+#include "core/memory.h"
 #include "core/thread_pool.h"
 #include "ops/dequant.h"
 #include "ops/matmul_internal.h"
@@ -562,6 +563,36 @@ TEST(Matmul, PackedWeightsEqualUnpackedBitForBit) {
   if (sweep.seen_.count("AVX3_DL") != 0) {
     EXPECT_GT(packed_runs, 0);
   }
+}
+
+// Model::load packs every matrix into one huge-page buffer (PackedWeight's caller-storage
+// constructor): the same bytes as a copy in its own buffer, back to back without overlap (a
+// slice written past its end would show as a changed neighbour), and a misaligned slice refused.
+TEST(Matmul, PackedWeightsInOneHugePageBufferAreTheSameBytes) {
+  const TestWeight a = make_weight(GgmlType::Q4_1, 37, 576, false, 91), b = make_weight(GgmlType::Q8_0, 130, 160, true, 92),
+                   c = make_weight(GgmlType::Q5_0, 16, 64, true, 93);
+  const TestWeight* ws[3] = {&a, &b, &c};
+  size_t slot[3], total = 0;
+  for (int i = 0; i < 3; ++i) {
+    slot[i] = (PackedWeight::bytes(ws[i]->view.type, ws[i]->view.n_rows, ws[i]->view.n_cols) + 63) / 64 * 64;
+    total += slot[i];
+  }
+  HugePageBuffer buf(total);
+  ASSERT_EQ(buf.size(), total);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(buf.data()) % (2u << 20), 0u);  // on a 2 MiB boundary
+  std::memset(buf.data(), 0xA5, total);
+  // packed last slice first: a slice written past its end would spoil the one after it
+  size_t off[3] = {0, slot[0], slot[0] + slot[1]};
+  std::vector<std::unique_ptr<PackedWeight>> in_buf(3);
+  for (int i = 2; i >= 0; --i) in_buf[static_cast<size_t>(i)] = std::make_unique<PackedWeight>(ws[i]->view, buf.data() + off[i]);
+  for (int i = 0; i < 3; ++i) {
+    const PackedWeight own(ws[i]->view);
+    const PackedWeight& in = *in_buf[static_cast<size_t>(i)];
+    ASSERT_EQ(in.size(), own.size());
+    EXPECT_EQ(std::memcmp(in.data(), own.data(), own.size()), 0) << "weight " << i;
+    EXPECT_EQ(in.view(ws[i]->view).packed, in.data());
+  }
+  EXPECT_THROW(PackedWeight(a.view, buf.data() + 32), Error);
 }
 
 TEST(Matmul, RefMatmulRowsAreRefMatvecs) {

@@ -113,10 +113,15 @@ std::unique_ptr<Model> load_model(const CommonOptions& o) {
   auto m = Model::load(path);
   const auto& hp = m->hparams();
   const size_t packed = m->packed_weight_bytes();
+  std::string packed_note;
+  if (packed) {
+    const size_t huge = m->packed_weight_huge_page_bytes();
+    packed_note = ", weights packed for the tile kernels: " + human_bytes(packed) +
+                  (huge ? " (" + human_bytes(huge) + " in 2 MiB pages)" : " (4 KiB pages: the kernel gave no transparent huge pages)");
+  }
   std::fprintf(stderr, "model: %s (%s, %d layers, %d heads / %d kv heads, head_dim %d, ctx %d) from %s in %.2f s%s\n",
                hp.name.c_str(), arch_name(hp.arch), hp.n_layer, hp.n_head, hp.n_head_kv, hp.head_dim_k,
-               hp.n_ctx_train, path.c_str(), now_seconds() - t0,
-               packed ? (", weights packed for the tile kernels: " + human_bytes(packed)).c_str() : "");
+               hp.n_ctx_train, path.c_str(), now_seconds() - t0, packed_note.c_str());
   return m;
 }
 
