@@ -3,8 +3,10 @@
 
 For each concurrency level (default 1, 4, 8, 16) it keeps that many streaming chat requests in
 flight for --seconds, with prompts of mixed lengths, and reports completed requests, errors,
-p50 / p99 latency, time to first token, aggregate decode tokens/s, and the server's RSS before
-and after (from /metrics). Results go to --out as JSON lines, one per level, written as each
+p50 / p99 latency, time to first token, aggregate decode tokens/s (completion tokens over the
+level's wall time: prefills of new requests included), and from the server's /metrics its RSS
+before and after and its own split of step time (decode tokens over decode time alone, and
+prefill's share of the time). Results go to --out as JSON lines, one per level, written as each
 level completes. Bounded in time: levels x (seconds + drain).
 
   build/ci/kvtrim serve -m smollm2 --parallel 16 -c 4096 --port 8080 &
@@ -93,6 +95,11 @@ def run_level(url, n, seconds, max_tokens, press, seed):
 
     rss0 = metric(url, "kvtrim_process_resident_bytes")
     kv0 = metric(url, "kvtrim_kv_bytes_total")
+    # the server's own split of its step time (each step's time shared by its prefill and decode
+    # tokens): decode tok/s over decode time alone, and prefill's share of the time
+    srv_names = ("kvtrim_decode_seconds_total", "kvtrim_prefill_seconds_total", "kvtrim_decode_tokens_total",
+                 "kvtrim_prefill_tokens_total")
+    srv0 = [metric(url, m) for m in srv_names]
     t0 = time.time()
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
     for t in threads:
@@ -102,12 +109,16 @@ def run_level(url, n, seconds, max_tokens, press, seed):
     wall = time.time() - t0
     rss1 = metric(url, "kvtrim_process_resident_bytes")
     kv1 = metric(url, "kvtrim_kv_bytes_total")
+    ds, ps, dt, pt = [b - a for a, b in zip(srv0, [metric(url, m) for m in srv_names])]
     q = lambda xs, p: sorted(xs)[min(len(xs) - 1, int(p * len(xs)))] if xs else float("nan")
     return {"streams": n, "seconds": round(wall, 1), "completed": len(lat), "errors": len(errors),
             "error_samples": errors[:3], "p50_latency_s": q(lat, 0.5), "p99_latency_s": q(lat, 0.99),
             "p50_ttft_s": q(ttft, 0.5), "completion_tokens": sum(toks),
             "decode_tok_s": sum(toks) / wall if wall > 0 else 0.0,
             "mean_tokens_per_request": statistics.mean(toks) if toks else 0.0,
+            "server_decode_only_tok_s": dt / ds if ds > 0 else float("nan"),
+            "server_prefill_share": ps / (ps + ds) if ps + ds > 0 else float("nan"),
+            "server_prefill_tokens": int(pt) if pt == pt else 0,
             "rss_before_mib": rss0 / 2**20, "rss_after_mib": rss1 / 2**20,
             # the conversations the slots keep between requests (cache_prompt) are part of the RSS;
             # RSS minus them is what must not grow from round to round
@@ -131,20 +142,24 @@ def main():
     except (urllib.error.URLError, OSError) as e:
         sys.exit(f"load_test: no server at {a.url}: {e}")
     print(f"{'streams':>7} {'done':>5} {'err':>4} {'p50 s':>7} {'p99 s':>7} {'ttft s':>7} {'dec tok/s':>9} "
-          f"{'RSS MiB':>15} {'KV held MiB':>13} {'RSS-KV MiB':>15}")
+          f"{'RSS MiB':>15} {'KV held MiB':>13} {'RSS-KV MiB':>15}  (x first level; server: decode-only tok/s, "
+          f"prefill share of step time)")
     base = None
     levels = [int(x) for x in a.levels.split(",")]
     per_level = {}
+    per_level_srv = {}
     for n in levels:
         r = run_level(a.url, n, a.seconds, a.max_tokens, a.press, a.seed)
         per_level.setdefault(n, []).append(r["decode_tok_s"])
+        per_level_srv.setdefault(n, []).append(r["server_decode_only_tok_s"])
         base = base or r["decode_tok_s"]
         r["decode_vs_first_level"] = r["decode_tok_s"] / base if base else 0.0
         print(f"{n:>7} {r['completed']:>5} {r['errors']:>4} {r['p50_latency_s']:>7.2f} {r['p99_latency_s']:>7.2f} "
               f"{r['p50_ttft_s']:>7.2f} {r['decode_tok_s']:>9.1f} {r['rss_before_mib']:>7.1f}->{r['rss_after_mib']:<7.1f}"
               f" {r['kv_held_before_mib']:>6.1f}->{r['kv_held_after_mib']:<6.1f}"
               f" {r['rss_minus_kv_before_mib']:>7.1f}->{r['rss_minus_kv_after_mib']:<7.1f}"
-              f"  ({r['decode_vs_first_level']:.2f}x)", flush=True)
+              f"  ({r['decode_vs_first_level']:.2f}x; {r['server_decode_only_tok_s']:.1f}, "
+              f"{100 * r['server_prefill_share']:.0f} %)", flush=True)
         if a.out:
             with open(a.out, "a") as f:
                 f.write(json.dumps(r) + "\n")
@@ -153,8 +168,11 @@ def main():
         print("medians over the repeated levels:")
         for n, v in per_level.items():
             m = statistics.median(v)
+            ms = statistics.median(per_level_srv[n])
+            first_s = statistics.median(per_level_srv[levels[0]])
             print(f"{n:>7} streams: {m:9.1f} dec tok/s over {len(v)} level(s)  "
-                  f"({m / first if first else 0.0:.2f}x the first level's median)", flush=True)
+                  f"({m / first if first else 0.0:.2f}x the first level's median; server decode-only "
+                  f"{ms:.1f} tok/s, {ms / first_s if first_s else 0.0:.2f}x)", flush=True)
 
 
 if __name__ == "__main__":
