@@ -245,26 +245,19 @@ void BM_SmolLM2Token(benchmark::State& state) {
     output = make_weight(GgmlType::Q8_0, kVocab, kEmbd, 99);
     for (const auto& l : layers) views[0].push_back(l->view);
     views[0].push_back(output->view);
-    const auto slot = [](const WeightView& v) { return (PackedWeight::bytes(v.type, v.n_rows, v.n_cols) + 63) / 64 * 64; };
-    size_t total = 0;
-    for (const WeightView& v : views[0])
-      if (PackedWeight::available(v.type)) total += slot(v);
-    huge = HugePageBuffer(total);
-    size_t at = 0;
-    packed.reserve(views[0].size());
-    packed_huge.reserve(views[0].size());
+    std::vector<WeightView> to_pack;
     for (const WeightView& v : views[0]) {
       if (PackedWeight::available(v.type)) {
         packed.emplace_back(v);
         views[1].push_back(packed.back().view(v));
-        packed_huge.emplace_back(v, huge.data() + at);
-        at += slot(v);
-        views[2].push_back(packed_huge.back().view(v));
+        to_pack.push_back(v);
       } else {
         views[1].push_back(v);
-        views[2].push_back(v);
       }
     }
+    packed_huge = PackedWeight::pack_all(to_pack, &huge);
+    size_t k = 0;
+    for (const WeightView& v : views[0]) views[2].push_back(PackedWeight::available(v.type) ? packed_huge[k++].view(v) : v);
   }
   const std::vector<WeightView>& ws = views[std::clamp(use_packed, 0, 2)];
   const auto x = rand_vec(n_tok * kFf);

@@ -239,17 +239,12 @@ void Model::pack_weights() {
   }
   ws.push_back(&output_);  // (tied: the embedding's rows are still read from the file by get_row)
   std::erase_if(ws, [](const WeightView* w) { return !w->data || !PackedWeight::available(w->type); });
-  const auto slot = [](const WeightView& w) { return (PackedWeight::bytes(w.type, w.n_rows, w.n_cols) + 63) / 64 * 64; };
-  size_t total = 0;
-  for (const WeightView* w : ws) total += slot(*w);
-  packed_buf_ = HugePageBuffer(total);
-  packed_.reserve(ws.size());
-  size_t at = 0;
-  for (WeightView* w : ws) {
-    packed_.emplace_back(*w, packed_buf_.data() + at);
-    at += slot(*w);
-    *w = packed_.back().view(*w);
-    file_->release_pages(w->data, static_cast<size_t>(w->n_rows) * w->row_bytes);
+  std::vector<WeightView> views;
+  for (const WeightView* w : ws) views.push_back(*w);
+  packed_ = PackedWeight::pack_all(views, &packed_buf_);
+  for (size_t i = 0; i < ws.size(); ++i) {
+    *ws[i] = packed_[i].view(*ws[i]);
+    file_->release_pages(ws[i]->data, static_cast<size_t>(ws[i]->n_rows) * ws[i]->row_bytes);
   }
 }
 

@@ -115,6 +115,21 @@ PackedWeight::PackedWeight(const WeightView& w, uint8_t* dst) {
   pack(w);
 }
 
+std::vector<PackedWeight> PackedWeight::pack_all(const std::vector<WeightView>& ws, HugePageBuffer* buf) {
+  const auto slot = [](const WeightView& w) { return (bytes_checked(w) + 63) / 64 * 64; };
+  size_t total = 0;
+  for (const WeightView& w : ws) total += slot(w);
+  *buf = HugePageBuffer(total);
+  std::vector<PackedWeight> out;
+  out.reserve(ws.size());
+  size_t at = 0;
+  for (const WeightView& w : ws) {
+    out.emplace_back(w, buf->data() + at);
+    at += slot(w);
+  }
+  return out;
+}
+
 void PackedWeight::pack(const WeightView& w) {
   const GgmlType t = w.type;
   const int64_t nb = w.n_cols / kQK;

@@ -26,8 +26,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "core/ggml_type.h"
+#include "core/memory.h"
 #include "ops/matmul.h"
 
 namespace kvtrim {
@@ -48,6 +50,9 @@ class PackedWeight {
   // Packs w into dst (bytes(w.type, w.n_rows, w.n_cols) bytes, 64-byte aligned, owned by the
   // caller and outliving this object): Model::load packs every matrix into one huge-page buffer.
   PackedWeight(const WeightView& w, uint8_t* dst);
+  // ws (each packable) packed one after another, each at a 64-byte boundary, into a new
+  // HugePageBuffer put in *buf; result i is ws[i]'s copy (Model::load's layout).
+  static std::vector<PackedWeight> pack_all(const std::vector<WeightView>& ws, HugePageBuffer* buf);
   PackedWeight(PackedWeight&&) noexcept = default;
   PackedWeight& operator=(PackedWeight&&) noexcept = default;
 

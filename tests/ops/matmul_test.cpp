@@ -593,6 +593,16 @@ TEST(Matmul, PackedWeightsInOneHugePageBufferAreTheSameBytes) {
     EXPECT_EQ(in.view(ws[i]->view).packed, in.data());
   }
   EXPECT_THROW(PackedWeight(a.view, buf.data() + 32), Error);
+  // pack_all (Model::load): the same slices in one new buffer
+  HugePageBuffer all;
+  const std::vector<PackedWeight> ps = PackedWeight::pack_all({a.view, b.view, c.view}, &all);
+  ASSERT_EQ(ps.size(), 3u);
+  EXPECT_EQ(all.size(), total);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(static_cast<const uint8_t*>(ps[static_cast<size_t>(i)].data()), all.data() + off[i]);
+    EXPECT_EQ(std::memcmp(ps[static_cast<size_t>(i)].data(), in_buf[static_cast<size_t>(i)]->data(), ps[static_cast<size_t>(i)].size()), 0);
+  }
+  EXPECT_THROW(PackedWeight::pack_all({a.view, TestWeight(make_weight(GgmlType::Q4_K, 16, 256, false, 2)).view}, &all), Error);
 }
 
 TEST(Matmul, RefMatmulRowsAreRefMatvecs) {
