@@ -68,11 +68,25 @@ constexpr size_t kHugePage = size_t{2} << 20;
 
 HugePageBuffer::HugePageBuffer(size_t bytes) {
   if (bytes == 0) return;
+  if (bytes < kHugePage) {  // less than one huge page: 4 KiB pages, no 2 MiB of memory for a few KiB
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    map_bytes_ = (bytes + page - 1) / page * page;
+    map_ = mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (map_ == MAP_FAILED) {
+      map_ = nullptr;
+      map_bytes_ = 0;
+      throw std::bad_alloc();
+    }
+    data_ = static_cast<uint8_t*>(map_);
+    size_ = bytes;
+    return;
+  }
   const size_t len = (bytes + kHugePage - 1) / kHugePage * kHugePage;
   map_bytes_ = len + kHugePage;  // room to start the buffer on a 2 MiB boundary
   map_ = mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (map_ == MAP_FAILED) {
     map_ = nullptr;
+    map_bytes_ = 0;
     throw std::bad_alloc();
   }
   const auto base = reinterpret_cast<uintptr_t>(map_);

@@ -18,7 +18,8 @@ size_t available_memory_bytes(const char** source = nullptr);
 // memory aligned to 2 MiB and advised MADV_HUGEPAGE, so that where the kernel's transparent huge
 // pages are on ("always" or "madvise", the Debian default) it is backed by 2 MiB pages: one TLB
 // entry per 2 MiB instead of 512 (a SmolLM2 step streams ~23k 4 KiB pages of weights, more than
-// the TLBs hold, every step). Without THP the same buffer in 4 KiB pages. Moves, not copies.
+// the TLBs hold, every step). Without THP the same buffer in 4 KiB pages; under 2 MiB (a tiny
+// test model) always 4 KiB pages, page-aligned, not advised. Moves, not copies.
 class HugePageBuffer {
  public:
   HugePageBuffer() = default;
