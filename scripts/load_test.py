@@ -165,11 +165,11 @@ def main():
                 f.write(json.dumps(r) + "\n")
     if any(len(v) > 1 for v in per_level.values()):
         first = statistics.median(per_level[levels[0]])
+        first_s = statistics.median(per_level_srv[levels[0]])
         print("medians over the repeated levels:")
         for n, v in per_level.items():
             m = statistics.median(v)
             ms = statistics.median(per_level_srv[n])
-            first_s = statistics.median(per_level_srv[levels[0]])
             print(f"{n:>7} streams: {m:9.1f} dec tok/s over {len(v)} level(s)  "
                   f"({m / first if first else 0.0:.2f}x the first level's median; server decode-only "
                   f"{ms:.1f} tok/s, {ms / first_s if first_s else 0.0:.2f}x)", flush=True)

@@ -64,40 +64,26 @@ size_t available_memory_bytes(const char** source) {
 
 namespace {
 constexpr size_t kHugePage = size_t{2} << 20;
-}
+
+uintptr_t round_up(uintptr_t x, size_t unit) { return (x + unit - 1) / unit * unit; }
+}  // namespace
 
 HugePageBuffer::HugePageBuffer(size_t bytes) {
   if (bytes == 0) return;
-  if (bytes < kHugePage) {  // less than one huge page: 4 KiB pages, no 2 MiB of memory for a few KiB
-    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-    map_bytes_ = (bytes + page - 1) / page * page;
-    map_ = mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (map_ == MAP_FAILED) {
-      map_ = nullptr;
-      map_bytes_ = 0;
-      throw std::bad_alloc();
-    }
-    data_ = static_cast<uint8_t*>(map_);
-    size_ = bytes;
-    return;
-  }
-  const size_t len = (bytes + kHugePage - 1) / kHugePage * kHugePage;
-  map_bytes_ = len + kHugePage;  // room to start the buffer on a 2 MiB boundary
-  map_ = mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (map_ == MAP_FAILED) {
-    map_ = nullptr;
-    map_bytes_ = 0;
-    throw std::bad_alloc();
-  }
-  const auto base = reinterpret_cast<uintptr_t>(map_);
-  const uintptr_t aligned = (base + kHugePage - 1) & ~static_cast<uintptr_t>(kHugePage - 1);
+  // under one huge page (a tiny test model): 4 KiB pages, not 2 MiB of memory for a few KiB
+  const bool huge = bytes >= kHugePage;
+  const size_t len = round_up(bytes, huge ? kHugePage : static_cast<size_t>(sysconf(_SC_PAGESIZE)));
+  const size_t mapped = huge ? len + kHugePage : len;  // room to start on a 2 MiB boundary
+  void* m = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) throw std::bad_alloc();
+  const auto base = reinterpret_cast<uintptr_t>(m);
+  const uintptr_t start = huge ? round_up(base, kHugePage) : base;
   // the slack before and after the aligned range goes back (the buffer is its own mapping)
-  if (aligned > base) munmap(map_, aligned - base);
-  const uintptr_t end = aligned + len, map_end = base + map_bytes_;
-  if (map_end > end) munmap(reinterpret_cast<void*>(end), map_end - end);
-  map_ = reinterpret_cast<void*>(aligned);
+  if (start > base) munmap(m, start - base);
+  if (base + mapped > start + len) munmap(reinterpret_cast<void*>(start + len), base + mapped - (start + len));
+  map_ = reinterpret_cast<void*>(start);
   map_bytes_ = len;
-  (void)madvise(map_, len, MADV_HUGEPAGE);  // advice: EINVAL without THP support is harmless
+  if (huge) (void)madvise(map_, len, MADV_HUGEPAGE);  // advice: EINVAL without THP support is harmless
   data_ = static_cast<uint8_t*>(map_);
   size_ = bytes;
 }

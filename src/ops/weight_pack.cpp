@@ -116,17 +116,12 @@ PackedWeight::PackedWeight(const WeightView& w, uint8_t* dst) {
 }
 
 std::vector<PackedWeight> PackedWeight::pack_all(const std::vector<WeightView>& ws, HugePageBuffer* buf) {
-  const auto slot = [](const WeightView& w) { return (bytes_checked(w) + 63) / 64 * 64; };
-  size_t total = 0;
-  for (const WeightView& w : ws) total += slot(w);
-  *buf = HugePageBuffer(total);
+  std::vector<size_t> at(ws.size() + 1, 0);  // slice i is [at[i], at[i + 1]), 64-byte aligned
+  for (size_t i = 0; i < ws.size(); ++i) at[i + 1] = at[i] + (bytes_checked(ws[i]) + 63) / 64 * 64;
+  *buf = HugePageBuffer(at.back());
   std::vector<PackedWeight> out;
   out.reserve(ws.size());
-  size_t at = 0;
-  for (const WeightView& w : ws) {
-    out.emplace_back(w, buf->data() + at);
-    at += slot(w);
-  }
+  for (size_t i = 0; i < ws.size(); ++i) out.emplace_back(ws[i], buf->data() + at[i]);
   return out;
 }
 

@@ -117,7 +117,7 @@ std::unique_ptr<Model> load_model(const CommonOptions& o) {
   if (packed) {
     const size_t huge = m->packed_weight_huge_page_bytes();
     packed_note = ", weights packed for the tile kernels: " + human_bytes(packed) +
-                  (huge ? " (" + human_bytes(huge) + " in 2 MiB pages)" : " (4 KiB pages: the kernel gave no transparent huge pages)");
+                  (huge ? " (" + human_bytes(huge) + " in 2 MiB pages)" : " (in 4 KiB pages)");
   }
   std::fprintf(stderr, "model: %s (%s, %d layers, %d heads / %d kv heads, head_dim %d, ctx %d) from %s in %.2f s%s\n",
                hp.name.c_str(), arch_name(hp.arch), hp.n_layer, hp.n_head, hp.n_head_kv, hp.head_dim_k,
