@@ -168,17 +168,16 @@ LayerSeq prepare_layer_seq(const Model& model, int il, const LayerWeightsF32& w,
   add_bias(lw.bv, s.v, nv);
   const int dk = hp.head_dim_k;
   const RopeSpec rs = layer_rope(hp, il);
-  const float base = rs.base, fscale = rs.freq_scale;
   for (int64_t t = 0; t < s.n; ++t) {
     for (int hh = 0; hh < hp.n_head; ++hh) {
       float* qh = s.q.data() + t * nq + hh * dk;
       if (lw.q_norm.data) rms_norm(qh, static_cast<const float*>(lw.q_norm.data), qh, dk, hp.norm_eps);
-      rope(qh, dk, hp.n_rot, static_cast<int32_t>(t), base, fscale, hp.rope_neox);
+      rope(qh, rs, static_cast<int32_t>(t));
     }
     for (int hh = 0; hh < hp.n_head_kv; ++hh) {
       float* kh = s.k.data() + t * nk + hh * dk;
       if (lw.k_norm.data) rms_norm(kh, static_cast<const float*>(lw.k_norm.data), kh, dk, hp.norm_eps);
-      rope(kh, dk, hp.n_rot, static_cast<int32_t>(t), base, fscale, hp.rope_neox);
+      rope(kh, rs, static_cast<int32_t>(t));
     }
   }
   // The uncompressed output, in row blocks (the attention tape grows with rows x keys); s.y stays

@@ -79,7 +79,7 @@ float SideEncoding::pruned_magnitude(const float* f, int i) const {
 
 namespace {
 
-// cos / sin of pos·ω_i (ω_i = base^(-2i/n_rot)·freq_scale, i < n_rot / 2) as (hi·256 + lo)·ω_i:
+// cos / sin of pos·ω_i (ω_i = rope_omega, i < n_rot / 2; times rope_mscale) as (hi·256 + lo)·ω_i:
 // the lo table (256 positions) once per spec and thread, the hi row when it changes (rows come
 // in position order), one complex product per pair.
 class RopeAngles {
@@ -98,13 +98,15 @@ class RopeAngles {
       }
       hi_ = hi;
     }
-    const float sgn = inverse ? -1.f : 1.f;
+    // the magnitude (YaRN's mscale) on the result only: the step tables stay unit rotations
+    const float m = inverse ? inv_mscale_ : mscale_;
+    const float sgn = inverse ? -m : m;
     const float* __restrict lc = lc_.data() + static_cast<int64_t>(lo) * half;
     const float* __restrict ls = ls_.data() + static_cast<int64_t>(lo) * half;
     const float* __restrict hc = hc_.data();
     const float* __restrict hs = hs_.data();
     for (int i = 0; i < half; ++i) {
-      cs[i] = hc[i] * lc[i] - hs[i] * ls[i];
+      cs[i] = m * (hc[i] * lc[i] - hs[i] * ls[i]);
       sn[i] = sgn * (hs[i] * lc[i] + hc[i] * ls[i]);
     }
   }
@@ -117,9 +119,9 @@ class RopeAngles {
     const int half = r.n_rot / 2;
     spec_ = r;
     omega_.resize(static_cast<size_t>(half));
-    for (int i = 0; i < half; ++i)
-      omega_[static_cast<size_t>(i)] = std::pow(static_cast<double>(r.base), -2.0 * i / static_cast<double>(r.n_rot)) *
-                                       static_cast<double>(r.freq_scale);
+    for (int i = 0; i < half; ++i) omega_[static_cast<size_t>(i)] = rope_omega(r, i);
+    mscale_ = static_cast<float>(rope_mscale(r));
+    inv_mscale_ = static_cast<float>(1.0 / rope_mscale(r));
     lc_.resize(static_cast<size_t>(256 * half));
     ls_.resize(lc_.size());
     for (int l = 0; l < 256; ++l)
@@ -142,6 +144,7 @@ class RopeAngles {
 
   RopeSpec spec_;
   std::vector<double> omega_;
+  float mscale_ = 1.f, inv_mscale_ = 1.f;  // rope_mscale and its inverse
   std::vector<float> lc_, ls_;    // [256, half]
   std::vector<float> lct_, lst_;  // [half, 256]
   int32_t hi_ = -1;

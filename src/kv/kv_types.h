@@ -3,6 +3,8 @@
 #include <cstddef>
 #include <string>
 
+#include "ops/rope.h"  // RopeSpec: a key basis with one describes the key before RoPE (Palu, plan.h)
+
 namespace kvtrim {
 
 // Precision of stored K or V elements (keys and values may differ: KvCacheConfig::dtype_k /
@@ -25,17 +27,6 @@ enum class RecoveryDist : unsigned char { kFill, kGaussian, kExponential };
 //  kAuto: the bitmask where it is smaller (ceil(w / 8) < T · index size; variable counts: against
 //         the plan's mean count), else a list.
 enum class IndexLayout : unsigned char { kAuto, kList, kBitmask };
-
-// The rotary embedding of a layer's keys (ops/nn.h rope): the first n_rot coordinates rotate in
-// pairs (neox: (i, i + n_rot/2), else (2i, 2i+1)) by pos · base^(-2i/n_rot) · freq_scale.
-// A key basis with a RopeSpec (plan.h SideSpec::rope) describes the key before RoPE (Palu).
-struct RopeSpec {
-  int n_rot = 0;
-  float base = 10000.f;
-  float freq_scale = 1.f;
-  bool neox = false;
-  bool operator==(const RopeSpec&) const = default;
-};
 
 const char* kv_dtype_name(KvDtype t);
 // Parses a cache type name: f32, f16, bf16, q8 (also q8_0, llama.cpp's name), fp8 (also

@@ -275,7 +275,7 @@ void Model::forward_batch(const std::vector<ForwardSeq>& seqs, ThreadPool* pool)
         float* cs = ws.rope_cs.data();
         const int32_t* pos = ws.pos.data();
         rows_job(pool, n, [&](int64_t b, int64_t e) {
-          for (int64_t i = b; i < e; ++i) rope_angles(nr, pos[i], rs.base, rs.freq_scale, cs + i * nr, cs + i * nr + half);
+          for (int64_t i = b; i < e; ++i) rope_angles(rs, pos[i], cs + i * nr, cs + i * nr + half);
         });
         ws.rope_spec = rs;
       }

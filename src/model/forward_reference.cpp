@@ -47,8 +47,7 @@ void forward_reference(const Model& m, const int32_t* tokens, int64_t n, float* 
     for (int il = 0; il < hp.n_layer; ++il) {
       const LayerWeights& w = m.layers()[il];
       const int window = hp.sliding_window[il];
-      const float base = window > 0 ? hp.rope_base_swa : hp.rope_base;
-      const float fscale = window > 0 ? 1.f : hp.rope_freq_scale;
+      const RopeSpec rs = layer_rope(hp, il);
       float* k =
           key_cache.data() + (il * n + pos) * kv_dim_k;  // this token's keys [n_head_kv, hdk]
       float* v =
@@ -74,11 +73,9 @@ void forward_reference(const Model& m, const int32_t* tokens, int64_t n, float* 
       }
       // RoPE: rotate q and k of every head by position pos
       for (int h = 0; h < hp.n_head; ++h)
-        ref::rope(&q[h * hdk], hdk, hp.n_rot, static_cast<int32_t>(pos), base, fscale,
-                  hp.rope_neox);
+        ref::rope(&q[h * hdk], rs, static_cast<int32_t>(pos));
       for (int h = 0; h < hp.n_head_kv; ++h)
-        ref::rope(k + h * hdk, hdk, hp.n_rot, static_cast<int32_t>(pos), base, fscale,
-                  hp.rope_neox);
+        ref::rope(k + h * hdk, rs, static_cast<int32_t>(pos));
 
       // multi-head attention over positions t <= pos (and pos - t < window)
       for (int h = 0; h < hp.n_head; ++h) {

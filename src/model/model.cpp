@@ -7,6 +7,8 @@
 
 #include <cmath>
 #include <limits>
+#include <memory>
+#include <set>
 
 #include "core/error.h"
 #include "core/fp16.h"
@@ -15,20 +17,35 @@
 
 namespace kvtrim {
 
+// <arch>.* keys a file may carry that kvtrim does not read because they do not change what it
+// computes: each with the reason. Any other unread key is an error (check_keys).
+struct HarmlessKey {
+  const char* suffix;
+  const char* why;
+};
+constexpr HarmlessKey kHarmlessKeys[] = {
+    {"rope.scaling.finetuned", "a note that the model was fine-tuned at the scaled length"},
+    {"vocab_size", "read when present; the embedding's rows otherwise"},
+};
+
 class ModelLoader {
  public:
-  ModelLoader(Model& m, const ArchInfo& ai) : m_(m), f_(*m.file_), ai_(ai), prefix_(ai.gguf_name) {}
+  ModelLoader(Model& m, const ArchInfo& ai) : m_(m), f_(*m.file_), ai_(ai), keys_(f_, ai.gguf_name) {}
 
   void load_hparams();
   void load_tensors();
+  // Every <arch>.* key read or harmless, every tensor consumed: else an error naming the first
+  // key / tensor kvtrim would silently ignore.
+  void check_everything_used() const;
 
  private:
-  std::string key(const char* suffix) const { return prefix_ + "." + suffix; }
+  std::string key(const char* suffix) const { return keys_.key(suffix); }
   // A required positive integer hyper-parameter.
-  int get_dim(const char* suffix) const;
-  int get_dim(const char* suffix, int def) const;
+  int get_dim(const char* suffix);
+  int get_dim(const char* suffix, int def);
+  void load_rope_scaling();
   static std::string shape_str(const std::vector<int64_t>& ne);
-  const GgufTensor* find(const std::string& name, bool required) const;
+  const GgufTensor* find(const std::string& name, bool required);
   // A weight matrix [n_rows, n_cols] (GGUF ne = [n_cols, n_rows]); `what` names the dims.
   WeightView matrix(const std::string& name, int64_t n_rows, int64_t n_cols, const char* what,
                     bool required);
@@ -38,19 +55,47 @@ class ModelLoader {
   Model& m_;
   const GgufFile& f_;
   const ArchInfo& ai_;
-  std::string prefix_;
+  ArchKeys keys_;
+  std::set<std::string, std::less<>> used_;  // tensors consumed
 };
 
-int ModelLoader::get_dim(const char* suffix) const {
+const GgufValue* ArchKeys::find(std::string_view suffix) {
   const std::string k = key(suffix);
-  const int64_t v = f_.get_int(k);
+  const GgufValue* v = f_.find(k);
+  if (v) read_.insert(k);
+  return v;
+}
+int64_t ArchKeys::get_int(std::string_view suffix) {
+  find(suffix);
+  return f_.get_int(key(suffix));
+}
+int64_t ArchKeys::get_int(std::string_view suffix, int64_t def) {
+  return find(suffix) ? f_.get_int(key(suffix)) : def;
+}
+double ArchKeys::get_float(std::string_view suffix) {
+  find(suffix);
+  return f_.get_float(key(suffix));
+}
+double ArchKeys::get_float(std::string_view suffix, double def) {
+  return find(suffix) ? f_.get_float(key(suffix)) : def;
+}
+std::string ArchKeys::get_string(std::string_view suffix, const std::string& def) {
+  return find(suffix) ? f_.get_string(key(suffix)) : def;
+}
+bool ArchKeys::get_bool(std::string_view suffix, bool def) {
+  return find(suffix) ? f_.get_bool(key(suffix), def) : def;
+}
+
+int ModelLoader::get_dim(const char* suffix) {
+  const std::string k = key(suffix);
+  const int64_t v = keys_.get_int(suffix);
   KVTRIM_CHECK(v > 0 && v <= (int64_t{1} << 30), "%s: metadata key '%s' = %lld is not a valid size",
                f_.path().c_str(), k.c_str(), static_cast<long long>(v));
   return static_cast<int>(v);
 }
 
-int ModelLoader::get_dim(const char* suffix, int def) const {
-  if (!f_.find(key(suffix))) return def;
+int ModelLoader::get_dim(const char* suffix, int def) {
+  if (!keys_.find(suffix)) return def;
   return get_dim(suffix);
 }
 
@@ -85,32 +130,68 @@ void ModelLoader::load_hparams() {
                "%s: %s = %d must be even and <= head_dim %d", path,
                key("rope.dimension_count").c_str(), hp.n_rot, hp.head_dim_k);
   const std::string eps_key = key("attention.layer_norm_rms_epsilon");
-  hp.norm_eps = static_cast<float>(f_.get_float(eps_key));
+  hp.norm_eps = static_cast<float>(keys_.get_float("attention.layer_norm_rms_epsilon"));
   KVTRIM_CHECK(hp.norm_eps > 0 && hp.norm_eps < 1, "%s: %s = %g is not a valid epsilon", path,
                eps_key.c_str(), static_cast<double>(hp.norm_eps));
-  hp.rope_base = static_cast<float>(f_.get_float(key("rope.freq_base"), 10000.0));
+  hp.rope_base = static_cast<float>(keys_.get_float("rope.freq_base", 10000.0));
   KVTRIM_CHECK(hp.rope_base > 1, "%s: %s = %g is not a valid RoPE base", path,
                key("rope.freq_base").c_str(), static_cast<double>(hp.rope_base));
-  // RoPE scaling: none or linear (positions divided by the factor); others are unsupported.
-  const std::string scaling = f_.get_string(key("rope.scaling.type"), "none");
-  const double factor = f_.get_float(key("rope.scaling.factor"), 1.0);
-  if (factor != 1.0 && factor > 0) {
-    KVTRIM_CHECK(scaling == "linear" || scaling == "none",
-                 "%s: RoPE scaling type '%s' is not supported (supported: none, linear)", path,
-                 scaling.c_str());
-    hp.rope_freq_scale = static_cast<float>(1.0 / factor);
-  }
   hp.rope_neox = ai_.rope_neox;
+  load_rope_scaling();
   hp.attn_scale = 1.f / std::sqrt(static_cast<float>(hp.head_dim_k));
   hp.embd_scale = 1.f;
+  // A causal decoder only: attention.causal = false is an encoder (embeddings), not a generator.
+  KVTRIM_CHECK(keys_.get_bool("attention.causal", true), "%s: %s = false (a non-causal encoder): kvtrim runs causal decoders only",
+               path, key("attention.causal").c_str());
   // n_vocab: <arch>.vocab_size when present, else the rows of token_embd.
-  const GgufTensor* te = find("token_embd.weight", true);
-  hp.n_vocab = f_.find(key("vocab_size")) ? get_dim("vocab_size")
-                                          : static_cast<int>(te->ne.size() >= 2 ? te->ne[1] : 0);
+  const GgufTensor* te = f_.find_tensor("token_embd.weight");
+  KVTRIM_CHECK(te, "%s: missing tensor 'token_embd.weight' (required by the %s architecture)", path, ai_.gguf_name);
+  hp.n_vocab = keys_.find("vocab_size") ? get_dim("vocab_size")
+                                        : static_cast<int>(te->ne.size() >= 2 ? te->ne[1] : 0);
   KVTRIM_CHECK(hp.n_vocab > 0, "%s: cannot determine the vocabulary size", path);
-  ai_.load_hparams(f_, hp);
+  ai_.load_hparams(keys_, hp);
   KVTRIM_CHECK(static_cast<int>(hp.sliding_window.size()) == hp.n_layer,
                "internal error: sliding windows");
+}
+
+// RoPE scaling (<arch>.rope.scaling.*): none; linear (positions divided by the factor); yarn
+// (frequencies between extrapolated and interpolated by YaRN's ramp, magnitude 1 + 0.1 ln factor,
+// as Qwen2.5 past 32k). Llama 3's scaling is no type: the converter writes its per-frequency
+// divisors as rope_freqs.weight (load_tensors).
+// Any other type, or a YaRN variant key kvtrim does not implement, is an error naming it.
+void ModelLoader::load_rope_scaling() {
+  HParams& hp = m_.hp_;
+  const char* path = f_.path().c_str();
+  const std::string type = keys_.get_string("rope.scaling.type", "none");
+  // (rope.scale_linear: the key's name in older files, read by llama.cpp when the new one is absent)
+  const double factor = keys_.get_float("rope.scaling.factor", keys_.get_float("rope.scale_linear", 1.0));
+  KVTRIM_CHECK(std::isfinite(factor) && factor > 0, "%s: %s = %g is not a valid factor", path,
+               key("rope.scaling.factor").c_str(), factor);
+  hp.rope_n_ctx_orig = static_cast<int>(keys_.get_int("rope.scaling.original_context_length", hp.n_ctx_train));
+  KVTRIM_CHECK(hp.rope_n_ctx_orig > 0, "%s: %s = %d is not a valid context length", path,
+               key("rope.scaling.original_context_length").c_str(), hp.rope_n_ctx_orig);
+  hp.rope_attn_factor = static_cast<float>(keys_.get_float("rope.scaling.attn_factor", 1.0));
+  KVTRIM_CHECK(std::isfinite(hp.rope_attn_factor) && hp.rope_attn_factor > 0, "%s: %s = %g is not a valid factor",
+               path, key("rope.scaling.attn_factor").c_str(), static_cast<double>(hp.rope_attn_factor));
+  if (type == "none" || type == "linear") {
+    // (a factor without a type scales linearly, as llama.cpp reads it)
+    hp.rope_freq_scale = static_cast<float>(1.0 / factor);
+  } else if (type == "yarn") {
+    hp.rope_freq_scale = static_cast<float>(1.0 / factor);
+    hp.rope_ext_factor = static_cast<float>(keys_.get_float("rope.scaling.yarn_ext_factor", 1.0));
+    hp.rope_beta_fast = static_cast<float>(keys_.get_float("rope.scaling.yarn_beta_fast", 32.0));
+    hp.rope_beta_slow = static_cast<float>(keys_.get_float("rope.scaling.yarn_beta_slow", 1.0));
+    KVTRIM_CHECK(hp.rope_ext_factor >= 0 && hp.rope_ext_factor <= 1 && hp.rope_beta_fast > 0 && hp.rope_beta_slow > 0,
+                 "%s: YaRN parameters out of range (ext_factor %g, beta_fast %g, beta_slow %g)", path,
+                 static_cast<double>(hp.rope_ext_factor), static_cast<double>(hp.rope_beta_fast),
+                 static_cast<double>(hp.rope_beta_slow));
+    const double log_mul = keys_.get_float("rope.scaling.yarn_log_multiplier", 0.0);
+    KVTRIM_CHECK(log_mul == 0.0, "%s: %s = %g (DeepSeek's YaRN magnitude variant) is not supported", path,
+                 key("rope.scaling.yarn_log_multiplier").c_str(), log_mul);
+  } else {
+    fail("%s: %s = '%s' is not supported (supported: none, linear, yarn)", path,
+         key("rope.scaling.type").c_str(), type.c_str());
+  }
 }
 
 std::string ModelLoader::shape_str(const std::vector<int64_t>& ne) {
@@ -119,8 +200,9 @@ std::string ModelLoader::shape_str(const std::vector<int64_t>& ne) {
   return s + "]";
 }
 
-const GgufTensor* ModelLoader::find(const std::string& name, bool required) const {
+const GgufTensor* ModelLoader::find(const std::string& name, bool required) {
   const GgufTensor* t = f_.find_tensor(name);
+  if (t) used_.insert(name);
   KVTRIM_CHECK(t || !required, "%s: missing tensor '%s' (required by the %s architecture)",
                f_.path().c_str(), name.c_str(), ai_.gguf_name);
   return t;
@@ -184,6 +266,19 @@ void ModelLoader::load_tensors() {
   m_.output_ = matrix("output.weight", n_vocab, n_embd, "n_embd, n_vocab", false);
   if (!m_.output_.data) m_.output_ = m_.tok_embd_;  // tied embeddings
 
+  // Llama 3.x: the "llama3" RoPE scaling's divisor per frequency, [n_rot / 2], every layer
+  if (ai_.rope_freqs) {
+    const WeightView rf = vector("rope_freqs.weight", hp.n_rot / 2, "n_rot / 2", false);
+    if (rf.data) {
+      const float* p = static_cast<const float*>(rf.data);
+      auto ff = std::make_shared<std::vector<float>>(p, p + hp.n_rot / 2);
+      for (size_t i = 0; i < ff->size(); ++i)
+        KVTRIM_CHECK(std::isfinite((*ff)[i]) && (*ff)[i] > 0, "%s: tensor 'rope_freqs.weight'[%zu] = %g is not a valid divisor",
+                     f_.path().c_str(), i, static_cast<double>((*ff)[i]));
+      m_.hp_.rope_freq_factors = std::move(ff);
+    }
+  }
+
   m_.layers_.resize(static_cast<size_t>(hp.n_layer));
   for (int il = 0; il < hp.n_layer; ++il) {
     LayerWeights& w = m_.layers_[il];
@@ -211,6 +306,43 @@ void ModelLoader::load_tensors() {
   }
 }
 
+// Tensors a file may carry that kvtrim does not read, each with the reason (a name pattern: the
+// part before and after the layer number of blk.N.<suffix>, or a whole name).
+struct IgnoredTensor {
+  const char* block_suffix;
+  const char* why;
+};
+constexpr IgnoredTensor kIgnoredTensors[] = {
+    {"attn_rot_embd.weight", "rotary tables some old converters stored; kvtrim computes RoPE itself (llama.cpp ignores them too)"},
+};
+
+void ModelLoader::check_everything_used() const {
+  const std::string prefix = std::string(ai_.gguf_name) + ".";
+  for (const auto& [k, v] : f_.metadata()) {
+    if (k.compare(0, prefix.size(), prefix) != 0 || keys_.read().count(k)) continue;
+    const std::string suffix = k.substr(prefix.size());
+    bool harmless = false;
+    for (const HarmlessKey& h : kHarmlessKeys) harmless |= suffix == h.suffix;
+    KVTRIM_CHECK(harmless,
+                 "%s: metadata key '%s' = %s is not implemented for the %s architecture; it may change the "
+                 "computation, so kvtrim refuses the file rather than run it without it",
+                 f_.path().c_str(), k.c_str(), v.to_string(4).c_str(), ai_.gguf_name);
+  }
+  for (const GgufTensor& t : f_.tensors()) {
+    if (used_.count(t.name)) continue;
+    bool ignored = false;
+    if (t.name.compare(0, 4, "blk.") == 0) {
+      const size_t dot = t.name.find('.', 4);
+      for (const IgnoredTensor& it : kIgnoredTensors)
+        ignored |= dot != std::string::npos && t.name.compare(dot + 1, std::string::npos, it.block_suffix) == 0;
+    }
+    KVTRIM_CHECK(ignored,
+                 "%s: tensor '%s' is not used by kvtrim's %s architecture; it may change the computation, so "
+                 "kvtrim refuses the file rather than run it without it",
+                 f_.path().c_str(), t.name.c_str(), ai_.gguf_name);
+  }
+}
+
 std::unique_ptr<Model> Model::load(const std::string& path) { return load(GgufFile::open(path)); }
 
 std::unique_ptr<Model> Model::load(std::unique_ptr<GgufFile> file) {
@@ -224,6 +356,7 @@ std::unique_ptr<Model> Model::load(std::unique_ptr<GgufFile> file) {
   ModelLoader loader(*m, *ai);
   loader.load_hparams();
   loader.load_tensors();
+  loader.check_everything_used();
   if (weight_packing()) m->pack_weights();
   m->tok_ = Tokenizer::from_gguf(*m->file_);
   return m;
@@ -273,9 +406,19 @@ RopeSpec layer_rope(const HParams& hp, int il) {
                    hp.sliding_window[static_cast<size_t>(il)] > 0;
   RopeSpec r;
   r.n_rot = hp.n_rot;
-  r.base = swa ? hp.rope_base_swa : hp.rope_base;
-  r.freq_scale = swa ? 1.f : hp.rope_freq_scale;
   r.neox = hp.rope_neox;
+  if (swa && hp.rope_swa_plain) {
+    r.base = hp.rope_base_swa;
+    return r;
+  }
+  r.base = hp.rope_base;
+  r.freq_scale = hp.rope_freq_scale;
+  r.freq_factors = hp.rope_freq_factors ? hp.rope_freq_factors->data() : nullptr;
+  r.ext_factor = hp.rope_ext_factor;
+  r.attn_factor = hp.rope_attn_factor;
+  r.beta_fast = hp.rope_beta_fast;
+  r.beta_slow = hp.rope_beta_slow;
+  r.n_ctx_orig = hp.rope_n_ctx_orig;
   return r;
 }
 

@@ -19,7 +19,7 @@ class KvCache;
 class ThreadPool;
 struct KvCacheConfig;
 
-enum class Arch { kLlama, kQwen2, kGemma3 };
+enum class Arch { kLlama, kQwen2, kQwen3, kGemma3 };
 const char* arch_name(Arch a);
 
 struct HParams {
@@ -38,15 +38,23 @@ struct HParams {
   float norm_eps = 1e-5f;
   float rope_base = 10000.f;       // global layers
   float rope_base_swa = 10000.f;   // sliding-window layers (gemma3)
-  float rope_freq_scale = 1.f;
+  bool rope_swa_plain = false;     // sliding-window layers rotate with rope_base_swa and no scaling (gemma3)
+  float rope_freq_scale = 1.f;     // 1 / <arch>.rope.scaling.factor (linear, YaRN)
   bool rope_neox = false;
+  // [n_rot / 2] per-frequency divisors (Llama 3 `rope_freqs.weight`, Phi-3 LongRoPE's factors for
+  // the context in use), shared by copies of HParams; nullptr: none.
+  std::shared_ptr<const std::vector<float>> rope_freq_factors;
+  float rope_ext_factor = 0.f;     // YaRN extrapolation mix (1 for rope.scaling.type = yarn)
+  float rope_attn_factor = 1.f;    // cos / sin magnitude (rope.scaling.attn_factor; LongRoPE's)
+  float rope_beta_fast = 32.f, rope_beta_slow = 1.f;  // YaRN ramp (llama.cpp's defaults)
+  int rope_n_ctx_orig = 0;         // rope.scaling.original_context_length (YaRN's ramp)
   float attn_scale = 0;            // multiplies q·k (1/sqrt(head_dim) or gemma's query_pre_attn_scalar)
   std::vector<int> sliding_window; // per layer, 0 = global
   float embd_scale = 1.f;          // gemma: sqrt(n_embd)
 };
 
-// The rotary embedding of layer il's queries and keys: sliding-window layers use their own
-// base and no frequency scaling (gemma3).
+// The rotary embedding of layer il's queries and keys (every scaling, ops/rope.h): with
+// rope_swa_plain, sliding-window layers use their own base and no scaling (gemma3).
 RopeSpec layer_rope(const HParams& hp, int il);
 
 // Weights of one decoder layer (views into the mapping; data == nullptr when absent).

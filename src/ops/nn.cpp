@@ -259,57 +259,6 @@ void axpy(float* y, float a, const float* x, int64_t n) {
   HWY_DYNAMIC_DISPATCH(Axpy)(y, a, x, n);
 }
 
-namespace {
-
-// cos / sin of theta_i = pos * base^(-2i/n_rot) * freq_scale for i < n_rot/2, computed in
-// double. The last table is kept per thread: every head of a token (and every layer) uses
-// the same position, so decode computes it once per token.
-struct RopeTable {
-  int32_t pos = 0;
-  int64_t n_rot = -1;
-  float base = 0.0f, freq_scale = 0.0f;
-  std::vector<float> cos, sin;
-};
-
-}  // namespace
-
-void rope_angles(int64_t n_rot, int32_t pos, float base, float freq_scale, float* c, float* s) {
-  for (int64_t i = 0; i < n_rot / 2; ++i) {
-    const double theta = static_cast<double>(pos) *
-                         std::pow(static_cast<double>(base),
-                                  -2.0 * static_cast<double>(i) / static_cast<double>(n_rot)) *
-                         static_cast<double>(freq_scale);
-    c[i] = static_cast<float>(std::cos(theta));
-    s[i] = static_cast<float>(std::sin(theta));
-  }
-}
-
-void rope_rotate(float* x, int64_t n_rot, bool neox, const float* c, const float* s) {
-  const int64_t half = n_rot / 2;
-  for (int64_t i = 0; i < half; ++i) {
-    const int64_t i0 = neox ? i : 2 * i;
-    const int64_t i1 = neox ? i + half : 2 * i + 1;
-    const float x0 = x[i0], x1 = x[i1];
-    x[i0] = x0 * c[i] - x1 * s[i];
-    x[i1] = x0 * s[i] + x1 * c[i];
-  }
-}
-
-void rope(float* x, int64_t head_dim, int64_t n_rot, int32_t pos, float base, float freq_scale,
-          bool neox) {
-  thread_local RopeTable t;
-  if (t.n_rot != n_rot || t.pos != pos || t.base != base || t.freq_scale != freq_scale) {
-    t.cos.resize(static_cast<size_t>(n_rot / 2));
-    t.sin.resize(static_cast<size_t>(n_rot / 2));
-    rope_angles(n_rot, pos, base, freq_scale, t.cos.data(), t.sin.data());
-    t.n_rot = n_rot;
-    t.pos = pos;
-    t.base = base;
-    t.freq_scale = freq_scale;
-  }
-  rope_rotate(x, n_rot, neox, t.cos.data(), t.sin.data());
-}
-
 namespace ref {
 
 void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) {
@@ -352,21 +301,6 @@ float dot(const float* a, const float* b, int64_t n) {
   double s = 0.0;
   for (int64_t i = 0; i < n; ++i) s += static_cast<double>(a[i]) * b[i];
   return static_cast<float>(s);
-}
-
-void rope(float* x, int64_t head_dim, int64_t n_rot, int32_t pos, float base, float freq_scale,
-          bool neox) {
-  const int64_t half = n_rot / 2;
-  for (int64_t i = 0; i < half; ++i) {
-    const double theta =
-        pos * std::pow(static_cast<double>(base), -2.0 * static_cast<double>(i) / n_rot) *
-        freq_scale;
-    float& a = x[neox ? i : 2 * i];
-    float& b = x[neox ? i + half : 2 * i + 1];
-    const double x0 = a, x1 = b;
-    a = static_cast<float>(x0 * std::cos(theta) - x1 * std::sin(theta));
-    b = static_cast<float>(x0 * std::sin(theta) + x1 * std::cos(theta));
-  }
 }
 
 }  // namespace ref

@@ -3,6 +3,8 @@
 #pragma once
 #include <cstdint>
 
+#include "ops/rope.h"  // (rope moved there; kept visible to nn.h users)
+
 namespace kvtrim {
 
 // y = x / sqrt(mean(x²) + eps) * w   (w may be nullptr: no weight). x, y, w: [n]. y may alias x.
@@ -28,23 +30,12 @@ float dot(const float* a, const float* b, int64_t n);
 // y += a * x
 void axpy(float* y, float a, const float* x, int64_t n);
 
-// Rotary embedding on one head vector x[head_dim], rotating the first n_rot dims.
-// neox = true: pairs (i, i + n_rot/2) (qwen2, gemma3, GPT-NeoX style);
-// neox = false: pairs (2i, 2i+1) (llama GGUF layout, whose Q/K weights are permuted for it).
-// theta_i = pos * base^(-2i/n_rot) * freq_scale.
-void rope(float* x, int64_t head_dim, int64_t n_rot, int32_t pos, float base, float freq_scale, bool neox);
-// The rotation rope applies, with the angles' cos / sin [n_rot / 2] given (x's pairs as above).
-void rope_rotate(float* x, int64_t n_rot, bool neox, const float* c, const float* s);
-// The angles rope uses at position pos: c[i] = cos(theta_i), s[i] = sin(theta_i), i < n_rot / 2.
-void rope_angles(int64_t n_rot, int32_t pos, float base, float freq_scale, float* c, float* s);
-
 namespace ref {
 void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps);
 void softmax(float* x, int64_t n);
 void swiglu(const float* g, const float* u, float* y, int64_t n);
 void geglu_tanh(const float* g, const float* u, float* y, int64_t n);
 float dot(const float* a, const float* b, int64_t n);
-void rope(float* x, int64_t head_dim, int64_t n_rot, int32_t pos, float base, float freq_scale, bool neox);
 }  // namespace ref
 
 }  // namespace kvtrim

@@ -87,6 +87,29 @@ struct Writer {
 
 }  // namespace
 
+std::vector<float> tiny_llama3_factors(int n_rot, float base, int orig_ctx) {
+  // wavelength 2π/ω_i: above orig_ctx / low_freq_factor divided by the factor, below
+  // orig_ctx / high_freq_factor kept, smoothly between (the converter's rope_freqs = 1 / that scale)
+  const double factor = 8, low = 1, high = 4;
+  const double low_wl = orig_ctx / low, high_wl = orig_ctx / high;
+  std::vector<float> ff(static_cast<size_t>(n_rot / 2));
+  for (int i = 0; i < n_rot / 2; ++i) {
+    const double freq = std::pow(static_cast<double>(base), -2.0 * i / n_rot);
+    const double wl = 2 * M_PI / freq;
+    double f;
+    if (wl < high_wl) {
+      f = 1;
+    } else if (wl > low_wl) {
+      f = factor;
+    } else {
+      const double smooth = (orig_ctx / wl - low) / (high - low);
+      f = 1 / ((1 - smooth) / factor + smooth);
+    }
+    ff[static_cast<size_t>(i)] = static_cast<float>(f);
+  }
+  return ff;
+}
+
 int tiny_vocab_size() {
   return 256 + static_cast<int>(merges().size()) + 3;
 }
@@ -105,6 +128,16 @@ TinyModelSpec tiny_spec(Arch arch, uint32_t seed) {
       s.t_v = GgmlType::F16;
       s.t_ffn = GgmlType::Q5_0;
       s.t_down = GgmlType::Q6_K;
+      s.tied_output = false;
+      s.t_output = GgmlType::Q8_0;
+      break;
+    case Arch::kQwen3:  // QK-norm, no biases, head_dim 32 (n_head*head_dim != n_embd, as Qwen3's 128), untied
+      s.head_dim = 32;
+      s.t_embd = GgmlType::Q8_0;
+      s.t_attn = GgmlType::Q8_0;
+      s.t_v = GgmlType::Q8_0;
+      s.t_ffn = GgmlType::Q4_0;
+      s.t_down = GgmlType::Q5_K;
       s.tied_output = false;
       s.t_output = GgmlType::Q8_0;
       break;
@@ -141,15 +174,22 @@ std::string write_tiny_model(const TinyModelSpec& s, const std::string& dir) {
   wr.u32(arch + ".attention.head_count_kv", s.n_head_kv);
   wr.f32(arch + ".attention.layer_norm_rms_epsilon", 1e-6f);
   wr.f32(arch + ".rope.freq_base", s.arch == Arch::kLlama ? 10000.f : 1000000.f);
-  if (s.arch == Arch::kGemma3) {
+  if (s.arch == Arch::kGemma3 || s.arch == Arch::kQwen3) {
     wr.u32(arch + ".attention.key_length", s.head_dim);
     wr.u32(arch + ".attention.value_length", s.head_dim);
-    wr.u32(arch + ".attention.sliding_window", s.sliding_window);
+    if (s.arch == Arch::kGemma3) wr.u32(arch + ".attention.sliding_window", s.sliding_window);
   } else {
     KVTRIM_CHECK(s.head_dim * s.n_head == s.n_embd,
                  "tiny %s model: head_dim * n_head must equal n_embd", arch.c_str());
     wr.u32(arch + ".rope.dimension_count", s.head_dim);
   }
+
+  if (s.rope_yarn_factor > 0) {
+    w.set_string(arch + ".rope.scaling.type", "yarn");
+    wr.f32(arch + ".rope.scaling.factor", s.rope_yarn_factor);
+    wr.u32(arch + ".rope.scaling.original_context_length", s.rope_orig_ctx);
+  }
+  if (!s.extra_key.empty()) w.set_u32(arch + "." + s.extra_key, 1);
 
   // tokenizer: byte tokens, merged tokens, specials
   std::vector<std::string> tokens;
@@ -184,6 +224,12 @@ std::string write_tiny_model(const TinyModelSpec& s, const std::string& dir) {
             gemma ? 1.f : std::sqrt(static_cast<float>(n_embd)));
   wr.vec("output_norm.weight", n_embd, 1.f, 0.1f);
   if (!s.tied_output) wr.matrix("output.weight", s.t_output, n_vocab, n_embd, 2.f);
+  if (s.rope_freqs) {
+    const std::vector<float> ff = tiny_llama3_factors(s.head_dim, 10000.f, s.rope_orig_ctx);
+    if (!wr.skip("rope_freqs.weight"))
+      w.add_tensor("rope_freqs.weight", GgmlType::F32, {static_cast<int64_t>(ff.size())}, ff.data(), ff.size() * sizeof(float));
+  }
+  if (!s.extra_tensor.empty()) wr.vec(s.extra_tensor, n_embd, 0.f, 1.f);
   for (int il = 0; il < s.n_layer; ++il) {
     const std::string b = "blk." + std::to_string(il) + ".";
     wr.vec(b + "attn_norm.weight", n_embd, 1.f, 0.1f);
@@ -196,9 +242,11 @@ std::string write_tiny_model(const TinyModelSpec& s, const std::string& dir) {
       wr.vec(b + "attn_k.bias", n_kv, 0.f, 0.2f);
       wr.vec(b + "attn_v.bias", n_kv, 0.f, 0.2f);
     }
-    if (gemma) {
+    if (gemma || s.arch == Arch::kQwen3) {
       wr.vec(b + "attn_q_norm.weight", s.head_dim, 1.f, 0.2f);
       wr.vec(b + "attn_k_norm.weight", s.head_dim, 1.f, 0.2f);
+    }
+    if (gemma) {
       wr.vec(b + "post_attention_norm.weight", n_embd, 1.f, 0.1f);
       wr.vec(b + "post_ffw_norm.weight", n_embd, 1.f, 0.1f, GgmlType::F16);
     }

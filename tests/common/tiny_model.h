@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/ggml_type.h"
 #include "model/model.h"
@@ -35,7 +36,20 @@ struct TinyModelSpec {
   std::string omit_tensor;    // tensor not written
   std::string arch_override;  // general.architecture written instead of the arch's name
   int n_ff_meta = 0;          // feed_forward_length written (0 = n_ff): tensors then mismatch
+  std::string extra_key;      // an <arch>.<extra_key> = 1 (u32) kvtrim does not know
+  std::string extra_tensor;   // an extra [n_embd] f32 tensor of this name
+  // RoPE scaling (llama, qwen2 / qwen3):
+  //  rope_freqs: rope_freqs.weight = Llama 3's factors for factor 8, low / high frequency factors
+  //              1 / 4, original context rope_orig_ctx (tiny_llama3_factors) — llama only;
+  //  rope_yarn_factor > 0: rope.scaling.type = yarn, that factor, original context rope_orig_ctx.
+  bool rope_freqs = false;
+  float rope_yarn_factor = 0.f;
+  int rope_orig_ctx = 16;
 };
+
+// Llama 3's RoPE divisors ("llama3" rope_type, transformers' _compute_llama3_parameters) for
+// head_dim / 2 frequencies of base `base`: factor 8, low_freq_factor 1, high_freq_factor 4.
+std::vector<float> tiny_llama3_factors(int n_rot, float base, int orig_ctx);
 
 // Default spec of each architecture (different quant types per arch, qwen2 untied).
 TinyModelSpec tiny_spec(Arch arch, uint32_t seed = 1);

@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "kv/kv_cache.h"
+#include "model/gguf_writer.h"
 #include "model/model.h"
 
 namespace kvtrim {
@@ -83,7 +84,7 @@ TEST_P(TinyForward, LoadsHyperParameters) {
   EXPECT_FLOAT_EQ(hp.embd_scale, a == Arch::kGemma3 ? 8.f : 1.f);
   EXPECT_EQ(m->output().data == m->tok_embd().data, spec.tied_output);
   EXPECT_EQ(m->layers()[0].bq.data != nullptr, a == Arch::kQwen2);
-  EXPECT_EQ(m->layers()[0].q_norm.data != nullptr, a == Arch::kGemma3);
+  EXPECT_EQ(m->layers()[0].q_norm.data != nullptr, a == Arch::kGemma3 || a == Arch::kQwen3);
   EXPECT_EQ(m->tokenizer().n_vocab(), test::tiny_vocab_size());
   const KvCacheConfig cc = m->cache_config(64);
   EXPECT_EQ(cc.n_layer, spec.n_layer);
@@ -228,7 +229,7 @@ TEST_P(TinyForward, FloatWeightsMatchReferenceTightly) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllArchs, TinyForward,
-                         ::testing::Values(Arch::kLlama, Arch::kQwen2, Arch::kGemma3),
+                         ::testing::Values(Arch::kLlama, Arch::kQwen2, Arch::kQwen3, Arch::kGemma3),
                          [](const ::testing::TestParamInfo<Arch>& i) {
                            return std::string(arch_name(i.param));
                          });
@@ -273,7 +274,7 @@ TEST(ModelLoad, UnsupportedArchListsSupported) {
   s.arch_override = "mamba";
   const std::string e = load_error(s, "arch");
   EXPECT_NE(e.find("mamba"), std::string::npos) << e;
-  EXPECT_NE(e.find("llama, qwen2, gemma3"), std::string::npos) << e;
+  EXPECT_NE(e.find("llama, qwen2, qwen3, gemma3"), std::string::npos) << e;
 }
 
 TEST(ModelLoad, HeadsNotMultipleOfKvHeads) {
@@ -281,6 +282,116 @@ TEST(ModelLoad, HeadsNotMultipleOfKvHeads) {
   s.n_head_kv = 3;
   const std::string e = load_error(s, "gqa");
   EXPECT_NE(e.find("head_count_kv"), std::string::npos) << e;
+}
+
+// A file kvtrim would run wrong is refused before any token, naming what it does not know.
+TEST(ModelLoad, UnknownTensorIsRefusedByName) {
+  test::TinyModelSpec s = test::tiny_spec(Arch::kLlama);
+  s.extra_tensor = "blk.0.attn_sinks.weight";
+  const std::string e = load_error(s, "extra_tensor");
+  EXPECT_NE(e.find("blk.0.attn_sinks.weight"), std::string::npos) << e;
+  EXPECT_NE(e.find("not used"), std::string::npos) << e;
+}
+
+TEST(ModelLoad, UnknownArchKeyIsRefusedByName) {
+  test::TinyModelSpec s = test::tiny_spec(Arch::kQwen2);
+  s.extra_key = "attn_logit_softcapping";
+  const std::string e = load_error(s, "extra_key");
+  EXPECT_NE(e.find("qwen2.attn_logit_softcapping"), std::string::npos) << e;
+  s = test::tiny_spec(Arch::kLlama);
+  s.extra_key = "attention.sliding_window";  // a window kvtrim's llama does not apply
+  EXPECT_NE(load_error(s, "extra_key2").find("llama.attention.sliding_window"), std::string::npos);
+}
+
+TEST(ModelLoad, RopeFreqsOnlyWhereTheArchitectureAppliesThem) {
+  test::TinyModelSpec s = test::tiny_spec(Arch::kQwen2);
+  s.extra_tensor = "rope_freqs.weight";  // qwen2 in llama.cpp never reads it: refused, not ignored
+  const std::string e = load_error(s, "rope_freqs_qwen2");
+  EXPECT_NE(e.find("rope_freqs.weight"), std::string::npos) << e;
+}
+
+TEST(ModelLoad, UnsupportedRopeScalingNamesKeyAndValue) {
+  test::TinyModelSpec s = test::tiny_spec(Arch::kLlama);
+  s.rope_yarn_factor = 4;
+  const std::string path = test::write_tiny_model(s, test::temp_dir("tiny_longrope"));
+  // rewrite the type to one kvtrim does not implement: a file with the same keys but "longrope"
+  GgufWriter w;
+  auto f = GgufFile::open(path);
+  for (const auto& [k, v] : f->metadata())
+    if (k != "llama.rope.scaling.type") w.set_value(k, v);
+  w.set_string("llama.rope.scaling.type", "longrope");
+  for (const GgufTensor& t : f->tensors()) w.add_tensor(t.name, t.type, t.ne, t.data, t.n_bytes);
+  const std::string bad = test::temp_dir("tiny_longrope2") + "/bad.gguf";
+  w.write(bad);
+  try {
+    Model::load(bad);
+    FAIL() << "loaded a longrope file";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("llama.rope.scaling.type = 'longrope'"), std::string::npos) << e.what();
+  }
+}
+
+// Llama 3's rope_freqs.weight changes the computation (it was silently ignored before): the
+// factors are read, applied by the optimized and reference passes alike, and change the logits.
+TEST(RopeScaling, Llama3FactorsAreAppliedByBothPasses) {
+  test::TinyModelSpec s = test::tiny_spec(Arch::kLlama, 31);
+  s.t_embd = s.t_attn = s.t_v = s.t_ffn = s.t_down = s.t_output = GgmlType::F32;
+  const std::string dir = test::temp_dir("tiny_llama3");
+  auto plain = Model::load(test::write_tiny_model(s, dir));
+  s.rope_freqs = true;
+  auto m = Model::load(test::write_tiny_model(s, test::temp_dir("tiny_llama3b")));
+  ASSERT_TRUE(m->hparams().rope_freq_factors);
+  const std::vector<float> want = test::tiny_llama3_factors(s.head_dim, 10000.f, s.rope_orig_ctx);
+  EXPECT_EQ(*m->hparams().rope_freq_factors, want);
+  EXPECT_GT(want.back(), 7.9f);  // the tiny model's factors really scale some frequencies
+  const RopeSpec rs = layer_rope(m->hparams(), 0);
+  ASSERT_NE(rs.freq_factors, nullptr);
+  const int n_vocab = m->hparams().n_vocab, n = 40;
+  const std::vector<int32_t> toks = test_tokens(n, n_vocab, 3);
+  std::vector<float> ref(static_cast<size_t>(n) * n_vocab), ref_plain(ref.size()), got(ref.size());
+  forward_reference(*m, toks.data(), n, ref.data());
+  forward_reference(*plain, toks.data(), n, ref_plain.data());
+  KvCacheConfig cc = m->cache_config(64);
+  cc.dtype = KvDtype::kF32;
+  auto cache = make_dense_cache(cc);
+  ThreadPool pool(2);
+  m->forward(toks.data(), n, 0, *cache, got.data(), true, &pool);
+  double moved = 0;
+  for (int i = 0; i < n; ++i) {
+    const size_t o = static_cast<size_t>(i) * n_vocab;
+    EXPECT_LT(rel_err(got.data() + o, ref.data() + o, n_vocab), kTolFloat) << "token " << i;
+    moved = std::max(moved, rel_err(ref_plain.data() + o, ref.data() + o, n_vocab));
+  }
+  EXPECT_GT(moved, 1e-2) << "the factors did not change the logits";
+}
+
+// YaRN (qwen2 with rope.scaling.type = yarn): both passes agree, and the scaling is not a no-op.
+TEST(RopeScaling, YarnIsAppliedByBothPasses) {
+  test::TinyModelSpec s = test::tiny_spec(Arch::kQwen2, 37);
+  s.t_embd = s.t_attn = s.t_v = s.t_ffn = s.t_down = s.t_output = GgmlType::F32;
+  auto plain = Model::load(test::write_tiny_model(s, test::temp_dir("tiny_yarn_a")));
+  s.rope_yarn_factor = 4;
+  auto m = Model::load(test::write_tiny_model(s, test::temp_dir("tiny_yarn_b")));
+  const HParams& hp = m->hparams();
+  EXPECT_FLOAT_EQ(hp.rope_freq_scale, 0.25f);
+  EXPECT_FLOAT_EQ(hp.rope_ext_factor, 1.f);
+  EXPECT_EQ(hp.rope_n_ctx_orig, s.rope_orig_ctx);
+  const int n_vocab = hp.n_vocab, n = 40;
+  const std::vector<int32_t> toks = test_tokens(n, n_vocab, 4);
+  std::vector<float> ref(static_cast<size_t>(n) * n_vocab), ref_plain(ref.size()), got(ref.size());
+  forward_reference(*m, toks.data(), n, ref.data());
+  forward_reference(*plain, toks.data(), n, ref_plain.data());
+  KvCacheConfig cc = m->cache_config(64);
+  cc.dtype = KvDtype::kF32;
+  auto cache = make_dense_cache(cc);
+  m->forward(toks.data(), n, 0, *cache, got.data(), true, nullptr);
+  double moved = 0;
+  for (int i = 0; i < n; ++i) {
+    const size_t o = static_cast<size_t>(i) * n_vocab;
+    EXPECT_LT(rel_err(got.data() + o, ref.data() + o, n_vocab), kTolFloat) << "token " << i;
+    moved = std::max(moved, rel_err(ref_plain.data() + o, ref.data() + o, n_vocab));
+  }
+  EXPECT_GT(moved, 1e-2);
 }
 
 }  // namespace

@@ -16,19 +16,18 @@ namespace kvtrim {
 static constexpr int kGemma3SwaPattern = 6;  // every 6th layer is global
 static constexpr float kGemma3RopeBaseLocal = 10000.f;
 
-static void load_gemma3(const GgufFile& f, HParams& hp) {
-  const int64_t window = f.get_int("gemma3.attention.sliding_window");
+static void load_gemma3(ArchKeys& keys, HParams& hp) {
+  const int64_t window = keys.get_int("attention.sliding_window");
   KVTRIM_CHECK(window > 0, "%s: gemma3.attention.sliding_window must be positive (got %lld)",
-               f.path().c_str(), static_cast<long long>(window));
+               keys.path(), static_cast<long long>(window));
   hp.sliding_window.assign(static_cast<size_t>(hp.n_layer), 0);
   for (int il = 0; il < hp.n_layer; ++il) {
     if ((il + 1) % kGemma3SwaPattern != 0) hp.sliding_window[il] = static_cast<int>(window);
   }
   hp.rope_base_swa = kGemma3RopeBaseLocal;
-  const double qpas =
-      f.get_float("gemma3.attention.query_pre_attn_scalar", static_cast<double>(hp.head_dim_k));
-  KVTRIM_CHECK(qpas > 0, "%s: gemma3.attention.query_pre_attn_scalar must be positive",
-               f.path().c_str());
+  hp.rope_swa_plain = true;
+  const double qpas = keys.get_float("attention.query_pre_attn_scalar", static_cast<double>(hp.head_dim_k));
+  KVTRIM_CHECK(qpas > 0, "%s: gemma3.attention.query_pre_attn_scalar must be positive", keys.path());
   hp.attn_scale = static_cast<float>(1.0 / std::sqrt(qpas));
   hp.embd_scale = std::sqrt(static_cast<float>(hp.n_embd));
 }
@@ -36,6 +35,7 @@ static void load_gemma3(const GgufFile& f, HParams& hp) {
 const ArchInfo kArchGemma3 = {Arch::kGemma3,      "gemma3",
                               /*rope_neox=*/true, /*qkv_bias=*/false,
                               /*qk_norm=*/true,   /*post_norms=*/true,
-                              FfnAct::kGeluTanh,  load_gemma3};
+                              /*rope_freqs=*/false, FfnAct::kGeluTanh,
+                              load_gemma3};
 
 }  // namespace kvtrim

@@ -58,7 +58,6 @@ void ExpectedAttentionPress::score_layer(const PressContext& ctx, int il, std::v
   const int d = ctx.head_dim_k();
   const size_t du = static_cast<size_t>(d);
   const RopeSpec rs = layer_rope(hp, il);
-  const float rope_base = rs.base, rope_scale = rs.freq_scale;
   const int n_rot = hp.n_rot > 0 ? hp.n_rot : d;
   const float scale = hp.attn_scale > 0 ? hp.attn_scale : 1.f / std::sqrt(static_cast<float>(d));
 
@@ -74,22 +73,24 @@ void ExpectedAttentionPress::score_layer(const PressContext& ctx, int il, std::v
   for (size_t r = 0; r < nq; ++r)
     for (int h = 0; h < n_head; ++h) {
       std::copy_n(all.query(rows[r], h, n_head, d), du, tmp.data());
-      rope(tmp.data(), d, n_rot, -all.pos[static_cast<size_t>(rows[r])], rope_base, rope_scale, hp.rope_neox);
+      rope(tmp.data(), rs, all.pos[static_cast<size_t>(rows[r])], /*inverse=*/true);
       for (size_t c = 0; c < du; ++c) pre[(r * static_cast<size_t>(n_head) + static_cast<size_t>(h)) * du + c] = tmp[c];
     }
-  // 2. Mean rotation over the future positions: per rotary pair, mean cos / mean sin.
+  // 2. Mean rotation over the future positions: per rotary pair, mean cos / mean sin (times the
+  // rotation's magnitude, YaRN's mscale: 1 for most models).
   const int half = n_rot / 2;
+  const double mscale = rope_mscale(rs);
   std::vector<double> cbar(static_cast<size_t>(half), 0.0), sbar(static_cast<size_t>(half), 0.0);
   const int64_t p0 = ctx.n_past();
   for (int i = 0; i < half; ++i) {
-    const double inv = std::pow(static_cast<double>(rope_base), -2.0 * i / n_rot) * rope_scale;
+    const double inv = rope_omega(rs, i);
     double cs = 0, ss = 0;
     for (int64_t p = p0; p < p0 + n_future_; ++p) {
       cs += std::cos(static_cast<double>(p) * inv);
       ss += std::sin(static_cast<double>(p) * inv);
     }
-    cbar[static_cast<size_t>(i)] = cs / static_cast<double>(n_future_);
-    sbar[static_cast<size_t>(i)] = ss / static_cast<double>(n_future_);
+    cbar[static_cast<size_t>(i)] = mscale * cs / static_cast<double>(n_future_);
+    sbar[static_cast<size_t>(i)] = mscale * ss / static_cast<double>(n_future_);
   }
   // R as a dense d x d matrix (identity beyond n_rot).
   std::vector<double> R(du * du, 0.0);
