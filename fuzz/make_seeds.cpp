@@ -22,8 +22,19 @@ int main(int argc, char** argv) {
   }
   const std::string out = argv[1];
   std::filesystem::create_directories(out);
-  for (Arch a : {Arch::kLlama, Arch::kQwen2, Arch::kGemma3}) {
-    test::TinyModelSpec s = test::tiny_spec(a, 1);
+  // Each architecture, plus the RoPE scalings' variants (Llama 3 factors, YaRN): the fuzzer
+  // mutates their hyper-parameters and tensors too.
+  struct Seed {
+    Arch arch;
+    const char* name;
+    bool rope_freqs;
+    float yarn;
+  };
+  for (const Seed& sd : {Seed{Arch::kLlama, "tiny_llama.gguf", false, 0.f}, Seed{Arch::kQwen2, "tiny_qwen2.gguf", false, 0.f},
+                         Seed{Arch::kQwen3, "tiny_qwen3.gguf", false, 0.f}, Seed{Arch::kGemma3, "tiny_gemma3.gguf", false, 0.f},
+                         Seed{Arch::kLlama, "tiny_llama3_rope_freqs.gguf", true, 0.f},
+                         Seed{Arch::kQwen2, "tiny_qwen2_yarn.gguf", false, 4.f}}) {
+    test::TinyModelSpec s = test::tiny_spec(sd.arch, 1);
     s.n_layer = 2;
     s.n_embd = 32;
     s.n_head = 2;
@@ -31,10 +42,13 @@ int main(int argc, char** argv) {
     s.head_dim = 16;
     s.n_ff = 256;
     s.n_ctx_train = 128;
+    s.rope_freqs = sd.rope_freqs;
+    s.rope_yarn_factor = sd.yarn;
+    if (sd.arch == Arch::kQwen3) s.t_ffn = GgmlType::Q8_0;  // rows of 32
     const std::string p = test::write_tiny_model(s, out);
-    const char* name = a == Arch::kLlama ? "tiny_llama.gguf" : a == Arch::kQwen2 ? "tiny_qwen2.gguf" : "tiny_gemma3.gguf";
+    const std::string name = sd.name;
     std::filesystem::rename(p, out + "/" + name);
-    std::printf("%s/%s (%ju bytes)\n", out.c_str(), name,
+    std::printf("%s/%s (%ju bytes)\n", out.c_str(), name.c_str(),
                 static_cast<uintmax_t>(std::filesystem::file_size(out + "/" + name)));
   }
   // Every value type, and small tensors of the weight types (one 256-element row each).

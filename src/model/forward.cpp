@@ -294,6 +294,7 @@ void Model::forward_batch(const std::vector<ForwardSeq>& seqs, ThreadPool* pool)
     ap.n_head = hp.n_head;
     ap.scale = hp.attn_scale;
     ap.sliding_window = hp.sliding_window[il];
+    ap.softcap = hp.attn_softcap;
     // per sequence: its cache stores its k, v, then attends over everything it holds
     // (the workspace by plain pointers: `ws` named inside a pool task would be the worker's own
     // thread_local instance)
@@ -389,6 +390,13 @@ void Model::forward_batch(const std::vector<ForwardSeq>& seqs, ThreadPool* pool)
       const int64_t cnt = seqs[s].all_logits ? seqs[s].n : 1;
       std::copy_n(ws.logits.data() + m * n_vocab, cnt * n_vocab, seqs[s].logits);
       m += cnt;
+    }
+  }
+  if (hp.final_softcap > 0) {  // gemma2: logits = c·tanh(logits / c)
+    const float c = hp.final_softcap;
+    for (const ForwardSeq& sq : seqs) {
+      const int64_t rows = sq.all_logits ? sq.n : 1;
+      for (int64_t i = 0; i < rows * n_vocab; ++i) sq.logits[i] = c * std::tanh(sq.logits[i] / c);
     }
   }
   for (const ForwardSeq& sq : seqs) sq.cache->advance(static_cast<int32_t>(sq.pos0 + sq.n));

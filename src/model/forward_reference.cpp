@@ -85,6 +85,8 @@ void forward_reference(const Model& m, const int32_t* tokens, int64_t n, float* 
         for (int64_t t = t0; t <= pos; ++t) {
           const float* kt = key_cache.data() + (il * n + t) * kv_dim_k + hk * hdk;
           att[t - t0] = ref::dot(&q[h * hdk], kt, hdk) * hp.attn_scale;  // score = q·k · scale
+          // gemma2: score = c·tanh(score / c)
+          if (hp.attn_softcap > 0) att[t - t0] = hp.attn_softcap * std::tanh(att[t - t0] / hp.attn_softcap);
         }
         ref::softmax(att.data(), n_vis);
         float* o = &att_out[h * hdv];
@@ -119,6 +121,10 @@ void forward_reference(const Model& m, const int32_t* tokens, int64_t n, float* 
     // final rmsnorm and the classifier into logits[pos]
     ref::rms_norm(x.data(), f32(m.output_norm()), xb.data(), dim, hp.norm_eps);
     ref::matvec(m.output(), xb.data(), logits + pos * hp.n_vocab);
+    // gemma2: logits = c·tanh(logits / c)
+    if (hp.final_softcap > 0)
+      for (int64_t i = 0; i < hp.n_vocab; ++i)
+        logits[pos * hp.n_vocab + i] = hp.final_softcap * std::tanh(logits[pos * hp.n_vocab + i] / hp.final_softcap);
   }
 }
 

@@ -6,6 +6,7 @@
 #include "model/model.h"
 
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <memory>
 #include <set>
@@ -420,6 +421,26 @@ RopeSpec layer_rope(const HParams& hp, int il) {
   r.beta_slow = hp.rope_beta_slow;
   r.n_ctx_orig = hp.rope_n_ctx_orig;
   return r;
+}
+
+std::string rope_description(const HParams& hp) {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "rope base %g%s", static_cast<double>(hp.rope_base),
+                hp.n_rot < hp.head_dim_k ? (", " + std::to_string(hp.n_rot) + " of " + std::to_string(hp.head_dim_k) + " dims").c_str() : "");
+  std::string s = buf;
+  if (hp.rope_freq_factors) s += ", llama3 frequency factors (rope_freqs.weight)";
+  if (hp.rope_ext_factor != 0.f) {
+    std::snprintf(buf, sizeof buf, ", yarn x%g from %d positions", 1.0 / static_cast<double>(hp.rope_freq_scale), hp.rope_n_ctx_orig);
+    s += buf;
+  } else if (hp.rope_freq_scale != 1.f) {
+    std::snprintf(buf, sizeof buf, ", linear x%g", 1.0 / static_cast<double>(hp.rope_freq_scale));
+    s += buf;
+  }
+  if (hp.rope_attn_factor != 1.f) {
+    std::snprintf(buf, sizeof buf, ", attention factor %g", static_cast<double>(hp.rope_attn_factor));
+    s += buf;
+  }
+  return s;
 }
 
 KvCacheConfig Model::cache_config(int64_t n_ctx) const {

@@ -19,7 +19,7 @@ class KvCache;
 class ThreadPool;
 struct KvCacheConfig;
 
-enum class Arch { kLlama, kQwen2, kQwen3, kGemma3 };
+enum class Arch { kLlama, kQwen2, kQwen3, kGemma2, kGemma3 };
 const char* arch_name(Arch a);
 
 struct HParams {
@@ -51,7 +51,13 @@ struct HParams {
   float attn_scale = 0;            // multiplies q·k (1/sqrt(head_dim) or gemma's query_pre_attn_scalar)
   std::vector<int> sliding_window; // per layer, 0 = global
   float embd_scale = 1.f;          // gemma: sqrt(n_embd)
+  float attn_softcap = 0;          // gemma2: scores s -> c·tanh(s / c) before the softmax (0 = none)
+  float final_softcap = 0;         // gemma2: logits z -> c·tanh(z / c) (0 = none)
 };
+
+// How the model rotates positions, for people: "rope base 10000, llama3 frequency factors",
+// "rope base 1e+06, yarn x4 from 32768 positions", "rope base 10000".
+std::string rope_description(const HParams& hp);
 
 // The rotary embedding of layer il's queries and keys (every scaling, ops/rope.h): with
 // rope_swa_plain, sliding-window layers use their own base and no scaling (gemma3).

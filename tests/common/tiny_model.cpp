@@ -141,6 +141,15 @@ TinyModelSpec tiny_spec(Arch arch, uint32_t seed) {
       s.tied_output = false;
       s.t_output = GgmlType::Q8_0;
       break;
+    case Arch::kGemma2:  // soft-capping, 4 layers alternating local / global, head_dim 32
+      s.n_layer = 4;
+      s.head_dim = 32;
+      s.t_embd = GgmlType::Q8_0;
+      s.t_attn = GgmlType::Q8_0;
+      s.t_v = GgmlType::F16;
+      s.t_ffn = GgmlType::Q4_1;
+      s.t_down = GgmlType::Q4_K;
+      break;
     case Arch::kGemma3:  // head_dim 32 (n_head*head_dim != n_embd), 5 local + 1 global layers
       s.n_layer = 6;
       s.n_head_kv = 1;
@@ -174,10 +183,15 @@ std::string write_tiny_model(const TinyModelSpec& s, const std::string& dir) {
   wr.u32(arch + ".attention.head_count_kv", s.n_head_kv);
   wr.f32(arch + ".attention.layer_norm_rms_epsilon", 1e-6f);
   wr.f32(arch + ".rope.freq_base", s.arch == Arch::kLlama ? 10000.f : 1000000.f);
-  if (s.arch == Arch::kGemma3 || s.arch == Arch::kQwen3) {
+  const bool gemma = s.arch == Arch::kGemma3 || s.arch == Arch::kGemma2;
+  if (gemma || s.arch == Arch::kQwen3) {
     wr.u32(arch + ".attention.key_length", s.head_dim);
     wr.u32(arch + ".attention.value_length", s.head_dim);
-    if (s.arch == Arch::kGemma3) wr.u32(arch + ".attention.sliding_window", s.sliding_window);
+    if (gemma) wr.u32(arch + ".attention.sliding_window", s.sliding_window);
+    if (s.arch == Arch::kGemma2) {  // small caps, so the tiny model's scores and logits reach them
+      wr.f32(arch + ".attn_logit_softcapping", 5.f);
+      wr.f32(arch + ".final_logit_softcapping", 4.f);
+    }
   } else {
     KVTRIM_CHECK(s.head_dim * s.n_head == s.n_embd,
                  "tiny %s model: head_dim * n_head must equal n_embd", arch.c_str());
@@ -219,7 +233,6 @@ std::string write_tiny_model(const TinyModelSpec& s, const std::string& dir) {
 
   const int64_t n_embd = s.n_embd, n_ff = s.n_ff;
   const int64_t n_q = int64_t{s.n_head} * s.head_dim, n_kv = int64_t{s.n_head_kv} * s.head_dim;
-  const bool gemma = s.arch == Arch::kGemma3;
   wr.matrix("token_embd.weight", s.t_embd, n_vocab, n_embd,
             gemma ? 1.f : std::sqrt(static_cast<float>(n_embd)));
   wr.vec("output_norm.weight", n_embd, 1.f, 0.1f);
@@ -242,7 +255,7 @@ std::string write_tiny_model(const TinyModelSpec& s, const std::string& dir) {
       wr.vec(b + "attn_k.bias", n_kv, 0.f, 0.2f);
       wr.vec(b + "attn_v.bias", n_kv, 0.f, 0.2f);
     }
-    if (gemma || s.arch == Arch::kQwen3) {
+    if (s.arch == Arch::kGemma3 || s.arch == Arch::kQwen3) {
       wr.vec(b + "attn_q_norm.weight", s.head_dim, 1.f, 0.2f);
       wr.vec(b + "attn_k_norm.weight", s.head_dim, 1.f, 0.2f);
     }

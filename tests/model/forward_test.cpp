@@ -78,10 +78,12 @@ TEST_P(TinyForward, LoadsHyperParameters) {
   EXPECT_EQ(hp.rope_neox, a != Arch::kLlama);
   ASSERT_EQ(static_cast<int>(hp.sliding_window.size()), spec.n_layer);
   for (int il = 0; il < spec.n_layer; ++il) {
-    const bool local = a == Arch::kGemma3 && (il + 1) % 6 != 0;
+    const bool local = (a == Arch::kGemma3 && (il + 1) % 6 != 0) || (a == Arch::kGemma2 && il % 2 == 0);
     EXPECT_EQ(hp.sliding_window[il], local ? spec.sliding_window : 0) << "layer " << il;
   }
-  EXPECT_FLOAT_EQ(hp.embd_scale, a == Arch::kGemma3 ? 8.f : 1.f);
+  EXPECT_FLOAT_EQ(hp.embd_scale, a == Arch::kGemma3 || a == Arch::kGemma2 ? 8.f : 1.f);
+  EXPECT_FLOAT_EQ(hp.attn_softcap, a == Arch::kGemma2 ? 5.f : 0.f);
+  EXPECT_FLOAT_EQ(hp.final_softcap, a == Arch::kGemma2 ? 4.f : 0.f);
   EXPECT_EQ(m->output().data == m->tok_embd().data, spec.tied_output);
   EXPECT_EQ(m->layers()[0].bq.data != nullptr, a == Arch::kQwen2);
   EXPECT_EQ(m->layers()[0].q_norm.data != nullptr, a == Arch::kGemma3 || a == Arch::kQwen3);
@@ -229,7 +231,7 @@ TEST_P(TinyForward, FloatWeightsMatchReferenceTightly) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllArchs, TinyForward,
-                         ::testing::Values(Arch::kLlama, Arch::kQwen2, Arch::kQwen3, Arch::kGemma3),
+                         ::testing::Values(Arch::kLlama, Arch::kQwen2, Arch::kQwen3, Arch::kGemma2, Arch::kGemma3),
                          [](const ::testing::TestParamInfo<Arch>& i) {
                            return std::string(arch_name(i.param));
                          });
@@ -274,7 +276,7 @@ TEST(ModelLoad, UnsupportedArchListsSupported) {
   s.arch_override = "mamba";
   const std::string e = load_error(s, "arch");
   EXPECT_NE(e.find("mamba"), std::string::npos) << e;
-  EXPECT_NE(e.find("llama, qwen2, qwen3, gemma3"), std::string::npos) << e;
+  EXPECT_NE(e.find("llama, qwen2, qwen3, gemma2, gemma3"), std::string::npos) << e;
 }
 
 TEST(ModelLoad, HeadsNotMultipleOfKvHeads) {
@@ -363,6 +365,23 @@ TEST(RopeScaling, Llama3FactorsAreAppliedByBothPasses) {
     moved = std::max(moved, rel_err(ref_plain.data() + o, ref.data() + o, n_vocab));
   }
   EXPECT_GT(moved, 1e-2) << "the factors did not change the logits";
+}
+
+// Gemma 2's soft-caps bound what they cap: every logit within ±final_softcap (4 in the tiny
+// model) and reaching into the bend of the tanh.
+TEST(Gemma2, SoftCapsBoundTheLogits) {
+  test::TinyModelSpec s = test::tiny_spec(Arch::kGemma2, 41);
+  auto m = Model::load(test::write_tiny_model(s, test::temp_dir("tiny_gemma2_cap")));
+  const int n_vocab = m->hparams().n_vocab, n = 24;
+  const std::vector<int32_t> toks = test_tokens(n, n_vocab, 6);
+  std::vector<float> got(static_cast<size_t>(n) * n_vocab);
+  KvCacheConfig cc = m->cache_config(64);
+  auto cache = make_dense_cache(cc);
+  m->forward(toks.data(), n, 0, *cache, got.data(), true, nullptr);
+  float hi = 0;
+  for (float z : got) hi = std::max(hi, std::fabs(z));
+  EXPECT_LT(hi, 4.f);
+  EXPECT_GT(hi, 3.f) << "the tiny model's logits should reach into the cap's bend";
 }
 
 // YaRN (qwen2 with rope.scaling.type = yarn): both passes agree, and the scaling is not a no-op.

@@ -1,10 +1,13 @@
-// kvtrim inspect: a GGUF file's metadata, tensor types and the hyper-parameters kvtrim reads.
+// kvtrim inspect: a GGUF file's metadata, tensor types, and whether kvtrim can run it (with the
+// hyper-parameters it reads) or exactly why not (exit 1, the loader's error naming the key or tensor).
 #include <cstdio>
 #include <map>
 
 #include "cli.h"
 #include "core/error.h"
 #include "model/gguf.h"
+#include "model/model.h"
+#include "ops/weight_pack.h"
 
 namespace kvtrim::cli {
 
@@ -14,6 +17,8 @@ struct InspectOptions {
   bool tensors = false;
   int max_elems = 8;
 };
+
+void print_tensors_if(const InspectOptions& o, const GgufFile& file);
 
 void inspect(const InspectOptions& o) {
   const std::string path = resolve_model_path(o.model);
@@ -36,6 +41,28 @@ void inspect(const InspectOptions& o) {
   for (const auto& [name, e] : by_type)
     std::printf("  %-6s %4d tensors  %s\n", name.c_str(), e.first, human_bytes(e.second).c_str());
   std::printf("  total  %4zu tensors  %s\n", f->tensors().size(), human_bytes(total).c_str());
+  print_tensors_if(o, *f);
+  // Whether kvtrim can run it: the loader's every check (architecture, keys, tensors, shapes,
+  // types, tokenizer), without packing the weights.
+  set_weight_packing(false);
+  std::unique_ptr<Model> m;
+  try {
+    m = Model::load(path);
+  } catch (const Error& e) {
+    std::printf("\nkvtrim can run this file: no\n");
+    fail("%s", e.what());
+  }
+  const HParams& hp = m->hparams();
+  int n_swa = 0;
+  for (int w : hp.sliding_window) n_swa += w > 0;
+  std::printf("\nkvtrim can run this file: yes\n  %s: %d layers (%d with a sliding window), %d heads / %d kv heads, "
+              "head_dim %d/%d, n_embd %d, n_ff %d, vocab %d, context %d\n  %s\n",
+              arch_name(hp.arch), hp.n_layer, n_swa, hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, hp.n_embd,
+              hp.n_ff, hp.n_vocab, hp.n_ctx_train, rope_description(hp).c_str());
+}
+
+void print_tensors_if(const InspectOptions& o, const GgufFile& file) {
+  const GgufFile* f = &file;
   if (o.tensors) {
     std::printf("\ntensors:\n");
     for (const auto& t : f->tensors()) {
@@ -50,7 +77,7 @@ void inspect(const InspectOptions& o) {
 
 void register_inspect(CLI::App& app) {
   auto o = std::make_shared<InspectOptions>();
-  CLI::App* c = app.add_subcommand("inspect", "show a GGUF file's metadata and tensors");
+  CLI::App* c = app.add_subcommand("inspect", "show a GGUF file's metadata and tensors, and whether kvtrim can run it");
   c->add_option("-m,--model", o->model, "installed model name or .gguf path")->capture_default_str();
   c->add_option("file", o->model, "GGUF file (same as -m)");
   c->add_flag("--tensors", o->tensors, "list every tensor");

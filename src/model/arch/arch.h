@@ -58,10 +58,11 @@ struct ArchInfo {
 extern const ArchInfo kArchLlama;
 extern const ArchInfo kArchQwen2;
 extern const ArchInfo kArchQwen3;
+extern const ArchInfo kArchGemma2;
 extern const ArchInfo kArchGemma3;
 
 const ArchInfo& arch_info(Arch a);
 const ArchInfo* find_arch(std::string_view gguf_name);  // nullptr if unsupported
-std::string supported_archs();                          // "llama, qwen2, qwen3, gemma3"
+std::string supported_archs();                          // "llama, qwen2, qwen3, gemma2, gemma3"
 
 }  // namespace kvtrim
