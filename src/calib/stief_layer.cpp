@@ -109,6 +109,11 @@ LayerWeightsF32 layer_weights_f32(const Model& model, int il) {
   const HParams& hp = model.hparams();
   KVTRIM_CHECK(il >= 0 && il < hp.n_layer, "layer %d out of range (the model has %d)", il,
                hp.n_layer);
+  // The layer objective recomputes the decoder layer here; what it does not model is refused.
+  KVTRIM_CHECK(hp.n_expert == 0, "StiefAttention's layer objective does not model a mixture-of-experts FFN (%s); "
+               "calibrate the other low-rank presses instead", arch_name(hp.arch));
+  KVTRIM_CHECK(hp.attn_softcap == 0, "StiefAttention's layer objective does not model attention soft-capping (%s)",
+               arch_name(hp.arch));
   const LayerWeights& lw = model.layers()[static_cast<size_t>(il)];
   LayerWeightsF32 w;
   w.n_embd = hp.n_embd;

@@ -32,6 +32,14 @@ struct Workspace {
   std::vector<float> logits; // [rows needing logits, n_vocab] of a batch of several sequences
   std::vector<float> rope_cs;  // [n, n_rot] per row: cos [n_rot / 2], then sin, for rope_spec
   RopeSpec rope_spec;          // the angles in rope_cs (n_rot 0: none this call)
+  // mixture of experts
+  std::vector<float> router;         // [n, n_expert] logits, then probabilities
+  std::vector<int32_t> sel;          // [n, n_expert_used] chosen experts, ascending
+  std::vector<float> sel_w;          // [n, n_expert_used] their renormalised weights
+  std::vector<float> ex, eg, eu, ed; // one expert's gathered rows: in [m, n_embd], gate / up [m, n_ff_exp], out [m, n_embd]
+  std::vector<int64_t> ex_rows;      // those rows' indices
+  std::vector<float> ex_w;           // and weights
+  std::vector<float> moe_out;        // [n, n_embd] the layer's FFN output
 };
 
 // From this many rows on the forward pass's element-wise work (norms, RoPE, activations, the
@@ -122,6 +130,70 @@ void rms_norm_rows(const float* x, const WeightView& w, float* y, int64_t n, int
   rows_job(pool, n, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) rms_norm(x + i * d, wd, y + i * d, d, eps);
   });
+}
+
+// The experts each row uses: softmax over the router's logits, the n_used largest probabilities
+// (the lower index first on a tie), renormalised to sum 1 (qwen3moe's norm_topk_prob); the chosen
+// experts stored in ascending order so that their outputs are summed in a fixed order.
+void route_rows(const float* logits, int64_t n, int n_expert, int n_used, int32_t* sel, float* sel_w) {
+  std::vector<float> p(static_cast<size_t>(n_expert));
+  std::vector<int32_t> idx(static_cast<size_t>(n_expert));
+  for (int64_t i = 0; i < n; ++i) {
+    std::copy_n(logits + i * n_expert, n_expert, p.data());
+    softmax(p.data(), n_expert);
+    for (int e = 0; e < n_expert; ++e) idx[static_cast<size_t>(e)] = e;
+    std::partial_sort(idx.begin(), idx.begin() + n_used, idx.end(), [&](int32_t a, int32_t b) {
+      return p[static_cast<size_t>(a)] > p[static_cast<size_t>(b)] || (p[static_cast<size_t>(a)] == p[static_cast<size_t>(b)] && a < b);
+    });
+    std::sort(idx.begin(), idx.begin() + n_used);
+    float sum = 0;
+    for (int j = 0; j < n_used; ++j) sum += p[static_cast<size_t>(idx[static_cast<size_t>(j)])];
+    for (int j = 0; j < n_used; ++j) {
+      sel[i * n_used + j] = idx[static_cast<size_t>(j)];
+      sel_w[i * n_used + j] = p[static_cast<size_t>(idx[static_cast<size_t>(j)])] / sum;
+    }
+  }
+}
+
+// out[r, :] = Σ over row r's experts e (ascending) of w_e · down_e(silu(gate_e · xn_r) ⊙ (up_e · xn_r)).
+// Per group of rows (the same groups as every other product, so a sequence gets what it gets alone)
+// and per expert, the rows that chose it go through its matrices together: a prefill chunk's
+// tokens batched by expert, a decode step reading only its n_used experts.
+void moe_ffn(const HParams& hp, const LayerWeights& w, const float* xn, const RowGroups& g, int64_t n, float* out,
+             Workspace& ws, ThreadPool* pool) {
+  const int n_exp = hp.n_expert, k = hp.n_expert_used;
+  const int64_t n_embd = hp.n_embd, dff = hp.n_ff_exp;
+  ws.router.resize(static_cast<size_t>(n * n_exp));
+  ws.sel.resize(static_cast<size_t>(n * k));
+  ws.sel_w.resize(ws.sel.size());
+  project_groups(w.ffn_gate_inp, xn, g, ws.router.data(), pool);
+  route_rows(ws.router.data(), n, n_exp, k, ws.sel.data(), ws.sel_w.data());
+  std::fill(out, out + n * n_embd, 0.f);
+  for (const auto& [r0, r1] : g.ranges) {
+    for (int e = 0; e < n_exp; ++e) {
+      ws.ex_rows.clear();
+      ws.ex_w.clear();
+      for (int64_t r = r0; r < r1; ++r)
+        for (int j = 0; j < k; ++j)
+          if (ws.sel[static_cast<size_t>(r * k + j)] == e) {
+            ws.ex_rows.push_back(r);
+            ws.ex_w.push_back(ws.sel_w[static_cast<size_t>(r * k + j)]);
+          }
+      const int64_t m = static_cast<int64_t>(ws.ex_rows.size());
+      if (m == 0) continue;
+      ws.ex.resize(static_cast<size_t>(m * n_embd));
+      ws.eg.resize(static_cast<size_t>(m * dff));
+      ws.eu.resize(ws.eg.size());
+      ws.ed.resize(ws.ex.size());
+      for (int64_t i = 0; i < m; ++i) std::copy_n(xn + ws.ex_rows[static_cast<size_t>(i)] * n_embd, n_embd, ws.ex.data() + i * n_embd);
+      const WeightView* gu[2] = {&w.gate_exps[static_cast<size_t>(e)], &w.up_exps[static_cast<size_t>(e)]};
+      float* ys[2] = {ws.eg.data(), ws.eu.data()};
+      matmul_many(gu, ys, 2, ws.ex.data(), m, pool);
+      swiglu(ws.eg.data(), ws.eu.data(), ws.eg.data(), m * dff);
+      project(w.down_exps[static_cast<size_t>(e)], ws.eg.data(), m, ws.ed.data(), pool);
+      for (int64_t i = 0; i < m; ++i) axpy(out + ws.ex_rows[static_cast<size_t>(i)] * n_embd, ws.ex_w[static_cast<size_t>(i)], ws.ed.data() + i * n_embd, n_embd);
+    }
+  }
 }
 
 }  // namespace
@@ -337,6 +409,11 @@ void Model::forward_batch(const std::vector<ForwardSeq>& seqs, ThreadPool* pool)
 
     // --- feed-forward: x += [post_norm](W_down · (act(W_gate·xb) ⊙ (W_up·xb))), xb = rmsnorm(x)
     rms_norm_rows(x, w.ffn_norm, xb, n, n_embd, hp.norm_eps, pool);
+    if (w.ffn_gate_inp.data) {  // qwen3moe: the routed experts' outputs, weighted, into xb
+      ws.moe_out.resize(static_cast<size_t>(n * n_embd));
+      moe_ffn(hp, w, xb, groups, n, ws.moe_out.data(), ws, pool);
+      std::copy_n(ws.moe_out.data(), n * n_embd, xb);
+    } else {
     project_groups_many({{&w.ffn_gate, ws.gate.data()}, {&w.ffn_up, ws.up.data()}}, xb, groups, pool);
     {
       float* const g = ws.gate.data();
@@ -351,6 +428,7 @@ void Model::forward_batch(const std::vector<ForwardSeq>& seqs, ThreadPool* pool)
       });
     }
     project_groups(w.ffn_down, ws.gate.data(), groups, xb, pool);
+    }
     if (w.post_ffn_norm.data) rms_norm_rows(xb, w.post_ffn_norm, xb, n, n_embd, hp.norm_eps, pool);
     rows_job(pool, n, [&](int64_t b, int64_t e) { add(x + b * n_embd, xb + b * n_embd, (e - b) * n_embd); });
     for (size_t s = 0; s < seqs.size(); ++s) {

@@ -104,6 +104,31 @@ void forward_reference(const Model& m, const int32_t* tokens, int64_t n, float* 
 
       // ffn rmsnorm, then F.silu(w1(x)) * w3(x) (llama, qwen2) or gelu_tanh(w1(x)) * w3(x) (gemma3)
       ref::rms_norm(x.data(), f32(w.ffn_norm), xb.data(), dim, hp.norm_eps);
+      if (w.ffn_gate_inp.data) {
+        // qwen3moe: p = softmax(router·xb); the n_used largest p (lower index first on a tie),
+        // renormalised; xb = Σ_e (p_e / Σ p) · down_e(silu(gate_e·xb) ⊙ up_e·xb), e ascending
+        std::vector<float> p(static_cast<size_t>(hp.n_expert));
+        ref::matvec(w.ffn_gate_inp, xb.data(), p.data());
+        ref::softmax(p.data(), hp.n_expert);
+        std::vector<int> order(static_cast<size_t>(hp.n_expert));
+        for (int e = 0; e < hp.n_expert; ++e) order[static_cast<size_t>(e)] = e;
+        std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return p[static_cast<size_t>(a)] > p[static_cast<size_t>(b)]; });
+        order.resize(static_cast<size_t>(hp.n_expert_used));
+        std::sort(order.begin(), order.end());
+        double psum = 0;
+        for (int e : order) psum += p[static_cast<size_t>(e)];
+        std::vector<float> g(static_cast<size_t>(hp.n_ff_exp)), u(g.size()), y(static_cast<size_t>(dim)), acc(static_cast<size_t>(dim), 0.f);
+        for (int e : order) {
+          ref::matvec(w.gate_exps[static_cast<size_t>(e)], xb.data(), g.data());
+          ref::matvec(w.up_exps[static_cast<size_t>(e)], xb.data(), u.data());
+          ref::swiglu(g.data(), u.data(), g.data(), hp.n_ff_exp);
+          ref::matvec(w.down_exps[static_cast<size_t>(e)], g.data(), y.data());
+          const float we = static_cast<float>(p[static_cast<size_t>(e)] / psum);
+          for (int64_t i = 0; i < dim; ++i) acc[static_cast<size_t>(i)] += we * y[static_cast<size_t>(i)];
+        }
+        for (int64_t i = 0; i < dim; ++i) x[i] += acc[static_cast<size_t>(i)];
+        continue;
+      }
       ref::matvec(w.ffn_gate, xb.data(), hb.data());
       ref::matvec(w.ffn_up, xb.data(), hb2.data());
       if (ai.ffn_act == FfnAct::kSilu) {

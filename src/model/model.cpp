@@ -50,6 +50,9 @@ class ModelLoader {
   // A weight matrix [n_rows, n_cols] (GGUF ne = [n_cols, n_rows]); `what` names the dims.
   WeightView matrix(const std::string& name, int64_t n_rows, int64_t n_cols, const char* what,
                     bool required);
+  // The n_expert matrices [n_rows, n_cols] of a 3-D expert tensor (GGUF ne = [n_cols, n_rows,
+  // n_expert]), one view per expert into its slice.
+  std::vector<WeightView> experts(const std::string& name, int64_t n_rows, int64_t n_cols, const char* what);
   // An f32 vector [n] (converted from f16 / bf16 if needed).
   WeightView vector(const std::string& name, int64_t n, const char* what, bool required);
 
@@ -230,6 +233,28 @@ WeightView ModelLoader::matrix(const std::string& name, int64_t n_rows, int64_t 
   return WeightView{t->type, t->data, n_rows, n_cols, row_bytes};
 }
 
+std::vector<WeightView> ModelLoader::experts(const std::string& name, int64_t n_rows, int64_t n_cols, const char* what) {
+  const int64_t n_exp = m_.hp_.n_expert;
+  const GgufTensor* t = find(name, true);
+  const std::vector<int64_t> want = {n_cols, n_rows, n_exp};
+  KVTRIM_CHECK(t->ne == want, "%s: tensor '%s' has shape %s, expected %s (%s)", f_.path().c_str(), name.c_str(),
+               shape_str(t->ne).c_str(), shape_str(want).c_str(), what);
+  const GgmlTypeTraits& tr = ggml_traits(t->type);
+  KVTRIM_CHECK(tr.supported, "%s: tensor '%s' has type %s, which kvtrim cannot multiply", f_.path().c_str(),
+               name.c_str(), std::string(tr.name).c_str());
+  KVTRIM_CHECK(n_cols % tr.block_size == 0, "%s: tensor '%s': row length %lld is not a multiple of the %s block size %lld",
+               f_.path().c_str(), name.c_str(), static_cast<long long>(n_cols), std::string(tr.name).c_str(),
+               static_cast<long long>(tr.block_size));
+  const size_t row_bytes = ggml_row_size(t->type, n_cols);
+  const size_t slice = row_bytes * static_cast<size_t>(n_rows);
+  KVTRIM_CHECK(t->n_bytes >= slice * static_cast<size_t>(n_exp), "%s: tensor '%s' holds %zu bytes, expected %zu",
+               f_.path().c_str(), name.c_str(), t->n_bytes, slice * static_cast<size_t>(n_exp));
+  std::vector<WeightView> v(static_cast<size_t>(n_exp));
+  for (int64_t e = 0; e < n_exp; ++e)
+    v[static_cast<size_t>(e)] = WeightView{t->type, t->data + static_cast<size_t>(e) * slice, n_rows, n_cols, row_bytes};
+  return v;
+}
+
 WeightView ModelLoader::vector(const std::string& name, int64_t n, const char* what,
                                bool required) {
   const GgufTensor* t = find(name, required);
@@ -301,6 +326,14 @@ void ModelLoader::load_tensors() {
       w.post_ffn_norm = vector(b + "post_ffw_norm.weight", n_embd, "n_embd", true);
     }
     w.ffn_norm = vector(b + "ffn_norm.weight", n_embd, "n_embd", true);
+    if (ai_.moe) {
+      const int64_t n_exp = hp.n_expert, n_ff_exp = hp.n_ff_exp;
+      w.ffn_gate_inp = matrix(b + "ffn_gate_inp.weight", n_exp, n_embd, "n_embd, n_expert", true);
+      w.gate_exps = experts(b + "ffn_gate_exps.weight", n_ff_exp, n_embd, "n_embd, n_ff_exp, n_expert");
+      w.up_exps = experts(b + "ffn_up_exps.weight", n_ff_exp, n_embd, "n_embd, n_ff_exp, n_expert");
+      w.down_exps = experts(b + "ffn_down_exps.weight", n_embd, n_ff_exp, "n_ff_exp, n_embd, n_expert");
+      continue;
+    }
     w.ffn_gate = matrix(b + "ffn_gate.weight", n_ff, n_embd, "n_embd, n_ff", true);
     w.ffn_up = matrix(b + "ffn_up.weight", n_ff, n_embd, "n_embd, n_ff", true);
     w.ffn_down = matrix(b + "ffn_down.weight", n_embd, n_ff, "n_ff, n_embd", true);
@@ -399,6 +432,12 @@ size_t Model::decode_weight_bytes() const {
       n += b(*w);
   }
   n += b(out_norm_) + b(output_) + (tok_embd_.data ? tok_embd_.row_bytes : 0);
+  // a token reads its n_expert_used experts' matrices and the router (expert 0's size stands for all)
+  for (const LayerWeights& l : layers_) {
+    if (!l.ffn_gate_inp.data) continue;
+    n += b(l.ffn_gate_inp) +
+         static_cast<size_t>(hp_.n_expert_used) * (b(l.gate_exps[0]) + b(l.up_exps[0]) + b(l.down_exps[0]));
+  }
   return n;
 }
 

@@ -19,7 +19,7 @@ class KvCache;
 class ThreadPool;
 struct KvCacheConfig;
 
-enum class Arch { kLlama, kQwen2, kQwen3, kGemma2, kGemma3 };
+enum class Arch { kLlama, kQwen2, kQwen3, kQwen3Moe, kGemma2, kGemma3 };
 const char* arch_name(Arch a);
 
 struct HParams {
@@ -53,6 +53,12 @@ struct HParams {
   float embd_scale = 1.f;          // gemma: sqrt(n_embd)
   float attn_softcap = 0;          // gemma2: scores s -> c·tanh(s / c) before the softmax (0 = none)
   float final_softcap = 0;         // gemma2: logits z -> c·tanh(z / c) (0 = none)
+  // Mixture of experts (qwen3moe; 0 = a dense FFN): every layer's FFN is n_expert_used of n_expert
+  // SwiGLU experts of width n_ff_exp, chosen per token by the router's softmax top-k, their
+  // outputs summed with the top-k probabilities renormalised to sum 1 (norm_topk_prob).
+  int n_expert = 0;
+  int n_expert_used = 0;
+  int n_ff_exp = 0;
 };
 
 // How the model rotates positions, for people: "rope base 10000, llama3 frequency factors",
@@ -77,6 +83,10 @@ struct LayerWeights {
   WeightView ffn_gate, ffn_up;   // [n_ff, n_embd]
   WeightView ffn_down;     // [n_embd, n_ff]
   WeightView post_ffn_norm;      // gemma3 [n_embd]
+  // Mixture of experts (hp.n_expert > 0; ffn_gate / ffn_up / ffn_down are then absent):
+  WeightView ffn_gate_inp;                     // router [n_expert, n_embd]
+  std::vector<WeightView> gate_exps, up_exps;  // per expert [n_ff_exp, n_embd] (slices of one tensor)
+  std::vector<WeightView> down_exps;           // per expert [n_embd, n_ff_exp]
 };
 
 // Sees each layer's queries, keys and values during a forward pass (after RoPE, before the

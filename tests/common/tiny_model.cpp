@@ -73,6 +73,18 @@ struct Writer {
     }
     if (!skip(name)) w.add_tensor(name, t, {n_cols, n_rows}, data.data(), data.size());
   }
+  // n_expert matrices [n_rows, n_cols] as one 3-D tensor (GGUF ne = [n_cols, n_rows, n_expert]).
+  void experts(const std::string& name, GgmlType t, int64_t n_rows, int64_t n_cols, int64_t n_expert, float gain) {
+    std::normal_distribution<float> nd(0.f, gain / std::sqrt(static_cast<float>(n_cols)));
+    std::vector<float> row(static_cast<size_t>(n_cols));
+    const size_t rb = ggml_row_size(t, n_cols);
+    std::vector<uint8_t> data(rb * static_cast<size_t>(n_rows * n_expert));
+    for (int64_t r = 0; r < n_rows * n_expert; ++r) {
+      for (float& x : row) x = nd(rng);
+      quantize_row(t, row.data(), data.data() + static_cast<size_t>(r) * rb, n_cols);
+    }
+    if (!skip(name)) w.add_tensor(name, t, {n_cols, n_rows, n_expert}, data.data(), data.size());
+  }
   // A vector [n] of mean + N(0, sd²), f32 or f16.
   void vec(const std::string& name, int64_t n, float mean, float sd, GgmlType t = GgmlType::F32) {
     std::normal_distribution<float> nd(mean, sd);
@@ -141,6 +153,14 @@ TinyModelSpec tiny_spec(Arch arch, uint32_t seed) {
       s.tied_output = false;
       s.t_output = GgmlType::Q8_0;
       break;
+    case Arch::kQwen3Moe:  // qwen3's attention, 4 experts of width 64, 2 per token
+      s.head_dim = 32;
+      s.t_embd = GgmlType::Q8_0;
+      s.t_attn = GgmlType::Q8_0;
+      s.t_v = GgmlType::Q8_0;
+      s.tied_output = false;
+      s.t_output = GgmlType::Q8_0;
+      break;
     case Arch::kGemma2:  // soft-capping, 4 layers alternating local / global, head_dim 32
       s.n_layer = 4;
       s.head_dim = 32;
@@ -184,7 +204,13 @@ std::string write_tiny_model(const TinyModelSpec& s, const std::string& dir) {
   wr.f32(arch + ".attention.layer_norm_rms_epsilon", 1e-6f);
   wr.f32(arch + ".rope.freq_base", s.arch == Arch::kLlama ? 10000.f : 1000000.f);
   const bool gemma = s.arch == Arch::kGemma3 || s.arch == Arch::kGemma2;
-  if (gemma || s.arch == Arch::kQwen3) {
+  const bool qwen3 = s.arch == Arch::kQwen3 || s.arch == Arch::kQwen3Moe;
+  if (s.arch == Arch::kQwen3Moe) {
+    wr.u32(arch + ".expert_count", s.n_expert);
+    wr.u32(arch + ".expert_used_count", s.n_expert_used);
+    wr.u32(arch + ".expert_feed_forward_length", s.n_ff_exp);
+  }
+  if (gemma || qwen3) {
     wr.u32(arch + ".attention.key_length", s.head_dim);
     wr.u32(arch + ".attention.value_length", s.head_dim);
     if (gemma) wr.u32(arch + ".attention.sliding_window", s.sliding_window);
@@ -255,7 +281,7 @@ std::string write_tiny_model(const TinyModelSpec& s, const std::string& dir) {
       wr.vec(b + "attn_k.bias", n_kv, 0.f, 0.2f);
       wr.vec(b + "attn_v.bias", n_kv, 0.f, 0.2f);
     }
-    if (s.arch == Arch::kGemma3 || s.arch == Arch::kQwen3) {
+    if (s.arch == Arch::kGemma3 || qwen3) {
       wr.vec(b + "attn_q_norm.weight", s.head_dim, 1.f, 0.2f);
       wr.vec(b + "attn_k_norm.weight", s.head_dim, 1.f, 0.2f);
     }
@@ -264,6 +290,13 @@ std::string write_tiny_model(const TinyModelSpec& s, const std::string& dir) {
       wr.vec(b + "post_ffw_norm.weight", n_embd, 1.f, 0.1f, GgmlType::F16);
     }
     wr.vec(b + "ffn_norm.weight", n_embd, 1.f, 0.1f);
+    if (s.arch == Arch::kQwen3Moe) {
+      wr.matrix(b + "ffn_gate_inp.weight", GgmlType::F32, s.n_expert, n_embd, 3.f);
+      wr.experts(b + "ffn_gate_exps.weight", s.t_exps, s.n_ff_exp, n_embd, s.n_expert, 1.f);
+      wr.experts(b + "ffn_up_exps.weight", s.t_exps, s.n_ff_exp, n_embd, s.n_expert, 1.f);
+      wr.experts(b + "ffn_down_exps.weight", s.t_exps, n_embd, s.n_ff_exp, s.n_expert, 1.f);
+      continue;
+    }
     wr.matrix(b + "ffn_gate.weight", s.t_ffn, n_ff, n_embd, 1.f);
     wr.matrix(b + "ffn_up.weight", s.t_ffn, n_ff, n_embd, 1.f);
     wr.matrix(b + "ffn_down.weight", s.t_down, n_embd, n_ff, 1.f);

@@ -42,6 +42,11 @@ struct TinyModelSpec {
   //  rope_freqs: rope_freqs.weight = Llama 3's factors for factor 8, low / high frequency factors
   //              1 / 4, original context rope_orig_ctx (tiny_llama3_factors) — llama only;
   //  rope_yarn_factor > 0: rope.scaling.type = yarn, that factor, original context rope_orig_ctx.
+  // qwen3moe: expert count, experts per token, expert width, expert matrices' type
+  int n_expert = 4;
+  int n_expert_used = 2;
+  int n_ff_exp = 64;
+  GgmlType t_exps = GgmlType::Q8_0;
   bool rope_freqs = false;
   float rope_yarn_factor = 0.f;
   int rope_orig_ctx = 16;

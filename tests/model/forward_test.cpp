@@ -86,7 +86,9 @@ TEST_P(TinyForward, LoadsHyperParameters) {
   EXPECT_FLOAT_EQ(hp.final_softcap, a == Arch::kGemma2 ? 4.f : 0.f);
   EXPECT_EQ(m->output().data == m->tok_embd().data, spec.tied_output);
   EXPECT_EQ(m->layers()[0].bq.data != nullptr, a == Arch::kQwen2);
-  EXPECT_EQ(m->layers()[0].q_norm.data != nullptr, a == Arch::kGemma3 || a == Arch::kQwen3);
+  EXPECT_EQ(m->layers()[0].q_norm.data != nullptr, a == Arch::kGemma3 || a == Arch::kQwen3 || a == Arch::kQwen3Moe);
+  EXPECT_EQ(hp.n_expert, a == Arch::kQwen3Moe ? spec.n_expert : 0);
+  EXPECT_EQ(m->layers()[0].gate_exps.size(), a == Arch::kQwen3Moe ? static_cast<size_t>(spec.n_expert) : 0u);
   EXPECT_EQ(m->tokenizer().n_vocab(), test::tiny_vocab_size());
   const KvCacheConfig cc = m->cache_config(64);
   EXPECT_EQ(cc.n_layer, spec.n_layer);
@@ -203,7 +205,7 @@ TEST_P(TinyForward, EnforcesContextLimits) {
 // agree with the reference to float rounding — this pins the forward's logic exactly.
 TEST_P(TinyForward, FloatWeightsMatchReferenceTightly) {
   test::TinyModelSpec spec = test::tiny_spec(GetParam(), 23);
-  spec.t_embd = spec.t_attn = spec.t_v = spec.t_ffn = spec.t_down = spec.t_output = GgmlType::F32;
+  spec.t_embd = spec.t_attn = spec.t_v = spec.t_ffn = spec.t_down = spec.t_output = spec.t_exps = GgmlType::F32;
   auto m = Model::load(test::write_tiny_model(spec, test::temp_dir("tiny_f32")));
   const int n_vocab = m->hparams().n_vocab;
   const int n = 20;
@@ -231,7 +233,8 @@ TEST_P(TinyForward, FloatWeightsMatchReferenceTightly) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllArchs, TinyForward,
-                         ::testing::Values(Arch::kLlama, Arch::kQwen2, Arch::kQwen3, Arch::kGemma2, Arch::kGemma3),
+                         ::testing::Values(Arch::kLlama, Arch::kQwen2, Arch::kQwen3, Arch::kQwen3Moe, Arch::kGemma2,
+                                           Arch::kGemma3),
                          [](const ::testing::TestParamInfo<Arch>& i) {
                            return std::string(arch_name(i.param));
                          });
@@ -276,7 +279,7 @@ TEST(ModelLoad, UnsupportedArchListsSupported) {
   s.arch_override = "mamba";
   const std::string e = load_error(s, "arch");
   EXPECT_NE(e.find("mamba"), std::string::npos) << e;
-  EXPECT_NE(e.find("llama, qwen2, qwen3, gemma2, gemma3"), std::string::npos) << e;
+  EXPECT_NE(e.find("llama, qwen2, qwen3, qwen3moe, gemma2, gemma3"), std::string::npos) << e;
 }
 
 TEST(ModelLoad, HeadsNotMultipleOfKvHeads) {

@@ -49,6 +49,7 @@ struct ArchInfo {
   bool qk_norm;           // per-head RMSNorm of q and k before RoPE (gemma3, qwen3)
   bool post_norms;        // post_attention_norm / post_ffw_norm before each residual add (gemma3)
   bool rope_freqs;        // may carry rope_freqs.weight: per-frequency RoPE divisors (Llama 3.x)
+  bool moe;               // the FFN is a mixture of experts (ffn_gate_inp + ffn_{gate,up,down}_exps)
   FfnAct ffn_act;
   // Reads the arch-specific keys after the common ones (<arch>.block_count, ...) are in hp:
   // sliding windows, rope bases, attention and embedding scales.
@@ -58,11 +59,12 @@ struct ArchInfo {
 extern const ArchInfo kArchLlama;
 extern const ArchInfo kArchQwen2;
 extern const ArchInfo kArchQwen3;
+extern const ArchInfo kArchQwen3Moe;
 extern const ArchInfo kArchGemma2;
 extern const ArchInfo kArchGemma3;
 
 const ArchInfo& arch_info(Arch a);
 const ArchInfo* find_arch(std::string_view gguf_name);  // nullptr if unsupported
-std::string supported_archs();                          // "llama, qwen2, qwen3, gemma2, gemma3"
+std::string supported_archs();                          // "llama, qwen2, qwen3, qwen3moe, gemma2, gemma3"
 
 }  // namespace kvtrim

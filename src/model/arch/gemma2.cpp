@@ -45,7 +45,7 @@ static void load_gemma2(ArchKeys& keys, HParams& hp) {
 const ArchInfo kArchGemma2 = {Arch::kGemma2,       "gemma2",
                               /*rope_neox=*/true,  /*qkv_bias=*/false,
                               /*qk_norm=*/false,   /*post_norms=*/true,
-                              /*rope_freqs=*/false, FfnAct::kGeluTanh,
+                              /*rope_freqs=*/false, /*moe=*/false, FfnAct::kGeluTanh,
                               load_gemma2};
 
 }  // namespace kvtrim

@@ -35,7 +35,7 @@ static void load_gemma3(ArchKeys& keys, HParams& hp) {
 const ArchInfo kArchGemma3 = {Arch::kGemma3,      "gemma3",
                               /*rope_neox=*/true, /*qkv_bias=*/false,
                               /*qk_norm=*/true,   /*post_norms=*/true,
-                              /*rope_freqs=*/false, FfnAct::kGeluTanh,
+                              /*rope_freqs=*/false, /*moe=*/false, FfnAct::kGeluTanh,
                               load_gemma3};
 
 }  // namespace kvtrim

@@ -15,7 +15,7 @@ static void load_llama(ArchKeys&, HParams& hp) {
 const ArchInfo kArchLlama = {Arch::kLlama,        "llama",
                              /*rope_neox=*/false, /*qkv_bias=*/false,
                              /*qk_norm=*/false,   /*post_norms=*/false,
-                             /*rope_freqs=*/true, FfnAct::kSilu,
+                             /*rope_freqs=*/true, /*moe=*/false, FfnAct::kSilu,
                              load_llama};
 
 }  // namespace kvtrim

@@ -14,7 +14,7 @@ static void load_qwen2(ArchKeys&, HParams& hp) {
 const ArchInfo kArchQwen2 = {Arch::kQwen2,        "qwen2",
                              /*rope_neox=*/true,  /*qkv_bias=*/true,
                              /*qk_norm=*/false,   /*post_norms=*/false,
-                             /*rope_freqs=*/false, FfnAct::kSilu,
+                             /*rope_freqs=*/false, /*moe=*/false, FfnAct::kSilu,
                              load_qwen2};
 
 }  // namespace kvtrim

@@ -14,7 +14,7 @@ static void load_qwen3(ArchKeys&, HParams& hp) {
 const ArchInfo kArchQwen3 = {Arch::kQwen3,        "qwen3",
                              /*rope_neox=*/true,  /*qkv_bias=*/false,
                              /*qk_norm=*/true,    /*post_norms=*/false,
-                             /*rope_freqs=*/false, FfnAct::kSilu,
-                             load_qwen3};
+                             /*rope_freqs=*/false, /*moe=*/false,
+                             FfnAct::kSilu, load_qwen3};
 
 }  // namespace kvtrim
