@@ -32,6 +32,8 @@ int main(int argc, char** argv) {
   };
   for (const Seed& sd : {Seed{Arch::kLlama, "tiny_llama.gguf", false, 0.f}, Seed{Arch::kQwen2, "tiny_qwen2.gguf", false, 0.f},
                          Seed{Arch::kQwen3, "tiny_qwen3.gguf", false, 0.f}, Seed{Arch::kGemma3, "tiny_gemma3.gguf", false, 0.f},
+                         Seed{Arch::kGemma2, "tiny_gemma2.gguf", false, 0.f}, Seed{Arch::kQwen3Moe, "tiny_qwen3moe.gguf", false, 0.f},
+                         Seed{Arch::kPhi3, "tiny_phi3.gguf", false, 0.f},
                          Seed{Arch::kLlama, "tiny_llama3_rope_freqs.gguf", true, 0.f},
                          Seed{Arch::kQwen2, "tiny_qwen2_yarn.gguf", false, 4.f}}) {
     test::TinyModelSpec s = test::tiny_spec(sd.arch, 1);

@@ -172,7 +172,7 @@ LayerSeq prepare_layer_seq(const Model& model, int il, const LayerWeightsF32& w,
   add_bias(lw.bk, s.k, nk);
   add_bias(lw.bv, s.v, nv);
   const int dk = hp.head_dim_k;
-  const RopeSpec rs = layer_rope(hp, il);
+  const RopeSpec rs = layer_rope(hp, il, s.n);
   for (int64_t t = 0; t < s.n; ++t) {
     for (int hh = 0; hh < hp.n_head; ++hh) {
       float* qh = s.q.data() + t * nq + hh * dk;

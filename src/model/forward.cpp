@@ -256,6 +256,13 @@ void Model::forward_batch(const std::vector<ForwardSeq>& seqs, ThreadPool* pool)
     row0[s + 1] = row0[s] + seqs[s].n;
   }
   const int64_t n = row0.back();
+  // The RoPE of every row is the same spec per layer: sequences whose contexts would choose other
+  // LongRoPE factors cannot share a call (the server's slots share one context size).
+  const int64_t rope_ctx = seqs[0].cache->config().n_ctx;
+  for (const ForwardSeq& sq : seqs)
+    KVTRIM_CHECK(layer_rope(hp, 0, sq.cache->config().n_ctx) == layer_rope(hp, 0, rope_ctx),
+                 "forward: sequences with contexts %lld and %lld use different RoPE factors (LongRoPE); run them apart",
+                 static_cast<long long>(sq.cache->config().n_ctx), static_cast<long long>(rope_ctx));
 
   const int64_t n_embd = hp.n_embd, n_ff = hp.n_ff;
   const int64_t hdk = hp.head_dim_k, hdv = hp.head_dim_v;
@@ -319,7 +326,7 @@ void Model::forward_batch(const std::vector<ForwardSeq>& seqs, ThreadPool* pool)
 
   for (int il = 0; il < hp.n_layer; ++il) {
     const LayerWeights& w = layers_[il];
-    const RopeSpec rs = layer_rope(hp, il);
+    const RopeSpec rs = layer_rope(hp, il, rope_ctx);
 
     if (any_layer_io) ws.x_in.assign(x, x + n * n_embd);
     // --- attention: xb = rmsnorm(x); q, k, v = xb·Wqᵀ (+b), ...

@@ -47,7 +47,7 @@ void forward_reference(const Model& m, const int32_t* tokens, int64_t n, float* 
     for (int il = 0; il < hp.n_layer; ++il) {
       const LayerWeights& w = m.layers()[il];
       const int window = hp.sliding_window[il];
-      const RopeSpec rs = layer_rope(hp, il);
+      const RopeSpec rs = layer_rope(hp, il, n);  // (the pass's length is its context)
       float* k =
           key_cache.data() + (il * n + pos) * kv_dim_k;  // this token's keys [n_head_kv, hdk]
       float* v =

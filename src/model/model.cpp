@@ -53,6 +53,13 @@ class ModelLoader {
   // The n_expert matrices [n_rows, n_cols] of a 3-D expert tensor (GGUF ne = [n_cols, n_rows,
   // n_expert]), one view per expert into its slice.
   std::vector<WeightView> experts(const std::string& name, int64_t n_rows, int64_t n_cols, const char* what);
+  // Rows [r0, r0 + n) of a matrix (a fused projection's part): a view into the same bytes.
+  static WeightView row_slice(const WeightView& w, int64_t r0, int64_t n) {
+    return WeightView{w.type, static_cast<const uint8_t*>(w.data) + static_cast<size_t>(r0) * w.row_bytes, n, w.n_cols,
+                      w.row_bytes};
+  }
+  // A per-frequency RoPE divisor tensor [n_rot / 2], checked finite and positive (nullptr if absent).
+  std::shared_ptr<const std::vector<float>> rope_divisors(const std::string& name);
   // An f32 vector [n] (converted from f16 / bf16 if needed).
   WeightView vector(const std::string& name, int64_t n, const char* what, bool required);
 
@@ -233,6 +240,18 @@ WeightView ModelLoader::matrix(const std::string& name, int64_t n_rows, int64_t 
   return WeightView{t->type, t->data, n_rows, n_cols, row_bytes};
 }
 
+std::shared_ptr<const std::vector<float>> ModelLoader::rope_divisors(const std::string& name) {
+  const int64_t n = m_.hp_.n_rot / 2;
+  const WeightView rf = vector(name, n, "n_rot / 2", false);
+  if (!rf.data) return nullptr;
+  const float* p = static_cast<const float*>(rf.data);
+  auto ff = std::make_shared<std::vector<float>>(p, p + n);
+  for (size_t i = 0; i < ff->size(); ++i)
+    KVTRIM_CHECK(std::isfinite((*ff)[i]) && (*ff)[i] > 0, "%s: tensor '%s'[%zu] = %g is not a valid divisor",
+                 f_.path().c_str(), name.c_str(), i, static_cast<double>((*ff)[i]));
+  return ff;
+}
+
 std::vector<WeightView> ModelLoader::experts(const std::string& name, int64_t n_rows, int64_t n_cols, const char* what) {
   const int64_t n_exp = m_.hp_.n_expert;
   const GgufTensor* t = find(name, true);
@@ -293,16 +312,13 @@ void ModelLoader::load_tensors() {
   if (!m_.output_.data) m_.output_ = m_.tok_embd_;  // tied embeddings
 
   // Llama 3.x: the "llama3" RoPE scaling's divisor per frequency, [n_rot / 2], every layer
-  if (ai_.rope_freqs) {
-    const WeightView rf = vector("rope_freqs.weight", hp.n_rot / 2, "n_rot / 2", false);
-    if (rf.data) {
-      const float* p = static_cast<const float*>(rf.data);
-      auto ff = std::make_shared<std::vector<float>>(p, p + hp.n_rot / 2);
-      for (size_t i = 0; i < ff->size(); ++i)
-        KVTRIM_CHECK(std::isfinite((*ff)[i]) && (*ff)[i] > 0, "%s: tensor 'rope_freqs.weight'[%zu] = %g is not a valid divisor",
-                     f_.path().c_str(), i, static_cast<double>((*ff)[i]));
-      m_.hp_.rope_freq_factors = std::move(ff);
-    }
+  if (ai_.rope_freqs) m_.hp_.rope_freq_factors = rope_divisors("rope_freqs.weight");
+  // Phi-3 LongRoPE: both sets or none
+  if (ai_.longrope) {
+    m_.hp_.rope_factors_short = rope_divisors("rope_factors_short.weight");
+    m_.hp_.rope_factors_long = rope_divisors("rope_factors_long.weight");
+    KVTRIM_CHECK(!m_.hp_.rope_factors_short == !m_.hp_.rope_factors_long,
+                 "%s: LongRoPE needs both rope_factors_short.weight and rope_factors_long.weight", f_.path().c_str());
   }
 
   m_.layers_.resize(static_cast<size_t>(hp.n_layer));
@@ -310,9 +326,18 @@ void ModelLoader::load_tensors() {
     LayerWeights& w = m_.layers_[il];
     const std::string b = "blk." + std::to_string(il) + ".";
     w.attn_norm = vector(b + "attn_norm.weight", n_embd, "n_embd", true);
-    w.wq = matrix(b + "attn_q.weight", n_q, n_embd, "n_embd, n_head*head_dim_k", true);
-    w.wk = matrix(b + "attn_k.weight", n_k, n_embd, "n_embd, n_head_kv*head_dim_k", true);
-    w.wv = matrix(b + "attn_v.weight", n_v, n_embd, "n_embd, n_head_kv*head_dim_v", true);
+    if (f_.find_tensor(b + "attn_qkv.weight") && !f_.find_tensor(b + "attn_q.weight")) {
+      // fused (phi3; llama.cpp accepts it for every arch): rows q, then k, then v
+      const WeightView qkv = matrix(b + "attn_qkv.weight", n_q + n_k + n_v, n_embd,
+                                    "n_embd, (n_head + 2*n_head_kv)*head_dim", true);
+      w.wq = row_slice(qkv, 0, n_q);
+      w.wk = row_slice(qkv, n_q, n_k);
+      w.wv = row_slice(qkv, n_q + n_k, n_v);
+    } else {
+      w.wq = matrix(b + "attn_q.weight", n_q, n_embd, "n_embd, n_head*head_dim_k", true);
+      w.wk = matrix(b + "attn_k.weight", n_k, n_embd, "n_embd, n_head_kv*head_dim_k", true);
+      w.wv = matrix(b + "attn_v.weight", n_v, n_embd, "n_embd, n_head_kv*head_dim_v", true);
+    }
     w.wo = matrix(b + "attn_output.weight", n_embd, n_o, "n_head*head_dim_v, n_embd", true);
     w.bq = vector(b + "attn_q.bias", n_q, "n_head*head_dim_k", ai_.qkv_bias);
     w.bk = vector(b + "attn_k.bias", n_k, "n_head_kv*head_dim_k", ai_.qkv_bias);
@@ -334,8 +359,14 @@ void ModelLoader::load_tensors() {
       w.down_exps = experts(b + "ffn_down_exps.weight", n_embd, n_ff_exp, "n_ff_exp, n_embd, n_expert");
       continue;
     }
-    w.ffn_gate = matrix(b + "ffn_gate.weight", n_ff, n_embd, "n_embd, n_ff", true);
-    w.ffn_up = matrix(b + "ffn_up.weight", n_ff, n_embd, "n_embd, n_ff", true);
+    if (ai_.gate_up_fused) {  // phi3: ffn_up = [gate; up]
+      const WeightView gu = matrix(b + "ffn_up.weight", 2 * n_ff, n_embd, "n_embd, 2*n_ff (gate and up)", true);
+      w.ffn_gate = row_slice(gu, 0, n_ff);
+      w.ffn_up = row_slice(gu, n_ff, n_ff);
+    } else {
+      w.ffn_gate = matrix(b + "ffn_gate.weight", n_ff, n_embd, "n_embd, n_ff", true);
+      w.ffn_up = matrix(b + "ffn_up.weight", n_ff, n_embd, "n_embd, n_ff", true);
+    }
     w.ffn_down = matrix(b + "ffn_down.weight", n_embd, n_ff, "n_ff, n_embd", true);
   }
 }
@@ -441,7 +472,7 @@ size_t Model::decode_weight_bytes() const {
   return n;
 }
 
-RopeSpec layer_rope(const HParams& hp, int il) {
+RopeSpec layer_rope(const HParams& hp, int il, int64_t n_ctx) {
   const bool swa = il >= 0 && il < static_cast<int>(hp.sliding_window.size()) &&
                    hp.sliding_window[static_cast<size_t>(il)] > 0;
   RopeSpec r;
@@ -454,6 +485,9 @@ RopeSpec layer_rope(const HParams& hp, int il) {
   r.base = hp.rope_base;
   r.freq_scale = hp.rope_freq_scale;
   r.freq_factors = hp.rope_freq_factors ? hp.rope_freq_factors->data() : nullptr;
+  if (hp.rope_factors_long) {
+    r.freq_factors = (n_ctx > hp.rope_n_ctx_orig ? hp.rope_factors_long : hp.rope_factors_short)->data();
+  }
   r.ext_factor = hp.rope_ext_factor;
   r.attn_factor = hp.rope_attn_factor;
   r.beta_fast = hp.rope_beta_fast;
@@ -468,6 +502,8 @@ std::string rope_description(const HParams& hp) {
                 hp.n_rot < hp.head_dim_k ? (", " + std::to_string(hp.n_rot) + " of " + std::to_string(hp.head_dim_k) + " dims").c_str() : "");
   std::string s = buf;
   if (hp.rope_freq_factors) s += ", llama3 frequency factors (rope_freqs.weight)";
+  if (hp.rope_factors_long)
+    s += ", LongRoPE factors (short up to " + std::to_string(hp.rope_n_ctx_orig) + " positions of context, long past it)";
   if (hp.rope_ext_factor != 0.f) {
     std::snprintf(buf, sizeof buf, ", yarn x%g from %d positions", 1.0 / static_cast<double>(hp.rope_freq_scale), hp.rope_n_ctx_orig);
     s += buf;

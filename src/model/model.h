@@ -19,7 +19,7 @@ class KvCache;
 class ThreadPool;
 struct KvCacheConfig;
 
-enum class Arch { kLlama, kQwen2, kQwen3, kQwen3Moe, kGemma2, kGemma3 };
+enum class Arch { kLlama, kQwen2, kQwen3, kQwen3Moe, kPhi3, kGemma2, kGemma3 };
 const char* arch_name(Arch a);
 
 struct HParams {
@@ -47,7 +47,10 @@ struct HParams {
   float rope_ext_factor = 0.f;     // YaRN extrapolation mix (1 for rope.scaling.type = yarn)
   float rope_attn_factor = 1.f;    // cos / sin magnitude (rope.scaling.attn_factor; LongRoPE's)
   float rope_beta_fast = 32.f, rope_beta_slow = 1.f;  // YaRN ramp (llama.cpp's defaults)
-  int rope_n_ctx_orig = 0;         // rope.scaling.original_context_length (YaRN's ramp)
+  int rope_n_ctx_orig = 0;         // rope.scaling.original_context_length (YaRN's ramp, LongRoPE's switch)
+  // Phi-3 LongRoPE: [n_rot / 2] divisors for a context up to rope_n_ctx_orig (short) and past it
+  // (long); which one a sequence uses depends on its context (layer_rope's n_ctx). nullptr: none.
+  std::shared_ptr<const std::vector<float>> rope_factors_short, rope_factors_long;
   float attn_scale = 0;            // multiplies q·k (1/sqrt(head_dim) or gemma's query_pre_attn_scalar)
   std::vector<int> sliding_window; // per layer, 0 = global
   float embd_scale = 1.f;          // gemma: sqrt(n_embd)
@@ -65,9 +68,11 @@ struct HParams {
 // "rope base 1e+06, yarn x4 from 32768 positions", "rope base 10000".
 std::string rope_description(const HParams& hp);
 
-// The rotary embedding of layer il's queries and keys (every scaling, ops/rope.h): with
-// rope_swa_plain, sliding-window layers use their own base and no scaling (gemma3).
-RopeSpec layer_rope(const HParams& hp, int il);
+// The rotary embedding of layer il's queries and keys (every scaling, ops/rope.h) for a sequence
+// whose context (its KV cache's n_ctx; a reference pass's length) is n_ctx: with rope_swa_plain,
+// sliding-window layers use their own base and no scaling (gemma3); LongRoPE's long factors iff
+// n_ctx > rope_n_ctx_orig (llama.cpp's rule: the choice is fixed per context, not per position).
+RopeSpec layer_rope(const HParams& hp, int il, int64_t n_ctx);
 
 // Weights of one decoder layer (views into the mapping; data == nullptr when absent).
 // Shapes are [n_rows, n_cols] as WeightView (y = W x), vectors are f32 [n] (type F32,

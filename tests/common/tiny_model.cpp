@@ -161,6 +161,12 @@ TinyModelSpec tiny_spec(Arch arch, uint32_t seed) {
       s.tied_output = false;
       s.t_output = GgmlType::Q8_0;
       break;
+    case Arch::kPhi3:  // fused qkv and gate-up, LongRoPE (original context 8), window 12 on every layer
+      s.sliding_window = 12;
+      s.rope_orig_ctx = 8;  // every test pass (>= 9 tokens, caches >= 32) uses the long factors
+      s.t_attn = GgmlType::Q8_0;
+      s.t_ffn = GgmlType::Q5_1;
+      break;
     case Arch::kGemma2:  // soft-capping, 4 layers alternating local / global, head_dim 32
       s.n_layer = 4;
       s.head_dim = 32;
@@ -205,6 +211,11 @@ std::string write_tiny_model(const TinyModelSpec& s, const std::string& dir) {
   wr.f32(arch + ".rope.freq_base", s.arch == Arch::kLlama ? 10000.f : 1000000.f);
   const bool gemma = s.arch == Arch::kGemma3 || s.arch == Arch::kGemma2;
   const bool qwen3 = s.arch == Arch::kQwen3 || s.arch == Arch::kQwen3Moe;
+  if (s.arch == Arch::kPhi3) {
+    wr.u32(arch + ".attention.sliding_window", s.sliding_window);
+    wr.u32(arch + ".rope.scaling.original_context_length", s.rope_orig_ctx);
+    wr.f32(arch + ".rope.scaling.attn_factor", 1.19f);
+  }
   if (s.arch == Arch::kQwen3Moe) {
     wr.u32(arch + ".expert_count", s.n_expert);
     wr.u32(arch + ".expert_used_count", s.n_expert_used);
@@ -269,12 +280,26 @@ std::string write_tiny_model(const TinyModelSpec& s, const std::string& dir) {
       w.add_tensor("rope_freqs.weight", GgmlType::F32, {static_cast<int64_t>(ff.size())}, ff.data(), ff.size() * sizeof(float));
   }
   if (!s.extra_tensor.empty()) wr.vec(s.extra_tensor, n_embd, 0.f, 1.f);
+  if (s.arch == Arch::kPhi3) {  // LongRoPE divisors: short near 1, long growing to 6 with the wavelength
+    std::vector<float> sh(static_cast<size_t>(s.head_dim / 2)), lo(sh.size());
+    for (size_t i = 0; i < sh.size(); ++i) {
+      sh[i] = 1.f + 0.05f * static_cast<float>(i);
+      lo[i] = 1.f + 5.f * static_cast<float>(i) / static_cast<float>(sh.size() - 1);
+    }
+    for (const auto& [name, v] : {std::pair<const char*, const std::vector<float>*>{"rope_factors_short.weight", &sh},
+                                  {"rope_factors_long.weight", &lo}})
+      if (!wr.skip(name)) w.add_tensor(name, GgmlType::F32, {static_cast<int64_t>(v->size())}, v->data(), v->size() * sizeof(float));
+  }
   for (int il = 0; il < s.n_layer; ++il) {
     const std::string b = "blk." + std::to_string(il) + ".";
     wr.vec(b + "attn_norm.weight", n_embd, 1.f, 0.1f);
-    wr.matrix(b + "attn_q.weight", s.t_attn, n_q, n_embd, 1.5f);
-    wr.matrix(b + "attn_k.weight", s.t_attn, n_kv, n_embd, 1.5f);
-    wr.matrix(b + "attn_v.weight", s.t_v, n_kv, n_embd, 1.f);
+    if (s.arch == Arch::kPhi3) {
+      wr.matrix(b + "attn_qkv.weight", s.t_attn, n_q + 2 * n_kv, n_embd, 1.5f);
+    } else {
+      wr.matrix(b + "attn_q.weight", s.t_attn, n_q, n_embd, 1.5f);
+      wr.matrix(b + "attn_k.weight", s.t_attn, n_kv, n_embd, 1.5f);
+      wr.matrix(b + "attn_v.weight", s.t_v, n_kv, n_embd, 1.f);
+    }
     wr.matrix(b + "attn_output.weight", s.t_attn, n_embd, n_q, 1.f);
     if (s.arch == Arch::kQwen2) {
       wr.vec(b + "attn_q.bias", n_q, 0.f, 0.2f);
@@ -297,8 +322,12 @@ std::string write_tiny_model(const TinyModelSpec& s, const std::string& dir) {
       wr.experts(b + "ffn_down_exps.weight", s.t_exps, n_embd, s.n_ff_exp, s.n_expert, 1.f);
       continue;
     }
-    wr.matrix(b + "ffn_gate.weight", s.t_ffn, n_ff, n_embd, 1.f);
-    wr.matrix(b + "ffn_up.weight", s.t_ffn, n_ff, n_embd, 1.f);
+    if (s.arch == Arch::kPhi3) {
+      wr.matrix(b + "ffn_up.weight", s.t_ffn, 2 * n_ff, n_embd, 1.f);
+    } else {
+      wr.matrix(b + "ffn_gate.weight", s.t_ffn, n_ff, n_embd, 1.f);
+      wr.matrix(b + "ffn_up.weight", s.t_ffn, n_ff, n_embd, 1.f);
+    }
     wr.matrix(b + "ffn_down.weight", s.t_down, n_embd, n_ff, 1.f);
   }
   const std::string path = dir + "/tiny_" + arch + "_" + std::to_string(s.seed) + ".gguf";

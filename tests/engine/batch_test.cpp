@@ -222,7 +222,7 @@ TEST_P(BatchTest, ManyDecodeStepsSplitIntoKernelRuns) {
   for (int s = 0; s < n_seq; ++s) ASSERT_EQ(batched[s]->logits(), solo[s]->logits()) << s;
 }
 
-INSTANTIATE_TEST_SUITE_P(Archs, BatchTest, ::testing::Values(Arch::kLlama, Arch::kQwen2, Arch::kQwen3, Arch::kQwen3Moe, Arch::kGemma2, Arch::kGemma3),
+INSTANTIATE_TEST_SUITE_P(Archs, BatchTest, ::testing::Values(Arch::kLlama, Arch::kQwen2, Arch::kQwen3, Arch::kQwen3Moe, Arch::kPhi3, Arch::kGemma2, Arch::kGemma3),
                          [](const auto& info) { return std::string(arch_name(info.param)); });
 
 }  // namespace

@@ -78,7 +78,8 @@ TEST_P(TinyForward, LoadsHyperParameters) {
   EXPECT_EQ(hp.rope_neox, a != Arch::kLlama);
   ASSERT_EQ(static_cast<int>(hp.sliding_window.size()), spec.n_layer);
   for (int il = 0; il < spec.n_layer; ++il) {
-    const bool local = (a == Arch::kGemma3 && (il + 1) % 6 != 0) || (a == Arch::kGemma2 && il % 2 == 0);
+    const bool local = (a == Arch::kGemma3 && (il + 1) % 6 != 0) || (a == Arch::kGemma2 && il % 2 == 0) ||
+                       a == Arch::kPhi3;
     EXPECT_EQ(hp.sliding_window[il], local ? spec.sliding_window : 0) << "layer " << il;
   }
   EXPECT_FLOAT_EQ(hp.embd_scale, a == Arch::kGemma3 || a == Arch::kGemma2 ? 8.f : 1.f);
@@ -233,8 +234,8 @@ TEST_P(TinyForward, FloatWeightsMatchReferenceTightly) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllArchs, TinyForward,
-                         ::testing::Values(Arch::kLlama, Arch::kQwen2, Arch::kQwen3, Arch::kQwen3Moe, Arch::kGemma2,
-                                           Arch::kGemma3),
+                         ::testing::Values(Arch::kLlama, Arch::kQwen2, Arch::kQwen3, Arch::kQwen3Moe, Arch::kPhi3,
+                                           Arch::kGemma2, Arch::kGemma3),
                          [](const ::testing::TestParamInfo<Arch>& i) {
                            return std::string(arch_name(i.param));
                          });
@@ -279,7 +280,7 @@ TEST(ModelLoad, UnsupportedArchListsSupported) {
   s.arch_override = "mamba";
   const std::string e = load_error(s, "arch");
   EXPECT_NE(e.find("mamba"), std::string::npos) << e;
-  EXPECT_NE(e.find("llama, qwen2, qwen3, qwen3moe, gemma2, gemma3"), std::string::npos) << e;
+  EXPECT_NE(e.find("llama, qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3"), std::string::npos) << e;
 }
 
 TEST(ModelLoad, HeadsNotMultipleOfKvHeads) {
@@ -349,7 +350,7 @@ TEST(RopeScaling, Llama3FactorsAreAppliedByBothPasses) {
   const std::vector<float> want = test::tiny_llama3_factors(s.head_dim, 10000.f, s.rope_orig_ctx);
   EXPECT_EQ(*m->hparams().rope_freq_factors, want);
   EXPECT_GT(want.back(), 7.9f);  // the tiny model's factors really scale some frequencies
-  const RopeSpec rs = layer_rope(m->hparams(), 0);
+  const RopeSpec rs = layer_rope(m->hparams(), 0, 64);
   ASSERT_NE(rs.freq_factors, nullptr);
   const int n_vocab = m->hparams().n_vocab, n = 40;
   const std::vector<int32_t> toks = test_tokens(n, n_vocab, 3);
@@ -385,6 +386,29 @@ TEST(Gemma2, SoftCapsBoundTheLogits) {
   for (float z : got) hi = std::max(hi, std::fabs(z));
   EXPECT_LT(hi, 4.f);
   EXPECT_GT(hi, 3.f) << "the tiny model's logits should reach into the cap's bend";
+}
+
+// Phi-3's LongRoPE: the short divisors for a context up to the original one, the long past it,
+// and the magnitude rope.scaling.attn_factor; fused q/k/v and gate/up split into views.
+TEST(RopeScaling, LongRopeChoosesFactorsByContext) {
+  test::TinyModelSpec s = test::tiny_spec(Arch::kPhi3, 43);
+  auto m = Model::load(test::write_tiny_model(s, test::temp_dir("tiny_phi3_rope")));
+  const HParams& hp = m->hparams();
+  ASSERT_TRUE(hp.rope_factors_short && hp.rope_factors_long);
+  EXPECT_EQ(layer_rope(hp, 0, s.rope_orig_ctx).freq_factors, hp.rope_factors_short->data());
+  EXPECT_EQ(layer_rope(hp, 0, s.rope_orig_ctx + 1).freq_factors, hp.rope_factors_long->data());
+  EXPECT_FLOAT_EQ(layer_rope(hp, 1, 64).attn_factor, 1.19f);
+  const LayerWeights& w = m->layers()[0];
+  EXPECT_EQ(static_cast<const uint8_t*>(w.wk.data), static_cast<const uint8_t*>(w.wq.data) + w.wq.n_rows * w.wq.row_bytes);
+  EXPECT_EQ(w.ffn_gate.n_rows, s.n_ff);
+  EXPECT_EQ(w.ffn_up.n_rows, s.n_ff);
+  // two caches of different contexts in one batch would need two rotations: refused
+  auto a = make_dense_cache(m->cache_config(s.rope_orig_ctx));
+  auto b = make_dense_cache(m->cache_config(64));
+  const int32_t t = 5;
+  std::vector<float> la(static_cast<size_t>(hp.n_vocab)), lb(la.size());
+  EXPECT_THROW(m->forward_batch({ForwardSeq{&t, 1, 0, a.get(), la.data()}, ForwardSeq{&t, 1, 0, b.get(), lb.data()}}, nullptr),
+               Error);
 }
 
 // YaRN (qwen2 with rope.scaling.type = yarn): both passes agree, and the scaling is not a no-op.

@@ -73,7 +73,7 @@ inline std::vector<HeadStats> tiny_stats(const Model& model, const CaptureAll& c
   const int d = hp.head_dim_k;
   std::vector<HeadStats> st;
   for (int il = 0; il < hp.n_layer; ++il) {
-    const RopeSpec rs = layer_rope(hp, il);
+    const RopeSpec rs = layer_rope(hp, il, hp.n_ctx_train);  // (no LongRoPE in the tiny models)
     for (int ih = 0; ih < hp.n_head_kv; ++ih) {
       HeadStats h;
       h.n_tokens = static_cast<int64_t>(c.pos.size());

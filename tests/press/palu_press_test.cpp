@@ -147,7 +147,7 @@ TEST_F(PaluPress, WeightBasesAreTheTopSingularVectorsOfEachHeadsProjection) {
             EXPECT_FALSE(h.key.rope.has_value());
           } else {
             ASSERT_TRUE(h.key.rope.has_value());
-            EXPECT_TRUE(*h.key.rope == layer_rope(hp, il));
+            EXPECT_TRUE(*h.key.rope == layer_rope(hp, il, hp.n_ctx_train));
           }
           EXPECT_FALSE(h.value.rope.has_value());
         }

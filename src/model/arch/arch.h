@@ -54,17 +54,20 @@ struct ArchInfo {
   // Reads the arch-specific keys after the common ones (<arch>.block_count, ...) are in hp:
   // sliding windows, rope bases, attention and embedding scales.
   void (*load_hparams)(ArchKeys& keys, HParams& hp);
+  bool longrope = false;       // may carry rope_factors_short / rope_factors_long (Phi-3 LongRoPE)
+  bool gate_up_fused = false;  // ffn_up holds gate and up ([2·n_ff, n_embd], gate first), no ffn_gate
 };
 
 extern const ArchInfo kArchLlama;
 extern const ArchInfo kArchQwen2;
 extern const ArchInfo kArchQwen3;
 extern const ArchInfo kArchQwen3Moe;
+extern const ArchInfo kArchPhi3;
 extern const ArchInfo kArchGemma2;
 extern const ArchInfo kArchGemma3;
 
 const ArchInfo& arch_info(Arch a);
 const ArchInfo* find_arch(std::string_view gguf_name);  // nullptr if unsupported
-std::string supported_archs();                          // "llama, qwen2, qwen3, qwen3moe, gemma2, gemma3"
+std::string supported_archs();                          // "llama, qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3"
 
 }  // namespace kvtrim

@@ -5,7 +5,7 @@
 
 namespace kvtrim {
 
-static const ArchInfo* const kArchs[] = {&kArchLlama, &kArchQwen2, &kArchQwen3, &kArchQwen3Moe, &kArchGemma2, &kArchGemma3};
+static const ArchInfo* const kArchs[] = {&kArchLlama, &kArchQwen2, &kArchQwen3, &kArchQwen3Moe, &kArchPhi3, &kArchGemma2, &kArchGemma3};
 
 const ArchInfo& arch_info(Arch a) {
   for (const ArchInfo* ai : kArchs) {

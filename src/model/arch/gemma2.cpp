@@ -46,6 +46,7 @@ const ArchInfo kArchGemma2 = {Arch::kGemma2,       "gemma2",
                               /*rope_neox=*/true,  /*qkv_bias=*/false,
                               /*qk_norm=*/false,   /*post_norms=*/true,
                               /*rope_freqs=*/false, /*moe=*/false, FfnAct::kGeluTanh,
-                              load_gemma2};
+                              load_gemma2, /*longrope=*/false,
+                             /*gate_up_fused=*/false};
 
 }  // namespace kvtrim

@@ -36,6 +36,7 @@ const ArchInfo kArchGemma3 = {Arch::kGemma3,      "gemma3",
                               /*rope_neox=*/true, /*qkv_bias=*/false,
                               /*qk_norm=*/true,   /*post_norms=*/true,
                               /*rope_freqs=*/false, /*moe=*/false, FfnAct::kGeluTanh,
-                              load_gemma3};
+                              load_gemma3, /*longrope=*/false,
+                             /*gate_up_fused=*/false};
 
 }  // namespace kvtrim

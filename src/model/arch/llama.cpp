@@ -16,6 +16,7 @@ const ArchInfo kArchLlama = {Arch::kLlama,        "llama",
                              /*rope_neox=*/false, /*qkv_bias=*/false,
                              /*qk_norm=*/false,   /*post_norms=*/false,
                              /*rope_freqs=*/true, /*moe=*/false, FfnAct::kSilu,
-                             load_llama};
+                             load_llama, /*longrope=*/false,
+                             /*gate_up_fused=*/false};
 
 }  // namespace kvtrim

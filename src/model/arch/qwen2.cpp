@@ -15,6 +15,7 @@ const ArchInfo kArchQwen2 = {Arch::kQwen2,        "qwen2",
                              /*rope_neox=*/true,  /*qkv_bias=*/true,
                              /*qk_norm=*/false,   /*post_norms=*/false,
                              /*rope_freqs=*/false, /*moe=*/false, FfnAct::kSilu,
-                             load_qwen2};
+                             load_qwen2, /*longrope=*/false,
+                             /*gate_up_fused=*/false};
 
 }  // namespace kvtrim

@@ -15,6 +15,7 @@ const ArchInfo kArchQwen3 = {Arch::kQwen3,        "qwen3",
                              /*rope_neox=*/true,  /*qkv_bias=*/false,
                              /*qk_norm=*/true,    /*post_norms=*/false,
                              /*rope_freqs=*/false, /*moe=*/false,
-                             FfnAct::kSilu, load_qwen3};
+                             FfnAct::kSilu, load_qwen3, /*longrope=*/false,
+                             /*gate_up_fused=*/false};
 
 }  // namespace kvtrim

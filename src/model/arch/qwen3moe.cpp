@@ -30,6 +30,7 @@ const ArchInfo kArchQwen3Moe = {Arch::kQwen3Moe,     "qwen3moe",
                                 /*rope_neox=*/true,  /*qkv_bias=*/false,
                                 /*qk_norm=*/true,    /*post_norms=*/false,
                                 /*rope_freqs=*/false, /*moe=*/true,
-                                FfnAct::kSilu,       load_qwen3moe};
+                                FfnAct::kSilu,       load_qwen3moe, /*longrope=*/false,
+                             /*gate_up_fused=*/false};
 
 }  // namespace kvtrim

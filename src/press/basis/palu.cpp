@@ -143,7 +143,7 @@ class PaluPress : public LowRankPress {
 
   std::optional<RopeSpec> key_rope(const PressContext& ctx, int il) const override {
     if (!pre_rope_ || ctx.hparams().n_rot <= 0) return std::nullopt;
-    return layer_rope(ctx.hparams(), il);
+    return layer_rope(ctx.hparams(), il, ctx.cache().config().n_ctx);
   }
 
  private:

@@ -57,7 +57,7 @@ void ExpectedAttentionPress::score_layer(const PressContext& ctx, int il, std::v
   const int n_head = ctx.n_head(), g = ctx.group();
   const int d = ctx.head_dim_k();
   const size_t du = static_cast<size_t>(d);
-  const RopeSpec rs = layer_rope(hp, il);
+  const RopeSpec rs = layer_rope(hp, il, ctx.cache().config().n_ctx);
   const int n_rot = hp.n_rot > 0 ? hp.n_rot : d;
   const float scale = hp.attn_scale > 0 ? hp.attn_scale : 1.f / std::sqrt(static_cast<float>(d));
 
