@@ -62,5 +62,18 @@ check gsm8k_calib_resume 0 ": 0 questions to run" eval gsm8k -m smollm2 -t 2 --d
 check calib_k_again 0 "wrote" calibrate -m smollm2 --seqs 2 --seq-len 96 -t 2 -o "$tmp/k.kvcalib"
 check gsm8k_calib_other 0 ": 2 questions to run, 2 lines of other configs kept" eval gsm8k -m smollm2 -t 2 --data "$tmp/gsm8k.jsonl" --shots 2 --samples 5 --max-new-tokens 8 --press "ksvd:0.5,calib=$tmp/k.kvcalib" --out "$tmp/g_calib.jsonl"
 check gsm8k_sweep 0 "GSM8K-style sweep.*\| swan:calib=[^|]* \| 0\.50 \| [0-9.]+ \| [0-9.]+% \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \|" eval sweep gsm8k -m smollm2 -t 2 --data "$tmp/gsm8k.jsonl" --shots 2 --samples 1 --max-new-tokens 8 --presses "swan:calib=$tmp/s.kvcalib" --ratios 0.5 --out-dir "$tmp/gsm8k_sweep"
+# Context and question (issue 40): the France question and five like it, asked in one --chat run
+# (the template's beginning compressed once, each question from it, never compressed), answer the
+# same with each press as uncompressed. --press-min-tokens 0: the 24-token template beginning is
+# below the default 32 and would not be compressed at all.
+qs=(-p "What is the capital of France?" -p "What is the capital of Japan?" -p "What is the capital of Italy?"
+    -p "What is the largest planet in the solar system?" -p "Who wrote Romeo and Juliet?"
+    -p "What is the chemical symbol for gold?")
+want=$("$bin" run -m smollm2 --chat "${qs[@]}" -n 16 --temp 0 -t 2 2>/dev/null)
+for press in snapkv:0.5 streamingllm:0.5 knorm:0.5 tova:0.5; do
+  got=$("$bin" run -m smollm2 --chat "${qs[@]}" -n 16 --temp 0 -t 2 --press "$press" --press-min-tokens 0 2>"$tmp/qa.err")
+  if [ -n "$want" ] && [ "$got" = "$want" ] && grep -q "context [0-9]* positions: [0-9]* -> [0-9]* tokens" "$tmp/qa.err"; then
+    pass=$((pass + 1)); else failed=$((failed + 1)); echo "FAIL [chat_questions $press]:"; diff <(echo "$want") <(echo "$got"); fi
+done
 echo "$pass passed, $failed failed"
 [ "$failed" -eq 0 ]
