@@ -377,7 +377,7 @@ TEST_F(ServerTest, PressProtectOutOfRangeIsA400NamingIt) {
 TEST_F(ServerTest, TheLastUserTurnIsProtectedAndTheHistoryCompressed) {
   start({});
   std::string doc;
-  for (int i = 0; i < 12; ++i) doc += "line " + std::to_string(i) + " of the document. ";
+  for (int i = 0; i < 5; ++i) doc += "line " + std::to_string(i) + " of the document. ";
   const json msgs = json::array({{{"role", "user"}, {"content", doc}},
                                  {{"role", "assistant"}, {"content", "noted"}},
                                  {{"role", "user"}, {"content", "what is it?"}}});
