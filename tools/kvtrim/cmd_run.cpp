@@ -112,6 +112,8 @@ void run(const RunOptions& o) {
   if (!o.context.empty()) {
     std::error_code ec;
     context = std::filesystem::is_regular_file(o.context, ec) ? read_file(o.context) : o.context;
+    if (context == o.context && o.context.find_first_of(" \n") == std::string::npos)
+      std::fprintf(stderr, "note: there is no file '%s': --context is that text\n", o.context.c_str());
     KVTRIM_CHECK(!trim(context).empty(), "the --context is empty");
   }
   if (!o.press.spec.empty()) make_press(o.press.spec);  // a bad --press fails before the model loads
