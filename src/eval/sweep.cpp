@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/timer.h"
+#include "engine/context_question.h"
 #include "engine/press_runner.h"
 #include "engine/session.h"
 #include "eval/jsonl.h"
@@ -378,8 +379,10 @@ int64_t sweep_ruler(Session& s, const PromptBuilder& pb, const std::vector<EvalS
           s.set_press(make_press(c.spec), sched);
           ro.query_aware = opt.query_aware;
           ro.after_context = [](Session& ss, const std::vector<int32_t>* question) {
-            if (question) ss.observe_question(*question);
-            ss.compress();
+            // query-aware: the press sees the question first (the path run, chat and serve share)
+            ContextCompressOptions co;
+            co.min_tokens = 0;
+            compress_context(ss, question ? *question : std::vector<int32_t>{}, co);
           };
         } else {
           s.set_press(nullptr);

@@ -202,6 +202,18 @@ CompletionRequest parse_completion_request(const std::string& body, Endpoint ep,
     }
     r.cache.press = spec;
   }
+  if (const json* pp = field(j, "kv_press_protect")) {
+    if (pp->is_string()) {
+      if (pp->get<std::string>() != "last_turn")
+        bad("kv_press_protect", strprintf("'kv_press_protect' must be a token count or \"last_turn\" (got \"%s\")",
+                                          pp->get<std::string>().c_str()));
+    } else if (pp->is_number_integer()) {
+      r.cache.protect = get_integer(j, "kv_press_protect", 0,
+                                    lim.n_ctx > 0 ? lim.n_ctx - 1 : std::numeric_limits<int32_t>::max());
+    } else {
+      bad("kv_press_protect", "'kv_press_protect' must be a token count or \"last_turn\"");
+    }
+  }
   if (field(j, "kv_cache_type")) r.cache.k = r.cache.v = parse_cache_type(j, "kv_cache_type");
   if (field(j, "kv_cache_type_k")) r.cache.k = parse_cache_type(j, "kv_cache_type_k");
   if (field(j, "kv_cache_type_v")) r.cache.v = parse_cache_type(j, "kv_cache_type_v");
@@ -224,8 +236,22 @@ json usage_json(const CompletionStats& s) {
           {"prompt_tokens_details", {{"cached_tokens", s.cached_tokens}}}};
 }
 
+json compression_json(const CompressionReport& c) {
+  json j = {{"press", c.press},
+            {"applied", c.applied},
+            {"context_tokens", c.context_tokens},
+            {"compressed_tokens_before", c.tokens_before},
+            {"compressed_tokens_after", c.tokens_after},
+            {"kv_bytes_before", c.kv_bytes_before},
+            {"kv_bytes_after", c.kv_bytes_after},
+            {"protected_tokens", c.protected_tokens},
+            {"query_aware", c.query_aware}};
+  if (!c.note.empty()) j["note"] = c.note;
+  return j;
+}
+
 json kvtrim_json(const CompletionStats& s) {
-  return {{"slot", s.slot},
+  json j = {{"slot", s.slot},
           {"n_past", s.n_past},
           {"kv_bytes", s.kv_bytes},
           {"kv_bytes_dense", s.kv_bytes_dense},
@@ -234,6 +260,8 @@ json kvtrim_json(const CompletionStats& s) {
           {"cached_tokens", s.cached_tokens},
           {"prefill_tps", s.prefill_tps},
           {"decode_tps", s.decode_tps}};
+  if (s.compression.requested) j["compression"] = compression_json(s.compression);
+  return j;
 }
 
 namespace {

@@ -40,10 +40,16 @@ struct RequestLimits {
   int default_max_tokens = 256;  // when the request gives none (capped by the room left)
 };
 
-// The per-request cache settings (the extension fields kv_press, kv_cache_type[_k/_v]).
+// The per-request cache settings (the extension fields kv_press, kv_press_protect,
+// kv_cache_type[_k/_v]).
 struct CacheChoice {
   std::optional<std::string> press;  // a press spec ("" = none); unset = the server's default
   std::optional<KvDtype> k, v;       // unset = the server's default
+  // kv_press_protect: the prompt's last N tokens are not compressed before they are answered;
+  // unset = "last_turn": a chat's last user turn and the generation prompt (on /v1/completions,
+  // which has no turns: nothing, the whole prompt is compressed). In [0, n_ctx); a count past the
+  // prompt's length is a 400 at submit.
+  std::optional<int64_t> protect;
 };
 
 struct CompletionRequest {
@@ -70,6 +76,21 @@ CompletionRequest parse_completion_request(const std::string& body, Endpoint ep,
 std::string error_body(const ApiError& e);
 std::string error_body(int status, const std::string& message);
 
+// What the job's press did to the prompt (the "compression" object of kvtrim's extension): the
+// part before the protected tail (the conversation's history, a document) compressed, the tail
+// prefilled after it whole.
+struct CompressionReport {
+  bool requested = false;  // the job has a press (else no "compression" object)
+  bool applied = false;    // it ran (else `note` says why not)
+  std::string press, note;
+  int64_t context_tokens = 0;    // positions of the compressed part
+  double tokens_before = 0, tokens_after = 0;  // its tokens per (layer, kv head), mean
+  size_t kv_bytes_before = 0, kv_bytes_after = 0;  // the cache's bytes
+  int64_t protected_tokens = 0;  // positions after it, every one kept in every (layer, kv head)
+  bool query_aware = false;      // the press scored with the protected tail's queries
+};
+nlohmann::json compression_json(const CompressionReport& c);
+
 // Usage and kvtrim's extension object reported with a finished completion.
 struct CompletionStats {
   int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
@@ -78,6 +99,7 @@ struct CompletionStats {
   size_t kv_bytes = 0, kv_bytes_dense = 0;
   std::string press, kv_cache_type;
   double prefill_tps = 0, decode_tps = 0;
+  CompressionReport compression;
 };
 nlohmann::json usage_json(const CompletionStats& s);
 nlohmann::json kvtrim_json(const CompletionStats& s);

@@ -7,6 +7,7 @@
 #include "core/log.h"
 #include "core/thread_pool.h"
 #include "core/timer.h"
+#include "engine/context_question.h"
 #include "engine/limit_error.h"
 #include "engine/press_runner.h"
 #include "engine/refeed.h"
@@ -53,7 +54,9 @@ struct Scheduler::Slot {
   size_t prompt_done = 0;  // prompt tokens in the cache
   size_t prompt_len = 0;   // the prompt of the slot's last job (a continuation starts with it)
   int64_t cached = 0;      // of which reused from the previous conversation
-  bool first_turn = true;  // the cache held nothing of this conversation before
+  bool compressed = false;       // the conversation's press ran on an earlier turn (a follow-up keeps its ratio)
+  bool context_done = false;     // the job's context was compressed (or did not need it)
+  CompressionReport compression;  // what that did, for the response
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<TextStream> text;
   int32_t next_token = -1;  // sampled, not yet in the cache
@@ -151,6 +154,23 @@ std::shared_ptr<Job> Scheduler::submit(const CompletionRequest& r) {
       throw ApiError(400, std::string("messages: ") + e.what(), "messages");
     }
     j->prompt = tok.encode(text, tok.add_bos(), true);
+    j->compress_at = j->prompt.size();
+    if (!r.cache.protect) {
+      // "last_turn": the last user turn and the generation prompt are the protected tail
+      bool has_user = false;
+      for (const ChatMessage& m : r.messages) has_user = has_user || m.role == "user";
+      if (has_user) {
+        try {
+          const SplitPrompt sp = tokenize_chat_split(tok, split_chat_prompt(model_.gguf(), r.messages, true));
+          std::vector<int32_t> joined = sp.context;
+          joined.insert(joined.end(), sp.question.begin(), sp.question.end());
+          j->prompt = std::move(joined);
+          j->compress_at = sp.context.size();
+        } catch (const Error& e) {
+          throw ApiError(400, std::string("messages: ") + e.what(), "messages");
+        }
+      }
+    }
   } else if (r.has_prompt_tokens) {
     j->prompt = r.prompt_tokens;
     for (int32_t t : j->prompt)
@@ -162,6 +182,15 @@ std::shared_ptr<Job> Scheduler::submit(const CompletionRequest& r) {
   }
   if (j->prompt.empty()) throw ApiError(400, "the prompt is empty", r.endpoint == Endpoint::kChat ? "messages" : "prompt");
   const int64_t n_prompt = static_cast<int64_t>(j->prompt.size());
+  if (r.endpoint != Endpoint::kChat) j->compress_at = j->prompt.size();  // "last_turn": no turns, nothing protected
+  if (r.cache.protect) {
+    if (*r.cache.protect > n_prompt)
+      throw ApiError(400,
+                     strprintf("'kv_press_protect' %lld is more than the prompt's %lld tokens",
+                               static_cast<long long>(*r.cache.protect), static_cast<long long>(n_prompt)),
+                     "kv_press_protect");
+    j->compress_at = static_cast<size_t>(n_prompt - *r.cache.protect);
+  }
   if (n_prompt >= opt_.n_ctx)
     throw ApiError(400,
                    strprintf("the prompt has %lld tokens; the server's context is %lld tokens per conversation "
@@ -446,6 +475,8 @@ void Scheduler::prepare_slot(Slot& s, Job& j) {
   const bool same = s.session && s.press == j.press && s.k == j.k && s.v == j.v && s.state == Slot::State::kIdle;
   size_t keep = same ? common_prefix(s.tokens, j.prompt) : 0;
   keep = std::min(keep, j.prompt.size() - 1);
+  // the protected tail is prefilled after the context's compression, never reused compressed
+  if (!j.press.empty()) keep = std::min(keep, j.compress_at);
   if (!s.session || s.k != j.k || s.v != j.v) {
     SessionParams p;
     p.n_ctx = opt_.n_ctx;
@@ -484,7 +515,11 @@ void Scheduler::prepare_slot(Slot& s, Job& j) {
   s.prompt_done = keep;
   s.prompt_len = j.prompt.size();
   s.cached = static_cast<int64_t>(keep);
-  s.first_turn = keep == 0;
+  if (keep == 0) s.compressed = false;  // a new conversation
+  s.context_done = j.press.empty();
+  s.compression = CompressionReport{};
+  s.compression.requested = !j.press.empty();
+  s.compression.press = j.press;
   s.sampler = std::make_unique<Sampler>(j.sampling);
   s.text = std::make_unique<TextStream>(j.stop);
   s.n_gen = 0;
@@ -528,7 +563,10 @@ void Scheduler::step() {
   }
   if (pre) {
     rr_ = (pre->id + 1) % opt_.n_parallel;
-    n_pre = std::min<int64_t>(opt_.n_batch, static_cast<int64_t>(pre->job->prompt.size() - pre->prompt_done));
+    // the context reused from the conversation's cache ends where the protected tail starts
+    if (!pre->context_done && pre->prompt_done == pre->job->compress_at) compress_context_of(*pre);
+    const size_t upto = pre->context_done ? pre->job->prompt.size() : pre->job->compress_at;
+    n_pre = std::min<int64_t>(opt_.n_batch, static_cast<int64_t>(upto - pre->prompt_done));
     chunks.push_back(SessionChunk{pre->session.get(), pre->job->prompt.data() + pre->prompt_done, n_pre, false});
     in_step.push_back(pre);
   }
@@ -606,29 +644,47 @@ void Scheduler::step() {
       s->tokens.insert(s->tokens.end(), s->job->prompt.begin() + static_cast<std::ptrdiff_t>(s->prompt_done),
                        s->job->prompt.begin() + static_cast<std::ptrdiff_t>(s->prompt_done + static_cast<size_t>(n_pre)));
       s->prompt_done += static_cast<size_t>(n_pre);
+      // the context is in: compress it, then the protected tail follows in the next steps
+      if (!s->context_done && s->prompt_done == s->job->compress_at) compress_context_of(*s);
       if (s->prompt_done < s->job->prompt.size()) continue;
-      // the prompt is in: compress with the job's press (a follow-up turn keeps the press's
-      // ratio of the whole conversation, not of what the earlier turns left), then sample
-      if (s->session->press()) {
-        try {
-          const Budget* tb = s->session->press()->token_budget();
-          if (!s->first_turn && tb && tb->n_keep <= 0 && tb->ratio > 0) {
-            Budget b;
-            b.n_keep = tb->keep_count(s->session->n_past());
-            s->session->compress(b);
-          } else {
-            s->session->compress();
-          }
-        } catch (const std::exception& e) {
-          fail(*s, 500, std::string("compression failed: ") + e.what());
-          continue;
-        }
-      }
       s->t_prefill_end = now_seconds();
       s->state = Slot::State::kDecode;
       sample_next(*s);
     }
   }
+}
+
+void Scheduler::compress_context_of(Slot& s) {
+  Job& j = *s.job;
+  s.context_done = true;
+  if (!s.session->press()) return;
+  ContextCompressOptions co;
+  co.min_tokens = opt_.press_min_tokens;
+  co.follow_up = s.compressed;  // keep the press's ratio of the whole conversation, not of what earlier turns left
+  co.skip_on_error = true;      // a press that cannot run on this context leaves it whole: the conversation goes on
+  const std::vector<int32_t> tail(j.prompt.begin() + static_cast<std::ptrdiff_t>(j.compress_at), j.prompt.end());
+  const ContextCompression cc = compress_context(*s.session, tail, co);
+  CompressionReport& r = s.compression;
+  r.applied = cc.ran;
+  r.note = cc.note;
+  r.context_tokens = cc.n_context;
+  r.protected_tokens = static_cast<int64_t>(tail.size());
+  r.query_aware = cc.saw_question;
+  const KvCacheConfig& cfg = s.session->cache().config();
+  const double heads = static_cast<double>(cfg.n_layer) * cfg.n_head_kv;
+  if (cc.ran) {
+    s.compressed = true;
+    r.tokens_before = static_cast<double>(cc.stats.tokens_before) / heads;
+    r.tokens_after = static_cast<double>(cc.stats.tokens_after) / heads;
+    r.kv_bytes_before = cc.stats.bytes_before;
+    r.kv_bytes_after = cc.stats.bytes_after;
+  } else {
+    r.tokens_before = r.tokens_after = static_cast<double>(total_tokens(s.session->cache())) / heads;
+    r.kv_bytes_before = r.kv_bytes_after = s.session->cache().bytes().total();
+    if (cc.note.find("fewer than") == std::string::npos && cc.n_context > 0)
+      KVTRIM_LOG_WARN("slot %d: press %s skipped: %s", s.id, j.press.c_str(), cc.note.c_str());
+  }
+  views_dirty_ = true;
 }
 
 void Scheduler::sample_next(Slot& s, int32_t drawn) {
@@ -662,6 +718,7 @@ void Scheduler::finish(Slot& s, const std::string& finish_reason) {
   st.kv_bytes_dense = static_cast<size_t>(st.n_past) * bytes_per_token(s.k, s.v);
   st.press = s.press;
   st.kv_cache_type = types_name(s.k, s.v);
+  st.compression = s.compression;
   const double t_end = now_seconds();
   const double pre_s = s.t_prefill_end - s.t_start;
   if (pre_s > 0) st.prefill_tps = static_cast<double>(j.prompt.size() - static_cast<size_t>(s.cached)) / pre_s;

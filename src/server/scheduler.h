@@ -14,6 +14,12 @@
 // Conversations: a slot keeps its cache after a job; a new job goes to the slot whose tokens
 // share the longest prefix with its prompt (same press and cache types), which truncates to
 // the common prefix and prefills only the rest (llama-server's cache_prompt).
+//
+// Context and question (DESIGN.md §8): a job's press compresses the prompt's context — the
+// conversation before its last user turn — never the turn being answered: the slot prefills the
+// context, compresses it (src/engine/context_question.h: once it spans --press-min-tokens
+// positions; a follow-up keeps the press's ratio of every position), then prefills the
+// protected tail (kv_press_protect: "last_turn" or the last N tokens) uncompressed.
 #pragma once
 #include <atomic>
 #include <condition_variable>
@@ -45,6 +51,7 @@ struct ServerOptions {
   size_t kv_budget = 0;        // bytes for all slots' caches together; 0 = no budget
   int64_t kv_mem_limit = 0;    // without a budget: each slot's SessionParams::kv_mem_limit
   std::string press;           // default kv_press ("" = none)
+  int64_t press_min_tokens = 32;  // a context shorter than this is not compressed (ContextCompressOptions)
   std::string pressure_press;  // compresses conversations under budget pressure ("" = none)
   KvDtype kv_k = KvDtype::kF16, kv_v = KvDtype::kF16;
   bool kv_rotate = true;
@@ -76,6 +83,7 @@ class Job {
   friend class Scheduler;
   void emit(JobEvent e);
   std::vector<int32_t> prompt;
+  size_t compress_at = 0;  // prompt[0, compress_at) is the context the press compresses; the rest is protected
   int max_tokens = 0;
   SamplerParams sampling;
   std::vector<std::string> stop;
@@ -150,6 +158,9 @@ class Scheduler {
   void fail(Slot& s, int status, const std::string& message);
   void release_slot(Slot& s);
   void prepare_slot(Slot& s, Job& j);
+  // The job's press on the slot's context (prompt[0, compress_at) in the cache), before the
+  // protected tail is prefilled; a press that cannot run is a note in the response.
+  void compress_context_of(Slot& s);
   // held: the slot's KvBytes::total() (its bases included, as for the slot alone)
   size_t reserved(const Slot& s, size_t held) const;
   // Tokens beside the prompt a job may hold at its fullest: its max_tokens, or its press's re-feed

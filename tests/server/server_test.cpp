@@ -347,6 +347,80 @@ TEST_F(ServerTest, BadInputsAreOpenAiErrorsAndTheServerGoesOn) {
   EXPECT_GE(metric("kvtrim_jobs_total{outcome=\"done\"}"), -1);
 }
 
+// kv_press_protect: a token count in [0, n_ctx) no larger than the prompt, or "last_turn"; any
+// other value is a 400 naming it.
+TEST_F(ServerTest, PressProtectOutOfRangeIsA400NamingIt) {
+  start({});
+  const auto bad_protect = [&](const std::string& path, const std::string& body, const std::string& frag) {
+    auto r = post(path, body);
+    expect_error(r, 400, frag);
+    EXPECT_EQ(json::parse(r->body)["error"]["param"], "kv_press_protect") << r->body;
+  };
+  const std::string chat = R"({"messages":[{"role":"user","content":"x"}],"kv_press":"snapkv:0.5","kv_press_protect":)";
+  bad_protect("/v1/chat/completions", chat + R"("everything"})", "last_turn");
+  bad_protect("/v1/chat/completions", chat + "-1}", "kv_press_protect");
+  bad_protect("/v1/chat/completions", chat + "1.5}", "kv_press_protect");
+  bad_protect("/v1/chat/completions", chat + "true}", "kv_press_protect");
+  bad_protect("/v1/chat/completions", chat + "256}", "[0, 255]");
+  bad_protect("/v1/completions", completion_body(prompt(40, 1), 2, R"("kv_press":"snapkv:0.5","kv_press_protect":41,)"),
+              "more than the prompt's 40 tokens");
+  auto r = post("/v1/completions", completion_body(prompt(40, 1), 2, R"("kv_press":"snapkv:0.5","kv_press_protect":40,)"));
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json c = json::parse(r->body)["kvtrim"]["compression"];
+  EXPECT_EQ(c["applied"], false) << c.dump();
+  EXPECT_EQ(c["protected_tokens"], 40);
+  EXPECT_EQ(c["note"], "not compressed: no context before the question");
+}
+
+// A chat's last user turn is not compressed before it is answered; the conversation before it
+// is, and the response says how much (kvtrim.compression). A first turn alone is too short.
+TEST_F(ServerTest, TheLastUserTurnIsProtectedAndTheHistoryCompressed) {
+  start({});
+  std::string doc;
+  for (int i = 0; i < 5; ++i) doc += "line " + std::to_string(i) + " of the document. ";
+  const json msgs = json::array({{{"role", "user"}, {"content", doc}},
+                                 {{"role", "assistant"}, {"content", "noted"}},
+                                 {{"role", "user"}, {"content", "what is it?"}}});
+  auto r = post("/v1/chat/completions",
+                json{{"messages", msgs}, {"max_tokens", 3}, {"temperature", 0}, {"kv_press", "snapkv:0.5"}}.dump());
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json a = json::parse(r->body);
+  const json c = a["kvtrim"]["compression"];
+  const Tokenizer& tok = model_->tokenizer();
+  const int64_t tail = static_cast<int64_t>(tok.encode("what is it?<|im_end|>\n<|im_start|>assistant\n", false, true).size());
+  EXPECT_EQ(c["press"], "snapkv:ratio=0.5");
+  EXPECT_EQ(c["applied"], true) << c.dump();
+  EXPECT_EQ(c["protected_tokens"], tail);
+  EXPECT_EQ(c["context_tokens"].get<int64_t>() + tail, a["usage"]["prompt_tokens"].get<int64_t>());
+  EXPECT_EQ(c["compressed_tokens_before"].get<double>(), c["context_tokens"].get<double>());
+  EXPECT_EQ(c["compressed_tokens_after"].get<double>(), static_cast<double>(c["context_tokens"].get<int64_t>() / 2));
+  EXPECT_LT(c["kv_bytes_after"].get<size_t>(), c["kv_bytes_before"].get<size_t>());
+  // every (layer, kv head) holds the compressed context and every position after it (the whole
+  // tail, the tokens decoded)
+  const json sl = json::parse(client_->Get("/v1/kvtrim/slots")->body);
+  const json& slot = sl["slots"][a["kvtrim"]["slot"].get<int>()];
+  for (const json& layer : slot["layers"])
+    for (const json& t : layer["tokens"])
+      EXPECT_EQ(t.get<int64_t>(), c["context_tokens"].get<int64_t>() / 2 +
+                                      (a["kvtrim"]["n_past"].get<int64_t>() - c["context_tokens"].get<int64_t>()))
+          << sl.dump();
+
+  // a first turn alone: only the template before it, below --press-min-tokens (32)
+  r = post("/v1/chat/completions", json{{"messages", json::array({{{"role", "user"}, {"content", "hello there"}}})},
+                                        {"max_tokens", 2},
+                                        {"temperature", 0},
+                                        {"kv_press", "knorm:0.5"}}
+                                       .dump());
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json c1 = json::parse(r->body)["kvtrim"]["compression"];
+  EXPECT_EQ(c1["applied"], false);
+  EXPECT_NE(c1["note"].get<std::string>().find("fewer than the 32"), std::string::npos) << c1.dump();
+  // without a press there is no compression object
+  r = post("/v1/chat/completions", json{{"messages", msgs}, {"max_tokens", 2}, {"temperature", 0}}.dump());
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_FALSE(json::parse(r->body)["kvtrim"].contains("compression"));
+}
+
 // A client that reads one chunk and hangs up: the server notices (its job ends, cancelled or
 // finished) and serves the next request.
 TEST_F(ServerTest, ClientGoneMidStream) {

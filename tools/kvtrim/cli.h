@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "engine/context_question.h"
 #include "engine/press_runner.h"
 #include "engine/session.h"
 #include "model/model.h"
@@ -35,17 +36,30 @@ std::string kv_tag(const CommonOptions& o);
 // the numerics of the results made before 8-bit prefill became the default).
 std::string prefill_tag(const CommonOptions& o);
 
-// KV-cache compression options (run, chat, ppl).
+// KV-cache compression options (run, chat, ppl, eval).
 struct PressOptions {
-  std::string spec;           // --press: "" = no compression
+  std::string spec;           // --press: "" (or "none" on the command line) = no compression
   int decode_every = 0;       // --press-every: while decoding, compress every N steps ...
   int64_t decode_target = 0;  // --press-target: ... down to this many tokens per (layer, kv head)
+  // --press-min-tokens (run, chat): a context shorter than this is not compressed
+  // (ContextCompressOptions::min_tokens, src/engine/context_question.h)
+  int64_t min_tokens = 32;
 };
 void add_press_options(CLI::App* app, PressOptions& o);
+// --press-min-tokens (run, chat: the commands that keep a question apart from its context).
+void add_press_min_tokens_option(CLI::App* app, PressOptions& o);
 // Parses --press and installs it on the session (no-op when empty); prints the press to stderr.
-void install_press(Session& s, const PressOptions& o);
-// "press snapkv:ratio=0.5: 30 layers x 3 kv heads, 2790 -> 1395 tokens, KV 645 KiB -> 323 KiB (0.012 s)"
-std::string compress_line(const Press& p, const CompressStats& st);
+// after_prefill = false: generate() does not compress after its prompt (the caller compresses the
+// context with compress_context before the question).
+void install_press(Session& s, const PressOptions& o, bool after_prefill = true);
+// "press snapkv:ratio=0.5: 2790 -> 1395 tokens (all layers and kv heads, 50.0% removed), KV 645 KiB -> 323 KiB in
+// 0.012 s; ..."; `part` (e.g. "context 93 positions: ") goes after the press's name.
+std::string compress_line(const Press& p, const CompressStats& st, const std::string& part = "");
+// The compression of a context before its question (compress_context): the context's tokens
+// before / after (or why nothing ran) and the protected tail, e.g. "press snapkv:ratio=0.5:
+// context 93 positions: 2790 -> 1395 tokens (...); protected: 14 tokens (the question ...), all kept".
+std::string context_compress_line(const Press& p, const ContextCompression& c, int64_t n_protected,
+                                  const std::string& protected_what);
 // Resolves and loads the model; prints a one-line summary to stderr.
 std::unique_ptr<Model> load_model(const CommonOptions& o);
 SessionParams session_params(const CommonOptions& o);

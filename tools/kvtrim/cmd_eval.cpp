@@ -18,6 +18,7 @@
 #include "core/error.h"
 #include "core/progress.h"
 #include "core/timer.h"
+#include "engine/context_question.h"
 #include "eval/gsm8k.h"
 #include "eval/jsonl.h"
 #include "eval/mc.h"
@@ -161,8 +162,10 @@ void run_generation(const EvalRulerOptions& o, const EvalGsm8kOptions* g) {
     std::fprintf(stderr, "press: %s%s\n", press_desc.c_str(), calibration_note(calib).c_str());
     s.set_press(std::move(p), sched);
     ro.after_context = [](Session& ss, const std::vector<int32_t>* question) {
-      if (question) ss.observe_question(*question);
-      ss.compress();
+      // query-aware: the press sees the question first (the path run, chat and serve share)
+      ContextCompressOptions co;
+      co.min_tokens = 0;
+      compress_context(ss, question ? *question : std::vector<int32_t>{}, co);
     };
   }
 

@@ -28,6 +28,7 @@ struct ServeOptions {
   int parallel = 4;
   std::string kv_budget;
   std::string press, pressure_press;
+  int64_t press_min_tokens = 32;
   int queue = 64;
   int n_predict = 256;
   int http_threads = 0;
@@ -104,6 +105,7 @@ void serve(const ServeOptions& o) {
   }
   so.press = o.press;
   so.pressure_press = o.pressure_press;
+  so.press_min_tokens = o.press_min_tokens;
   so.max_queue = o.queue;
   so.default_max_tokens = o.n_predict;
   const SessionParams sp = session_params(o.common);
@@ -169,7 +171,14 @@ void register_serve(CLI::App& app) {
   c->add_option("--kv-budget", o->kv_budget,
                 "bytes all slots' KV caches may hold together, e.g. 512MiB (default: no budget); requests are "
                 "admitted only if their cache fits, compressing conversations under pressure");
-  c->add_option("--press", o->press, "default kv_press of a request: PRESS[:opt=value,...][+PRESS...] (none by default)");
+  c->add_option("--press", o->press,
+                "default kv_press of a request: PRESS[:opt=value,...][+PRESS...] (none by default); it compresses the "
+                "conversation before the last user turn, never the turn being answered (kv_press_protect)")
+      ->transform([](std::string s) { return s == "none" ? std::string() : s; });
+  c->add_option("--press-min-tokens", o->press_min_tokens,
+                "a context (the conversation before the protected turn) of fewer tokens is not compressed (32: the "
+                "observation window of snapkv, pyramidkv, think, spark, ojakv)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
   c->add_option("--pressure-press", o->pressure_press,
                 "press that compresses idle, then running, conversations when the budget is short (e.g. snapkv:0.5)");
   c->add_option("--queue", o->queue, "requests that may wait for a slot or for memory (more get a 503)")

@@ -67,7 +67,8 @@ std::string prefill_tag(const CommonOptions& o) { return o.f32_prefill ? "" : "i
 void add_press_options(CLI::App* app, PressOptions& o) {
   app->add_option("--press", o.spec,
                   "compress the KV cache after the prompt: PRESS[:opt=value,...][+PRESS...], e.g. snapkv:ratio=0.5 "
-                  "(`kvtrim presses` lists them)");
+                  "(`kvtrim presses` lists them); none = no press")
+      ->transform([](std::string s) { return s == "none" ? std::string() : s; });
   app->add_option("--press-every", o.decode_every, "also compress while decoding, every N generated tokens (0 = off)")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
   app->add_option("--press-target", o.decode_target,
@@ -75,12 +76,20 @@ void add_press_options(CLI::App* app, PressOptions& o) {
       ->capture_default_str()->check(CLI::NonNegativeNumber);
 }
 
-void install_press(Session& s, const PressOptions& o) {
+void add_press_min_tokens_option(CLI::App* app, PressOptions& o) {
+  app->add_option("--press-min-tokens", o.min_tokens,
+                  "a context (document, earlier turns) of fewer tokens is not compressed (32: the observation window of "
+                  "snapkv, pyramidkv, think, spark, ojakv; a shorter one is all window)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+}
+
+void install_press(Session& s, const PressOptions& o, bool after_prefill) {
   if (o.spec.empty()) {
     KVTRIM_CHECK(o.decode_every == 0, "--press-every needs --press");
     return;
   }
   PressSchedule sched;
+  sched.after_prefill = after_prefill;
   sched.decode_every = o.decode_every;
   sched.decode_target = o.decode_target;
   KVTRIM_CHECK(o.decode_every == 0 || o.decode_target > 0, "--press-every needs --press-target > 0");
@@ -89,11 +98,12 @@ void install_press(Session& s, const PressOptions& o) {
   s.set_press(std::move(p), sched);
 }
 
-std::string compress_line(const Press& p, const CompressStats& st) {
+std::string compress_line(const Press& p, const CompressStats& st, const std::string& part) {
   const double rss_drop = static_cast<double>(st.rss_before) - static_cast<double>(st.rss_after);
-  return strprintf("press %s: %lld -> %lld tokens (all layers and kv heads, %.1f%% removed), KV %s -> %s in %.3f s; "
+  return strprintf("press %s: %s%lld -> %lld tokens (all layers and kv heads, %.1f%% removed), KV %s -> %s in %.3f s; "
                    "process RSS %s -> %s (%s%.2f MiB)",
-                   p.spec().c_str(), static_cast<long long>(st.tokens_before), static_cast<long long>(st.tokens_after),
+                   p.spec().c_str(), part.c_str(), static_cast<long long>(st.tokens_before),
+                   static_cast<long long>(st.tokens_after),
                    st.tokens_before ? 100.0 * static_cast<double>(st.tokens_before - st.tokens_after) /
                                           static_cast<double>(st.tokens_before)
                                     : 0.0,
@@ -103,6 +113,19 @@ std::string compress_line(const Press& p, const CompressStats& st) {
          (st.refeed_seconds > 0 ? strprintf("; re-feed pass first: %.2f s, process RSS at its fullest %s",
                                             st.refeed_seconds, human_bytes(st.refeed_rss_peak).c_str())
                                 : std::string());
+}
+
+std::string context_compress_line(const Press& p, const ContextCompression& c, int64_t n_protected,
+                                  const std::string& protected_what) {
+  const std::string tail = strprintf("; protected: %lld tokens (%s), all kept", static_cast<long long>(n_protected),
+                                     protected_what.c_str());
+  if (!c.ran)
+    return strprintf("press %s: context %lld positions %s", p.spec().c_str(), static_cast<long long>(c.n_context),
+                     c.note.c_str()) +
+           tail;
+  const std::string part = strprintf("context %lld positions%s: ", static_cast<long long>(c.n_context),
+                                     c.saw_question ? " (scored with the question's queries)" : "");
+  return compress_line(p, c.stats, part) + tail;
 }
 
 std::unique_ptr<Model> load_model(const CommonOptions& o) {

@@ -1,0 +1,64 @@
+// Context and question apart (DESIGN.md §8; kvpress's protocol, DESIGN.md §5): what a press
+// compresses is the context — a document, the earlier turns of a conversation — never the
+// question being answered. The session holds the context (and nothing after it) when
+// compress_context runs; the question — the protected tail: the last user turn and the chat
+// template's generation prompt, or a document's question — is prefilled after the compression,
+// uncompressed, at the positions that continue the context's uncompressed length. A query-aware
+// press (query_aware=true: PressNeeds::question) sees the question's queries first
+// (Session::observe_question), exactly as `kvtrim eval` runs it: run, chat, serve and the
+// evaluation harness share this one function.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/press_runner.h"
+#include "engine/session.h"
+#include "model/tokenizer.h"
+
+namespace kvtrim {
+
+// A prompt cut into the part a press may compress and the protected tail.
+struct SplitPrompt {
+  std::vector<int32_t> context;   // compressed (empty: nothing before the question)
+  std::vector<int32_t> question;  // protected: prefilled after the compression
+};
+
+// Tokenizes a chat prompt cut by split_chat_prompt: the head with BOS, the tail without, both
+// parsing special tokens as a whole-prompt encode does, so the cut is a token boundary. (For
+// ChatML and Gemma the cut follows "\n" or a special token, where the byte-level pre-tokenizers
+// cut anyway: the tokens equal the whole prompt's.)
+SplitPrompt tokenize_chat_split(const Tokenizer& tok, const ChatPromptSplit& sp);
+
+struct ContextCompressOptions {
+  // A context of fewer positions is not compressed (ContextCompression::note says so). Default
+  // 32: the observation window of SnapKV, PyramidKV, ThinK, SPARK and OjaKV (the last 32
+  // queries); a shorter context is all window — on a chat turn only the template and the system
+  // prompt — so there is nothing worth ranking (the CLI's --press-min-tokens, serve's default).
+  int64_t min_tokens = 32;
+  // The context holds an earlier compression (a conversation's follow-up turn): a press with a
+  // ratio budget (Press::token_budget) keeps its ratio of every position the context spans
+  // (Budget::n_keep = keep_count(n_past) per (layer, kv head)), not of what earlier turns left,
+  // so early turns are not compressed again and again.
+  bool follow_up = false;
+  // An Error from the press (a pass that does not fit, a press that cannot run on this context)
+  // becomes the note, the cache unchanged (chat, serve: a conversation goes on); false: it
+  // propagates (run, eval).
+  bool skip_on_error = false;
+};
+
+struct ContextCompression {
+  bool ran = false;
+  std::string note;          // why nothing ran ("" when it ran)
+  int64_t n_context = 0;     // positions of the context (the compressed part)
+  bool saw_question = false;  // the press scored with the question's queries
+  CompressStats stats;       // when it ran: tokens and bytes of the context, all (layer, kv head)
+};
+
+// Compresses what the session holds — the context, before `question` is prefilled — with the
+// session's press (Session::compress). `question` (may be empty) is what a query-aware press
+// sees; it is not left in the cache. Throws Error without a press.
+ContextCompression compress_context(Session& s, const std::vector<int32_t>& question,
+                                    const ContextCompressOptions& o = {});
+
+}  // namespace kvtrim
