@@ -337,6 +337,29 @@ TEST(ModelLoad, UnsupportedRopeScalingNamesKeyAndValue) {
   }
 }
 
+// A RoPE-scaled model (f32 weights): its optimized forward over 40 tokens matches its reference
+// tightly; returns how far the scaling moved the reference's logits from the same weights without
+// it (`plain`).
+double scaled_rope_check(const Model& m, const Model& plain, uint32_t seed) {
+  const int n_vocab = m.hparams().n_vocab, n = 40;
+  const std::vector<int32_t> toks = test_tokens(n, n_vocab, seed);
+  std::vector<float> ref(static_cast<size_t>(n) * n_vocab), ref_plain(ref.size()), got(ref.size());
+  forward_reference(m, toks.data(), n, ref.data());
+  forward_reference(plain, toks.data(), n, ref_plain.data());
+  KvCacheConfig cc = m.cache_config(64);
+  cc.dtype = KvDtype::kF32;
+  auto cache = make_dense_cache(cc);
+  ThreadPool pool(2);
+  m.forward(toks.data(), n, 0, *cache, got.data(), true, &pool);
+  double moved = 0;
+  for (int i = 0; i < n; ++i) {
+    const size_t o = static_cast<size_t>(i) * n_vocab;
+    EXPECT_LT(rel_err(got.data() + o, ref.data() + o, n_vocab), kTolFloat) << "token " << i;
+    moved = std::max(moved, rel_err(ref_plain.data() + o, ref.data() + o, n_vocab));
+  }
+  return moved;
+}
+
 // Llama 3's rope_freqs.weight changes the computation (it was silently ignored before): the
 // factors are read, applied by the optimized and reference passes alike, and change the logits.
 TEST(RopeScaling, Llama3FactorsAreAppliedByBothPasses) {
@@ -352,23 +375,7 @@ TEST(RopeScaling, Llama3FactorsAreAppliedByBothPasses) {
   EXPECT_GT(want.back(), 7.9f);  // the tiny model's factors really scale some frequencies
   const RopeSpec rs = layer_rope(m->hparams(), 0, 64);
   ASSERT_NE(rs.freq_factors, nullptr);
-  const int n_vocab = m->hparams().n_vocab, n = 40;
-  const std::vector<int32_t> toks = test_tokens(n, n_vocab, 3);
-  std::vector<float> ref(static_cast<size_t>(n) * n_vocab), ref_plain(ref.size()), got(ref.size());
-  forward_reference(*m, toks.data(), n, ref.data());
-  forward_reference(*plain, toks.data(), n, ref_plain.data());
-  KvCacheConfig cc = m->cache_config(64);
-  cc.dtype = KvDtype::kF32;
-  auto cache = make_dense_cache(cc);
-  ThreadPool pool(2);
-  m->forward(toks.data(), n, 0, *cache, got.data(), true, &pool);
-  double moved = 0;
-  for (int i = 0; i < n; ++i) {
-    const size_t o = static_cast<size_t>(i) * n_vocab;
-    EXPECT_LT(rel_err(got.data() + o, ref.data() + o, n_vocab), kTolFloat) << "token " << i;
-    moved = std::max(moved, rel_err(ref_plain.data() + o, ref.data() + o, n_vocab));
-  }
-  EXPECT_GT(moved, 1e-2) << "the factors did not change the logits";
+  EXPECT_GT(scaled_rope_check(*m, *plain, 3), 1e-2) << "the factors did not change the logits";
 }
 
 // Gemma 2's soft-caps bound what they cap: every logit within ±final_softcap (4 in the tiny
@@ -422,22 +429,7 @@ TEST(RopeScaling, YarnIsAppliedByBothPasses) {
   EXPECT_FLOAT_EQ(hp.rope_freq_scale, 0.25f);
   EXPECT_FLOAT_EQ(hp.rope_ext_factor, 1.f);
   EXPECT_EQ(hp.rope_n_ctx_orig, s.rope_orig_ctx);
-  const int n_vocab = hp.n_vocab, n = 40;
-  const std::vector<int32_t> toks = test_tokens(n, n_vocab, 4);
-  std::vector<float> ref(static_cast<size_t>(n) * n_vocab), ref_plain(ref.size()), got(ref.size());
-  forward_reference(*m, toks.data(), n, ref.data());
-  forward_reference(*plain, toks.data(), n, ref_plain.data());
-  KvCacheConfig cc = m->cache_config(64);
-  cc.dtype = KvDtype::kF32;
-  auto cache = make_dense_cache(cc);
-  m->forward(toks.data(), n, 0, *cache, got.data(), true, nullptr);
-  double moved = 0;
-  for (int i = 0; i < n; ++i) {
-    const size_t o = static_cast<size_t>(i) * n_vocab;
-    EXPECT_LT(rel_err(got.data() + o, ref.data() + o, n_vocab), kTolFloat) << "token " << i;
-    moved = std::max(moved, rel_err(ref_plain.data() + o, ref.data() + o, n_vocab));
-  }
-  EXPECT_GT(moved, 1e-2);
+  EXPECT_GT(scaled_rope_check(*m, *plain, 4), 1e-2) << "YaRN did not change the logits";
 }
 
 }  // namespace
