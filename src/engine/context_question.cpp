@@ -44,6 +44,7 @@ ContextCompression compress_context(Session& s, const std::vector<int32_t>& ques
     if (!o.skip_on_error) throw;
     r.note = std::string("not compressed: ") + e.what();
     r.saw_question = false;
+    r.failed = true;
     return r;
   }
   r.ran = true;

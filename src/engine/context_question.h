@@ -52,6 +52,7 @@ struct ContextCompression {
   std::string note;          // why nothing ran ("" when it ran)
   int64_t n_context = 0;     // positions of the context (the compressed part)
   bool saw_question = false;  // the press scored with the question's queries
+  bool failed = false;       // the press threw and skip_on_error made it the note
   CompressStats stats;       // when it ran: tokens and bytes of the context, all (layer, kv head)
 };
 
