@@ -18,20 +18,17 @@ struct InspectOptions {
   int max_elems = 8;
 };
 
-void print_tensors_if(const InspectOptions& o, const GgufFile& file);
-
-void inspect(const InspectOptions& o) {
-  const std::string path = resolve_model_path(o.model);
-  auto f = GgufFile::open(path);
+// Metadata, tensor types, and with --tensors every tensor.
+void print_file(const InspectOptions& o, const std::string& path, const GgufFile& f) {
   std::printf("file: %s\n  GGUF v%u, %zu bytes, alignment %llu, %zu metadata keys, %zu tensors\n", path.c_str(),
-              f->version(), f->file_size(), static_cast<unsigned long long>(f->alignment()), f->metadata().size(),
-              f->tensors().size());
+              f.version(), f.file_size(), static_cast<unsigned long long>(f.alignment()), f.metadata().size(),
+              f.tensors().size());
   std::printf("\nmetadata:\n");
-  for (const auto& [k, v] : f->metadata())
+  for (const auto& [k, v] : f.metadata())
     std::printf("  %-44s %s\n", k.c_str(), v.to_string(static_cast<size_t>(o.max_elems)).c_str());
   std::map<std::string, std::pair<int, size_t>> by_type;
   size_t total = 0;
-  for (const auto& t : f->tensors()) {
+  for (const auto& t : f.tensors()) {
     auto& e = by_type[std::string(ggml_type_name(t.type))];
     e.first++;
     e.second += t.n_bytes;
@@ -40,14 +37,27 @@ void inspect(const InspectOptions& o) {
   std::printf("\ntensor types:\n");
   for (const auto& [name, e] : by_type)
     std::printf("  %-6s %4d tensors  %s\n", name.c_str(), e.first, human_bytes(e.second).c_str());
-  std::printf("  total  %4zu tensors  %s\n", f->tensors().size(), human_bytes(total).c_str());
-  print_tensors_if(o, *f);
+  std::printf("  total  %4zu tensors  %s\n", f.tensors().size(), human_bytes(total).c_str());
+  if (!o.tensors) return;
+  std::printf("\ntensors:\n");
+  for (const auto& t : f.tensors()) {
+    std::string shape;
+    for (size_t i = 0; i < t.ne.size(); ++i) shape += (i ? " x " : "") + std::to_string(t.ne[i]);
+    std::printf("  %-36s %-5s [%s] %zu bytes @ %llu\n", t.name.c_str(), std::string(ggml_type_name(t.type)).c_str(),
+                shape.c_str(), t.n_bytes, static_cast<unsigned long long>(t.offset));
+  }
+}
+
+void inspect(const InspectOptions& o) {
+  const std::string path = resolve_model_path(o.model);
+  auto f = GgufFile::open(path);
+  print_file(o, path, *f);
   // Whether kvtrim can run it: the loader's every check (architecture, keys, tensors, shapes,
-  // types, tokenizer), without packing the weights.
+  // types, tokenizer) on the same opened file, without packing the weights.
   set_weight_packing(false);
   std::unique_ptr<Model> m;
   try {
-    m = Model::load(path);
+    m = Model::load(std::move(f));
   } catch (const Error& e) {
     std::printf("\nkvtrim can run this file: no\n");
     fail("%s", e.what());
@@ -55,23 +65,12 @@ void inspect(const InspectOptions& o) {
   const HParams& hp = m->hparams();
   int n_swa = 0;
   for (int w : hp.sliding_window) n_swa += w > 0;
+  const std::string ffn = hp.n_expert > 0 ? strprintf("%d experts of %d, %d per token", hp.n_expert, hp.n_ff_exp, hp.n_expert_used)
+                                          : strprintf("n_ff %d", hp.n_ff);
   std::printf("\nkvtrim can run this file: yes\n  %s: %d layers (%d with a sliding window), %d heads / %d kv heads, "
-              "head_dim %d/%d, n_embd %d, n_ff %d, vocab %d, context %d\n  %s\n",
+              "head_dim %d/%d, n_embd %d, %s, vocab %d, context %d\n  %s\n",
               arch_name(hp.arch), hp.n_layer, n_swa, hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, hp.n_embd,
-              hp.n_ff, hp.n_vocab, hp.n_ctx_train, rope_description(hp).c_str());
-}
-
-void print_tensors_if(const InspectOptions& o, const GgufFile& file) {
-  const GgufFile* f = &file;
-  if (o.tensors) {
-    std::printf("\ntensors:\n");
-    for (const auto& t : f->tensors()) {
-      std::string shape;
-      for (size_t i = 0; i < t.ne.size(); ++i) shape += (i ? " x " : "") + std::to_string(t.ne[i]);
-      std::printf("  %-36s %-5s [%s] %zu bytes @ %llu\n", t.name.c_str(), std::string(ggml_type_name(t.type)).c_str(),
-                  shape.c_str(), t.n_bytes, static_cast<unsigned long long>(t.offset));
-    }
-  }
+              ffn.c_str(), hp.n_vocab, hp.n_ctx_train, rope_description(hp).c_str());
 }
 }  // namespace
 
