@@ -37,8 +37,10 @@ struct Workspace {
   std::vector<int32_t> sel;          // [n, n_expert_used] chosen experts, ascending
   std::vector<float> sel_w;          // [n, n_expert_used] their renormalised weights
   std::vector<float> ex, eg, eu, ed; // one expert's gathered rows: in [m, n_embd], gate / up [m, n_ff_exp], out [m, n_embd]
-  std::vector<int64_t> ex_rows;      // those rows' indices
-  std::vector<float> ex_w;           // and weights
+  std::vector<int64_t> ex_start;     // [n_expert + 1] expert e's rows are ex_rows[ex_start[e], ex_start[e+1])
+  std::vector<int64_t> ex_fill;      // [n_expert] the counting sort's next slot per expert
+  std::vector<int64_t> ex_rows;      // a group's rows by expert, in row order within each
+  std::vector<float> ex_w;           // and their weights
   std::vector<float> moe_out;        // [n, n_embd] the layer's FFN output
 };
 
@@ -170,28 +172,35 @@ void moe_ffn(const HParams& hp, const LayerWeights& w, const float* xn, const Ro
   route_rows(ws.router.data(), n, n_exp, k, ws.sel.data(), ws.sel_w.data());
   std::fill(out, out + n * n_embd, 0.f);
   for (const auto& [r0, r1] : g.ranges) {
+    // the group's rows by expert, in row order: a counting sort of the (row, choice) pairs
+    ws.ex_start.assign(static_cast<size_t>(n_exp) + 1, 0);
+    for (int64_t i = r0 * k; i < r1 * k; ++i) ++ws.ex_start[static_cast<size_t>(ws.sel[static_cast<size_t>(i)]) + 1];
+    for (int e = 0; e < n_exp; ++e) ws.ex_start[static_cast<size_t>(e) + 1] += ws.ex_start[static_cast<size_t>(e)];
+    ws.ex_rows.resize(static_cast<size_t>((r1 - r0) * k));
+    ws.ex_w.resize(ws.ex_rows.size());
+    ws.ex_fill.assign(ws.ex_start.begin(), ws.ex_start.end() - 1);
+    for (int64_t i = r0 * k; i < r1 * k; ++i) {
+      const size_t at = static_cast<size_t>(ws.ex_fill[static_cast<size_t>(ws.sel[static_cast<size_t>(i)])]++);
+      ws.ex_rows[at] = i / k;
+      ws.ex_w[at] = ws.sel_w[static_cast<size_t>(i)];
+    }
     for (int e = 0; e < n_exp; ++e) {
-      ws.ex_rows.clear();
-      ws.ex_w.clear();
-      for (int64_t r = r0; r < r1; ++r)
-        for (int j = 0; j < k; ++j)
-          if (ws.sel[static_cast<size_t>(r * k + j)] == e) {
-            ws.ex_rows.push_back(r);
-            ws.ex_w.push_back(ws.sel_w[static_cast<size_t>(r * k + j)]);
-          }
-      const int64_t m = static_cast<int64_t>(ws.ex_rows.size());
+      const int64_t e0 = ws.ex_start[static_cast<size_t>(e)];
+      const int64_t m = ws.ex_start[static_cast<size_t>(e) + 1] - e0;
       if (m == 0) continue;
+      const int64_t* rows = ws.ex_rows.data() + e0;
+      const float* wts = ws.ex_w.data() + e0;
       ws.ex.resize(static_cast<size_t>(m * n_embd));
       ws.eg.resize(static_cast<size_t>(m * dff));
       ws.eu.resize(ws.eg.size());
       ws.ed.resize(ws.ex.size());
-      for (int64_t i = 0; i < m; ++i) std::copy_n(xn + ws.ex_rows[static_cast<size_t>(i)] * n_embd, n_embd, ws.ex.data() + i * n_embd);
+      for (int64_t i = 0; i < m; ++i) std::copy_n(xn + rows[i] * n_embd, n_embd, ws.ex.data() + i * n_embd);
       const WeightView* gu[2] = {&w.gate_exps[static_cast<size_t>(e)], &w.up_exps[static_cast<size_t>(e)]};
       float* ys[2] = {ws.eg.data(), ws.eu.data()};
       matmul_many(gu, ys, 2, ws.ex.data(), m, pool);
       swiglu(ws.eg.data(), ws.eu.data(), ws.eg.data(), m * dff);
       project(w.down_exps[static_cast<size_t>(e)], ws.eg.data(), m, ws.ed.data(), pool);
-      for (int64_t i = 0; i < m; ++i) axpy(out + ws.ex_rows[static_cast<size_t>(i)] * n_embd, ws.ex_w[static_cast<size_t>(i)], ws.ed.data() + i * n_embd, n_embd);
+      for (int64_t i = 0; i < m; ++i) axpy(out + rows[i] * n_embd, wts[i], ws.ed.data() + i * n_embd, n_embd);
     }
   }
 }
