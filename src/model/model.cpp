@@ -26,7 +26,6 @@ struct HarmlessKey {
 };
 constexpr HarmlessKey kHarmlessKeys[] = {
     {"rope.scaling.finetuned", "a note that the model was fine-tuned at the scaled length"},
-    {"vocab_size", "read when present; the embedding's rows otherwise"},
 };
 
 class ModelLoader {
