@@ -22,6 +22,15 @@ check refeed_past_ctx 1 "re-feed: 401 context tokens leave 9 tokens of the conte
 check ctx_past_model 1 "exceeds the model's limit of 8192" run -m smollm2 -c 100000 -p hi -n 4
 check gen_stops_at_ctx 0 "stop: context_full" run -m smollm2 -c 24 -p "Once upon a time" -n 100 -t 2
 check inspect 0 "llama.block_count +30.*q4_1" inspect smollm2
+# chat templates: the file's own (Jinja), a built-in or a file instead; a bad one is an error
+# naming it (with the line), only where a chat prompt is needed
+check chat_template_builtin 0 "Paris" run -m smollm2 --chat --chat-template chatml -p "What is the capital of France?" -n 8 --temp 0 -t 2
+printf '%s\n' "{% for m in messages %}<|im_start|>{{ m.role }}" "{{ m.content }}<|im_end|>" "{% endfor %}<|im_start|>assistant" > "$tmp/plain.jinja"
+check chat_template_file 0 "Paris" run -m smollm2 --chat --chat-template "$tmp/plain.jinja" -p "What is the capital of France?" -n 8 --temp 0 -t 2
+printf '%s\n' "{% for m in messages %}" "{{ m.content }" > "$tmp/bad.jinja"
+check chat_template_bad 1 "does not parse: chat template file .*bad.jinja:2: " run -m smollm2 --chat --chat-template "$tmp/bad.jinja" -p hi -n 2
+check chat_template_base_ok 0 "KV cache" run -m smollm2 --chat-template "$tmp/bad.jinja" -p hi -n 2 -t 2
+check chat_template_unknown 1 "--chat-template 'nosuch' is neither a built-in template \(chatml, gemma\) nor a file" run -m smollm2 --chat --chat-template nosuch -p hi -n 2
 # the packed weight copies (made at load where the CPU has their kernels) give the text of the
 # file's layout token for token: a 400-token 8-bit prefill and 24 greedy tokens, default vs --no-repack
 a=$("$bin" run -m smollm2 -p "$long Once upon a time" -n 24 -t 2 2>/dev/null)

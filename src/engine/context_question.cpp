@@ -6,7 +6,7 @@ namespace kvtrim {
 
 SplitPrompt tokenize_chat_split(const Tokenizer& tok, const ChatPromptSplit& sp) {
   SplitPrompt p;
-  p.context = tok.encode(sp.head, tok.add_bos(), true);
+  p.context = encode_prompt(tok, sp.head);
   p.question = tok.encode(sp.tail, false, true);
   return p;
 }

@@ -14,6 +14,7 @@
 
 #include "engine/press_runner.h"
 #include "engine/session.h"
+#include "model/chat_template.h"
 #include "model/tokenizer.h"
 
 namespace kvtrim {

@@ -39,7 +39,7 @@ KvzipPrompts kvzip_prompts(const Model& model) {
     p.suffix = tok.encode("\n", false, false);
   } else {
     static constexpr const char* kMark = "\x01kvzip-user\x01";
-    const std::string r = apply_chat_template(model.gguf(), {{"user", kMark}}, true);
+    const std::string r = model.chat_template().render({{"user", kMark}}, true);
     const size_t at = r.find(kMark);
     KVTRIM_CHECK(at != std::string::npos, "kvzip: cannot split the chat template of %s around the user message",
                  model.gguf().path().c_str());

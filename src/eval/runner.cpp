@@ -35,8 +35,8 @@ PromptFormat resolve_prompt_format(const std::string& spec, const Model& model) 
   if (spec == "auto") return has_template ? PromptFormat::kChat : PromptFormat::kBase;
   if (spec == "base") return PromptFormat::kBase;
   if (spec == "chat") {
-    // apply_chat_template knows some families without a template string (Gemma, Qwen).
-    (void)apply_chat_template(model.gguf(), {{"user", "x"}}, true);
+    // the built-in templates cover some families without a template string (Gemma, Qwen)
+    (void)model.chat_template().render({{"user", "x"}}, true);
     return PromptFormat::kChat;
   }
   fail("unknown prompt format '%s' (auto, chat or base)", spec.c_str());
@@ -44,7 +44,7 @@ PromptFormat resolve_prompt_format(const std::string& spec, const Model& model) 
 
 PromptBuilder::PromptBuilder(const Model& model, PromptFormat format) : model_(model), format_(format) {
   if (format_ != PromptFormat::kChat) return;
-  const std::string r = apply_chat_template(model.gguf(), {{"user", std::string(kCtxMark) + kQMark}}, true);
+  const std::string r = model.chat_template().render({{"user", std::string(kCtxMark) + kQMark}}, true);
   const size_t c = r.find(kCtxMark), q = r.find(kQMark);
   KVTRIM_CHECK(c != std::string::npos && q != std::string::npos && q == c + std::string(kCtxMark).size(),
                "cannot split the chat template of %s around the user message", model.gguf().path().c_str());
@@ -56,7 +56,7 @@ std::vector<int32_t> PromptBuilder::context_tokens(const std::string& context) c
   const Tokenizer& tok = model_.tokenizer();
   if (format_ == PromptFormat::kBase) return tok.encode(context, tok.add_bos(), false);
   // Template text may hold special tokens; the user's text never is parsed for them.
-  std::vector<int32_t> out = tok.encode(chat_pre_, tok.add_bos(), true);
+  std::vector<int32_t> out = encode_prompt(tok, chat_pre_);
   const std::vector<int32_t> body = tok.encode(context, false, false);
   out.insert(out.end(), body.begin(), body.end());
   return out;

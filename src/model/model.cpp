@@ -423,6 +423,7 @@ std::unique_ptr<Model> Model::load(std::unique_ptr<GgufFile> file) {
   loader.check_everything_used();
   if (weight_packing()) m->pack_weights();
   m->tok_ = Tokenizer::from_gguf(*m->file_);
+  m->chat_ = ChatTemplate::from_gguf(*m->file_);
   return m;
 }
 

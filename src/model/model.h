@@ -8,6 +8,7 @@
 
 #include "core/memory.h"
 #include "kv/kv_types.h"
+#include "model/chat_template.h"
 #include "model/gguf.h"
 #include "model/tokenizer.h"
 #include "ops/matmul.h"
@@ -142,6 +143,10 @@ class Model {
   const HParams& hparams() const { return hp_; }
   const GgufFile& gguf() const { return *file_; }
   const Tokenizer& tokenizer() const { return *tok_; }
+  // How conversations become prompts: the file's chat template (ChatTemplate::from_gguf) unless
+  // replaced (--chat-template). Set before the model is shared between threads.
+  const ChatTemplate& chat_template() const { return chat_; }
+  void set_chat_template(ChatTemplate t) { chat_ = std::move(t); }
   const std::vector<LayerWeights>& layers() const { return layers_; }
   const WeightView& tok_embd() const { return tok_embd_; }   // [n_vocab, n_embd]
   const WeightView& output_norm() const { return out_norm_; }  // [n_embd]
@@ -192,6 +197,7 @@ class Model {
   void pack_weights();                         // packed copies of the packable matrices
   std::unique_ptr<GgufFile> file_;
   std::unique_ptr<Tokenizer> tok_;
+  ChatTemplate chat_;
   HParams hp_;
   std::vector<LayerWeights> layers_;
   WeightView tok_embd_{}, out_norm_{}, output_{};

@@ -42,24 +42,9 @@ struct ChatMessage {
   std::string content;
 };
 
-// Renders messages with the chat template of the model's family (chosen from
-// general.architecture / tokenizer.chat_template): ChatML for SmolLM2 and Qwen2,
-// <start_of_turn> for Gemma 3. Throws Error for a template kvtrim does not know.
-std::string apply_chat_template(const GgufFile& f, const std::vector<ChatMessage>& msgs,
-                                bool add_generation_prompt);
-
-// The rendered chat prompt cut in two where the content of the last user message starts, plus
-// `into` bytes of that content (the question after a document): head + tail ==
-// apply_chat_template(f, msgs, add_generation_prompt) exactly. Found by rendering the messages
-// again with that content replaced by a marker: the renders agree up to the marker (a template
-// writes earlier messages before later ones), and the real render must hold the content's first
-// `into` bytes there (Gemma trims a message's content: give content without leading spaces).
-// Throws Error when there is no user message or the template does not show its content there.
-struct ChatPromptSplit {
-  std::string head;  // the conversation before the last user turn's content (+ `into` bytes of it)
-  std::string tail;  // the rest: the last user content, its end of turn, the generation prompt
-};
-ChatPromptSplit split_chat_prompt(const GgufFile& f, const std::vector<ChatMessage>& msgs, bool add_generation_prompt,
-                                  size_t into = 0);
+// The tokens of a rendered prompt (special-token text parsed): BOS first when the model adds
+// one and the text does not already start with it (templates such as Llama 3's write
+// {{ bos_token }} themselves; one BOS, not two).
+std::vector<int32_t> encode_prompt(const Tokenizer& tok, std::string_view text);
 
 }  // namespace kvtrim

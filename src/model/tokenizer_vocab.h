@@ -41,10 +41,4 @@ struct VocabData {
 // pre-tokenizer.
 std::unique_ptr<Tokenizer> make_tokenizer(VocabData v);
 
-// Chat templates, independent of GgufFile (chat_template.cpp forwards to this).
-// arch: general.architecture; tmpl: tokenizer.chat_template ("" if absent); source names the
-// model in error messages.
-std::string render_chat(const std::string& source, const std::string& arch, const std::string& tmpl,
-                        const std::vector<ChatMessage>& msgs, bool add_generation_prompt);
-
 }  // namespace kvtrim

@@ -125,6 +125,15 @@ CompletionRequest parse_completion_request(const std::string& body, Endpoint ep,
       cm.content = message_content(msg["content"], i);
       r.messages.push_back(std::move(cm));
     }
+    // Extra variables of the model's Jinja chat template, as llama.cpp's and vLLM's servers take them.
+    if (const json* kw = field(j, "chat_template_kwargs")) {
+      if (!kw->is_object()) bad("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+      for (auto it = kw->begin(); it != kw->end(); ++it) {
+        if (it.key() == "messages" || it.key() == "add_generation_prompt" || it.key() == "tools")
+          bad("chat_template_kwargs", "chat_template_kwargs." + it.key() + " is set by the server");
+      }
+      r.chat.vars = nlohmann::ordered_json::parse(kw->dump());
+    }
   } else {
     const json* p = field(j, "prompt");
     if (!p) bad("prompt", "'prompt' is required");

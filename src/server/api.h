@@ -14,6 +14,7 @@
 
 #include "engine/sampler.h"
 #include "kv/kv_types.h"
+#include "model/chat_options.h"
 #include "model/tokenizer.h"
 
 namespace kvtrim::server {
@@ -56,6 +57,7 @@ struct CompletionRequest {
   Endpoint endpoint = Endpoint::kChat;
   std::string model;
   std::vector<ChatMessage> messages;  // chat
+  ChatOptions chat;                   // chat: chat_template_kwargs (e.g. {"enable_thinking": false})
   std::string prompt;                 // completions: a string ...
   std::vector<int32_t> prompt_tokens;  // ... or token ids
   bool has_prompt_tokens = false;

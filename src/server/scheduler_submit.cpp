@@ -49,12 +49,12 @@ std::shared_ptr<Job> Scheduler::submit(const CompletionRequest& r) {
     for (const ChatMessage& m : r.messages) has_user = has_user || m.role == "user";
     try {
       if (!r.cache.protect && has_user) {
-        const SplitPrompt sp = tokenize_chat_split(tok, split_chat_prompt(model_.gguf(), r.messages, true));
+        const SplitPrompt sp = tokenize_chat_split(tok, split_chat_prompt(model_.chat_template(), r.messages, true, 0, r.chat));
         j->prompt = sp.context;
         j->prompt.insert(j->prompt.end(), sp.question.begin(), sp.question.end());
         j->compress_at = sp.context.size();
       } else {
-        j->prompt = tok.encode(apply_chat_template(model_.gguf(), r.messages, true), tok.add_bos(), true);
+        j->prompt = encode_prompt(tok, model_.chat_template().render(r.messages, true, r.chat));
         j->compress_at = j->prompt.size();
       }
     } catch (const Error& e) {

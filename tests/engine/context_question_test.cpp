@@ -56,13 +56,13 @@ std::string* ContextQuestionTest::dir_ = nullptr;
 TEST_F(ContextQuestionTest, ChatPromptIsCutWhereTheLastUserMessageStarts) {
   const std::vector<ChatMessage> msgs = {
       {"system", "be brief"}, {"user", "first"}, {"assistant", "ok"}, {"user", "DOC\n\nwhat is it?"}};
-  const std::string whole = apply_chat_template(model_->gguf(), msgs, true);
-  const ChatPromptSplit sp = split_chat_prompt(model_->gguf(), msgs, true);
+  const std::string whole = model_->chat_template().render(msgs, true);
+  const ChatPromptSplit sp = split_chat_prompt(model_->chat_template(), msgs, true);
   EXPECT_EQ(sp.head + sp.tail, whole);
   EXPECT_EQ(sp.head.substr(sp.head.size() - 17), "<|im_start|>user\n");
   EXPECT_EQ(sp.tail, "DOC\n\nwhat is it?<|im_end|>\n<|im_start|>assistant\n");
   // `into`: the cut after a document at the start of the user message
-  const ChatPromptSplit doc = split_chat_prompt(model_->gguf(), msgs, true, 3);
+  const ChatPromptSplit doc = split_chat_prompt(model_->chat_template(), msgs, true, 3);
   EXPECT_EQ(doc.head + doc.tail, whole);
   EXPECT_EQ(doc.tail, "\n\nwhat is it?<|im_end|>\n<|im_start|>assistant\n");
   // the two tokenized parts are the whole prompt's tokens
@@ -71,7 +71,7 @@ TEST_F(ContextQuestionTest, ChatPromptIsCutWhereTheLastUserMessageStarts) {
   std::vector<int32_t> joined = p.context;
   joined.insert(joined.end(), p.question.begin(), p.question.end());
   EXPECT_EQ(joined, tok.encode(whole, tok.add_bos(), true));
-  EXPECT_THROW(split_chat_prompt(model_->gguf(), {{"system", "x"}}, true), Error);
+  EXPECT_THROW(split_chat_prompt(model_->chat_template(), {{"system", "x"}}, true), Error);
 }
 
 // The context is compressed, the question prefilled after it is whole in every (layer, kv head).

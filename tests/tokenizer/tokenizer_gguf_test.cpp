@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "model/gguf.h"
 #include "model/gguf_writer.h"
+#include "model/chat_template.h"
 #include "model/tokenizer.h"
 #include "model/tokenizer_unicode.h"
 
@@ -149,9 +150,10 @@ TEST(TokenizerGguf, ChatTemplateFromMetadata) {
       "message['role'] + "
       "'\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}");
   auto f = write_and_open(w, "chatml");
+  // the file's own Jinja template, as it is: it has no generation prompt, so none is added
   EXPECT_EQ(apply_chat_template(*f, {{"user", "hi"}}, true),
             "<|im_start|>system\nBe "
-            "helpful<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+            "helpful<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n");
   GgufWriter g;
   g.set_string("general.architecture", "gemma3");
   auto fg = write_and_open(g, "gemma");

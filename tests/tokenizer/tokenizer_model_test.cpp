@@ -15,6 +15,7 @@
 
 #include "../common/test_util.h"
 #include "model/gguf.h"
+#include "model/chat_template.h"
 #include "model/tokenizer.h"
 
 namespace kvtrim {

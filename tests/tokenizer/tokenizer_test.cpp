@@ -1,6 +1,8 @@
 // Tokenizers on tiny hand-made vocabularies: BPE merge order, pre-tokenizer splits,
 // SentencePiece scores and byte fallback, special tokens, unicode, empty strings and
 // whitespace runs, metadata validation, chat templates.
+#include "model/chat_options.h"
+#include "model/chat_template.h"
 #include "model/tokenizer.h"
 
 #include <gtest/gtest.h>
@@ -404,56 +406,50 @@ const std::vector<ChatMessage> kUserOnly = {{"user", "Hi"}};
 const std::vector<ChatMessage> kSystemUser = {
     {"system", " Be brief. "}, {"user", " Hi \n"}, {"assistant", "Hello"}};
 
-TEST(ChatTemplate, ChatMLWithDefaultSystemPrompt) {
+TEST(ChatTemplate, JinjaTemplateRendersWithDefaultSystemPrompt) {
   const std::string smol =
       "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ "
       "'<|im_start|>system\nYou are SmolLM<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + "
       "message['role'] + '\n' + "
       "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ "
       "'<|im_start|>assistant\n' }}{% endif %}";
-  EXPECT_EQ(render_chat("m", "llama", smol, kUserOnly, true),
+  const ChatTemplate t = ChatTemplate::from_jinja(smol, "smol");
+  EXPECT_TRUE(t.is_jinja());
+  EXPECT_EQ(t.render(kUserOnly, true),
             "<|im_start|>system\nYou are "
             "SmolLM<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
-  EXPECT_EQ(render_chat("m", "llama", smol, kSystemUser, false),
+  EXPECT_EQ(t.render(kSystemUser, false),
             "<|im_start|>system\n Be brief. <|im_end|>\n<|im_start|>user\n Hi \n<|im_end|>\n"
             "<|im_start|>assistant\nHello<|im_end|>\n");
-  // Qwen writes "\n" escapes inside Jinja strings and wraps tool results.
-  const std::string qwen =
-      "{%- if tools %}{{- '<|im_start|>system\\n' }}{%- else %}{{- '<|im_start|>system\\nYou are "
-      "Qwen.<|im_end|>\\n' "
-      "}}{%- endif %} <tool_response>";
-  EXPECT_EQ(render_chat("m", "qwen2", qwen, kUserOnly, false),
-            "<|im_start|>system\nYou are Qwen.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n");
-  const std::vector<ChatMessage> tools = {{"user", "q"}, {"tool", "r1"}, {"tool", "r2"}};
-  EXPECT_EQ(render_chat("m", "qwen2", qwen, tools, false),
-            "<|im_start|>system\nYou are Qwen.<|im_end|>\n<|im_start|>user\nq<|im_end|>\n"
-            "<|im_start|>user\n<tool_response>\nr1\n</tool_response>\n<tool_response>\nr2\n</"
-            "tool_response><|im_end|>\n");
-  EXPECT_EQ(render_chat("m", "qwen2", "", kUserOnly, false), "<|im_start|>user\nHi<|im_end|>\n");
+  // extra variables reach the template (chat_template_kwargs)
+  ChatOptions opt;
+  opt.vars["who"] = "kvtrim";
+  EXPECT_EQ(ChatTemplate::from_jinja("{{ who }}:{{ messages | length }}", "v").render(kUserOnly, false, opt), "kvtrim:1");
 }
 
-TEST(ChatTemplate, GemmaFoldsSystemIntoFirstUserTurn) {
-  EXPECT_EQ(render_chat("m", "gemma3", "", kSystemUser, true),
+TEST(ChatTemplate, BuiltinChatMLAndGemma) {
+  EXPECT_EQ(ChatTemplate::builtin("chatml").render(kUserOnly, false), "<|im_start|>user\nHi<|im_end|>\n");
+  EXPECT_EQ(ChatTemplate::builtin("gemma").render(kSystemUser, true),
             "<start_of_turn>user\nBe "
             "brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello<end_of_turn>\n"
             "<start_of_turn>model\n");
-  EXPECT_EQ(render_chat("m", "gemma3", "", kUserOnly, false),
-            "<start_of_turn>user\nHi<end_of_turn>\n");
+  EXPECT_EQ(ChatTemplate::builtin("gemma").render(kUserOnly, false), "<start_of_turn>user\nHi<end_of_turn>\n");
 }
 
-TEST(ChatTemplate, UnknownTemplateOrRoleIsAnError) {
-  EXPECT_NE(error_of([] {
-              render_chat("m.gguf", "llama", "[INST] {{ x }}", kUserOnly, false);
-            }).find("unsupported chat template"),
+TEST(ChatTemplate, BadTemplateOrRoleIsAnError) {
+  // a template that does not parse: the error names it and the way out
+  const std::string parse_err = error_of([] { ChatTemplate::from_jinja("{% if x %}open", "t.jinja").render(kUserOnly, false); });
+  EXPECT_NE(parse_err.find("does not parse"), std::string::npos) << parse_err;
+  EXPECT_NE(parse_err.find("t.jinja:1"), std::string::npos) << parse_err;
+  EXPECT_NE(parse_err.find("--chat-template"), std::string::npos) << parse_err;
+  // raise_exception's message, named
+  const std::string raised = error_of([] {
+    ChatTemplate::from_jinja("{{ raise_exception('System role not supported') }}", "g").render(kUserOnly, false);
+  });
+  EXPECT_EQ(raised, "g: System role not supported");
+  EXPECT_NE(error_of([] { ChatTemplate::builtin("gemma").render({{"robot", "x"}}, false); }).find("role 'robot'"),
             std::string::npos);
-  EXPECT_NE(error_of([] {
-              render_chat("m.gguf", "llama", "", kUserOnly, false);
-            }).find("no tokenizer.chat_template"),
-            std::string::npos);
-  EXPECT_NE(error_of([] {
-              render_chat("m.gguf", "gemma3", "", {{"robot", "x"}}, false);
-            }).find("role 'robot'"),
-            std::string::npos);
+  EXPECT_NE(error_of([] { ChatTemplate::builtin("llama9"); }).find("'llama9'"), std::string::npos);
 }
 
 }  // namespace

@@ -26,6 +26,7 @@ struct CommonOptions {
   bool int8_prefill = false;                // --int8-prefill: the default, accepted for scripts
   bool f32_prefill = false;                 // --f32-prefill: set_int8_prefill(false) (ops/matmul.h)
   bool no_repack = false;                   // --no-repack: set_weight_packing(false) (ops/weight_pack.h)
+  std::string chat_template;                // --chat-template NAME|FILE ("": the file's own)
 };
 
 void add_common_options(CLI::App* app, CommonOptions& o);

@@ -55,7 +55,7 @@ void chat(const ChatOptions& o) {
     if (line.empty()) continue;
     msgs.push_back({"user", line});
     // the conversation before this user turn (compressed), and the turn (protected)
-    const SplitPrompt sp = tokenize_chat_split(tok, split_chat_prompt(model->gguf(), msgs, true));
+    const SplitPrompt sp = tokenize_chat_split(tok, split_chat_prompt(model->chat_template(), msgs, true));
     std::vector<int32_t> all = sp.context;
     all.insert(all.end(), sp.question.begin(), sp.question.end());
     size_t common = 0;

@@ -74,7 +74,7 @@ RunPrompts build_prompts(const RunOptions& o, const Model& model, const std::vec
       if (!o.system.empty()) msgs.push_back({"system", o.system});
       msgs.push_back({"user", has_context ? ctx + "\n\n" + q : q});
       const SplitPrompt sp =
-          tokenize_chat_split(tok, split_chat_prompt(model.gguf(), msgs, true, has_context ? ctx.size() : 0));
+          tokenize_chat_split(tok, split_chat_prompt(model.chat_template(), msgs, true, has_context ? ctx.size() : 0));
       if (r.questions.empty()) r.context = sp.context;
       KVTRIM_CHECK(sp.context == r.context, "the chat template renders the document differently for each question");
       r.questions.push_back(sp.question);

@@ -17,6 +17,9 @@ namespace kvtrim::cli {
 void add_common_options(CLI::App* app, CommonOptions& o) {
   app->add_option("-m,--model", o.model, "model: installed name (smollm2, qwen2.5-coder-1.5b, gemma3-270m) or a .gguf path")
       ->capture_default_str();
+  app->add_option("--chat-template", o.chat_template,
+                  "chat template instead of the model file's own Jinja template: a built-in (chatml, gemma) or a "
+                  "Jinja file's path");
   app->add_option("-t,--threads", o.threads, "threads (0 = all cores)")
       ->capture_default_str()->check(CLI::Range(0, ThreadPool::kMaxThreads));
   app->add_option("-c,--ctx", o.ctx, "context limit in tokens (0 = the model's training context)")
@@ -134,6 +137,7 @@ std::unique_ptr<Model> load_model(const CommonOptions& o) {
   set_int8_prefill(!o.f32_prefill);
   set_weight_packing(!o.no_repack);
   auto m = Model::load(path);
+  if (!o.chat_template.empty()) m->set_chat_template(ChatTemplate::from_gguf(m->gguf(), o.chat_template));
   const auto& hp = m->hparams();
   const size_t packed = m->packed_weight_bytes();
   std::string packed_note;

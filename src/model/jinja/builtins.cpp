@@ -469,6 +469,28 @@ Value get_slice(const Value& obj, const Value& start, const Value& stop, const V
   return obj.kind() == Value::Kind::kList ? Value::list(std::move(l)) : Value::tuple(std::move(l));
 }
 
+bool is_filter(const std::string& name) {
+  static const char* const kNames[] = {
+      "default", "d", "safe", "string", "trim", "length", "count", "list", "first", "last", "join", "upper",
+      "lower", "capitalize", "title", "replace", "int", "float", "abs", "round", "tojson", "items", "dictsort",
+      "selectattr", "rejectattr", "select", "reject", "map", "unique", "sort", "reverse", "sum", "min", "max",
+      "indent", "escape", "e", "forceescape", "wordcount", "attr"};
+  for (const char* n : kNames)
+    if (name == n) return true;
+  return false;
+}
+
+bool is_test(const std::string& name) {
+  static const char* const kNames[] = {
+      "defined", "undefined", "none", "boolean", "true", "false", "integer", "float", "number", "string",
+      "mapping", "iterable", "sequence", "callable", "escaped", "odd", "even", "divisibleby", "eq", "equalto",
+      "==", "ne", "!=", "lt", "lessthan", "<", "le", "<=", "gt", "greaterthan", ">", "ge", ">=", "sameas",
+      "in", "lower", "upper"};
+  for (const char* n : kNames)
+    if (name == n) return true;
+  return false;
+}
+
 Value apply_filter(const std::string& name, const Value& v, const CallArgs& a) {
   const Value none = Value::none();
   if (name == "default" || name == "d") {

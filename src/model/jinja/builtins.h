@@ -11,6 +11,11 @@ namespace kvtrim::jinja {
 // Throws Error naming an unknown filter or a bad argument.
 Value apply_filter(const std::string& name, const Value& subject, const CallArgs& args);
 
+// Whether a filter / test of that name exists (checked when a template is parsed, as jinja2
+// checks them when it compiles one).
+bool is_filter(const std::string& name);
+bool is_test(const std::string& name);
+
 // Runs test `name` ("defined", "string", "divisibleby", ...) on `subject`.
 bool apply_test(const std::string& name, const Value& subject, const CallArgs& args);
 

@@ -51,7 +51,14 @@ class Interp {
   }
 
  private:
+  // Bounds on what a template may do (a template is data from a file or a request): statements
+  // run, output and value sizes, macro recursion. Real chat templates stay far below them.
+  static constexpr size_t kMaxOutput = size_t{1} << 26;  // 64 MiB
+  static constexpr int kMaxCallDepth = 100;
+
   Flow exec(const Node& n, std::string* out) {
+    if (++steps_ > opt_.max_steps) too_long(n.line);
+    if (out->size() > kMaxOutput) error(n.line, "the template's output passes 64 MiB");
     try {
       switch (n.kind) {
         case Node::Kind::kText: *out += n.text; return Flow::kNormal;
@@ -102,6 +109,7 @@ class Interp {
     if (n.cond) {
       ValueList kept;
       for (const Value& it : items) {
+        if (++steps_ > opt_.max_steps) too_long(n.line);
         push();
         bind_targets(n, it);
         if (eval(*n.cond).truthy()) kept.push_back(it);
@@ -112,6 +120,7 @@ class Interp {
     if (items.empty()) return exec(n.else_body, out);
     const int64_t len = static_cast<int64_t>(items.size());
     for (int64_t i = 0; i < len; ++i) {
+      if (++steps_ > opt_.max_steps) too_long(n.line);
       push();
       bind_targets(n, items[static_cast<size_t>(i)]);
       Dict loop;
@@ -173,6 +182,12 @@ class Interp {
     return Value::function(n.targets[0], [this, node](const CallArgs& a) {
       if (a.pos.size() > node->params.size())
         fail("macro '%s' takes %zu arguments, %zu given", node->targets[0].c_str(), node->params.size(), a.pos.size());
+      if (call_depth_ >= kMaxCallDepth) fail("macro '%s': calls nested too deeply", node->targets[0].c_str());
+      ++call_depth_;
+      struct Depth {
+        int* d;
+        ~Depth() { --*d; }
+      } depth{&call_depth_};
       std::unordered_map<std::string, Value> frame;
       for (size_t k = 0; k < node->params.size(); ++k) {
         const auto& p = node->params[k];
@@ -299,7 +314,7 @@ class Interp {
       }
       return Value(op == "in" ? found : !found);
     }
-    if (op == "~") return Value(a.to_str() + b.to_str());
+    if (op == "~") return Value(checked_concat(e, a.to_str(), b.to_str()));
     require_defined(a);
     require_defined(b);
     if (op == "<") return Value(less(a, b));
@@ -309,12 +324,21 @@ class Interp {
     return arith(e, op, a, b);
   }
 
+  [[noreturn]] void too_long(int line) const {
+    error(line, "the template runs too long (more than " + std::to_string(opt_.max_steps) + " steps)");
+  }
+
+  std::string checked_concat(const Expr& e, const std::string& a, const std::string& b) const {
+    if (a.size() + b.size() > kMaxOutput) error(e.line, "string result passes 64 MiB");
+    return a + b;
+  }
+
   Value arith(const Expr& e, const std::string& op, const Value& a, const Value& b) {
     auto bad = [&]() {
       error(e.line, "unsupported operand type(s) for " + op + ": '" + a.type_name() + "' and '" + b.type_name() + "'");
     };
     if (op == "+") {
-      if (a.is_string() && b.is_string()) return Value(a.str_ref() + b.str_ref());
+      if (a.is_string() && b.is_string()) return Value(checked_concat(e, a.str_ref(), b.str_ref()));
       if (a.is_sequence() && b.is_sequence() && a.kind() == b.kind()) {
         ValueList x = a.items();
         x.insert(x.end(), b.items().begin(), b.items().end());
@@ -326,6 +350,8 @@ class Interp {
       const Value& n = a.is_number() ? a : b;
       if (!n.is_number() || n.kind() == Value::Kind::kFloat) bad();
       const int64_t k = n.as_int();
+      const size_t unit = s.is_string() ? s.str_ref().size() : s.items().size() * 16;
+      if (k > 0 && unit > 0 && static_cast<size_t>(k) > kMaxOutput / unit) error(e.line, "repetition result too large");
       if (s.is_string()) {
         std::string r;
         for (int64_t i = 0; i < k; ++i) r += s.str_ref();
@@ -372,6 +398,8 @@ class Interp {
   }
 
   std::vector<std::unordered_map<std::string, Value>> scopes_;
+  int64_t steps_ = 0;
+  int call_depth_ = 0;
   const std::string& name_;
   const RenderOptions& opt_;
 };

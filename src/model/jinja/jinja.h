@@ -23,6 +23,10 @@ struct Node;
 struct RenderOptions {
   // The time strftime_now() formats, as seconds since the epoch (local time); 0: the current time.
   std::time_t now = 0;
+  // Statements and loop iterations a render may run: a template is data (from a file or a
+  // request), and one that loops for ever is an error, not a hang. Real chat templates run a few
+  // dozen per message.
+  int64_t max_steps = 5'000'000;
 };
 
 class Template {

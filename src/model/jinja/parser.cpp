@@ -5,6 +5,7 @@
 #include <initializer_list>
 
 #include "core/error.h"
+#include "model/jinja/builtins.h"
 
 namespace kvtrim::jinja {
 
@@ -120,6 +121,7 @@ class Parser {
   }
 
   std::unique_ptr<Node> statement() {
+    DepthGuard guard(this);  // nested blocks count too
     const int line = cur().line;
     const std::string tag = expect_name();
     auto n = std::make_unique<Node>();
@@ -240,7 +242,18 @@ class Parser {
     return t;
   }
 
+  // Nesting depth of expressions being parsed: a bound, so that "((((…" cannot exhaust the stack.
+  struct DepthGuard {
+    explicit DepthGuard(Parser* p) : p_(p) {
+      if (++p_->depth_ > kMaxDepth) p_->error("expression nested too deeply");
+    }
+    ~DepthGuard() { --p_->depth_; }
+    Parser* p_;
+  };
+  static constexpr int kMaxDepth = 200;
+
   ExprP expression(bool with_cond) {
+    DepthGuard guard(this);
     ExprP e = or_expr();
     if (!with_cond) return e;
     while (is_name("if")) {
@@ -287,6 +300,7 @@ class Parser {
   }
 
   ExprP not_expr() {
+    DepthGuard guard(this);
     if (is_name("not")) {
       const int line = cur().line;
       next();
@@ -368,6 +382,7 @@ class Parser {
   }
 
   ExprP unary(bool with_filter) {
+    DepthGuard guard(this);
     ExprP e;
     if (is_op("-") || is_op("+")) {
       const int line = cur().line;
@@ -556,6 +571,7 @@ class Parser {
       f->name += '.';
       f->name += expect_name();
     }
+    if (!is_filter(f->name)) error("no filter named '" + f->name + "'");
     f->args.push_back(std::move(subject));
     if (is_op("(")) call_args(f.get());
     return f;
@@ -575,6 +591,7 @@ class Parser {
           t->name += '.';
           t->name += expect_name();
         }
+        if (!is_test(t->name)) error("no test named '" + t->name + "'");
         t->args.push_back(std::move(e));
         if (is_op("(")) {
           call_args(t.get());
@@ -596,6 +613,7 @@ class Parser {
   const std::vector<Token>& t_;
   const std::string& name_;
   size_t i_ = 0;
+  int depth_ = 0;
 };
 
 }  // namespace
