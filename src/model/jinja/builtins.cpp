@@ -546,7 +546,7 @@ Value apply_filter(const std::string& name, const Value& v, const CallArgs& a) {
   }
   if (name == "abs") {
     if (!v.is_number()) fail("abs expects a number, got '%s'", v.type_name().c_str());
-    return v.kind() == Value::Kind::kFloat ? Value(std::fabs(v.as_double())) : Value(static_cast<int64_t>(std::llabs(v.as_int())));
+    return v.kind() == Value::Kind::kFloat ? Value(std::fabs(v.as_double())) : Value(v.as_int() < 0 ? checked_mul(v.as_int(), -1) : v.as_int());
   }
   if (name == "round") {
     const int64_t prec = need_int(arg(a, 0, "precision", Value(0)), "round");
@@ -639,7 +639,7 @@ Value apply_filter(const std::string& name, const Value& v, const CallArgs& a) {
       const Value x = attr.is_string() ? get_attr(item, attr.str_ref()) : item;
       if (!x.is_number() || !total.is_number()) fail("sum expects numbers, got '%s'", x.type_name().c_str());
       total = (x.kind() == Value::Kind::kFloat || total.kind() == Value::Kind::kFloat) ? Value(total.as_double() + x.as_double())
-                                                                                         : Value(total.as_int() + x.as_int());
+                                                                                         : Value(checked_add(total.as_int(), x.as_int()));
     }
     return total;
   }

@@ -281,7 +281,7 @@ class Interp {
         require_defined(v);
         if (!v.is_number()) error(e.line, "bad operand type for unary " + e.name + ": '" + v.type_name() + "'");
         if (e.name == "+") return v.kind() == Value::Kind::kFloat ? Value(v.as_double()) : Value(v.as_int());
-        return v.kind() == Value::Kind::kFloat ? Value(-v.as_double()) : Value(-v.as_int());
+        return v.kind() == Value::Kind::kFloat ? Value(-v.as_double()) : Value(checked_mul(v.as_int(), -1));
       }
       case Expr::Kind::kBinary: return binary(e);
       case Expr::Kind::kCond:
@@ -368,9 +368,9 @@ class Interp {
     const bool fl = a.kind() == Value::Kind::kFloat || b.kind() == Value::Kind::kFloat;
     const double x = a.as_double(), y = b.as_double();
     const int64_t i = a.as_int(), j = b.as_int();
-    if (op == "+") return fl ? Value(x + y) : Value(i + j);
-    if (op == "-") return fl ? Value(x - y) : Value(i - j);
-    if (op == "*") return fl ? Value(x * y) : Value(i * j);
+    if (op == "+") return fl ? Value(x + y) : Value(checked_add(i, j));
+    if (op == "-") return fl ? Value(x - y) : Value(checked_add(i, checked_mul(j, -1)));
+    if (op == "*") return fl ? Value(x * y) : Value(checked_mul(i, j));
     if (op == "/") {
       if (y == 0) error(e.line, "division by zero");
       return Value(x / y);
@@ -381,6 +381,7 @@ class Interp {
         const double q = std::floor(x / y);
         return op == "//" ? Value(q) : Value(x - q * y);
       }
+      if (j == -1) return op == "//" ? Value(checked_mul(i, -1)) : Value(0);  // INT64_MIN // -1
       int64_t q = i / j;
       if ((i % j != 0) && ((i < 0) != (j < 0))) --q;
       return op == "//" ? Value(q) : Value(i - q * j);
@@ -388,7 +389,13 @@ class Interp {
     if (op == "**") {
       if (!fl && j >= 0) {
         int64_t r = 1;
-        for (int64_t k = 0; k < j; ++k) r *= i;
+        if (i == 0 || i == 1) {
+          r = j == 0 ? 1 : i;
+        } else if (i == -1) {
+          r = j % 2 ? -1 : 1;
+        } else {
+          for (int64_t k = 0; k < j; ++k) r = checked_mul(r, i);  // overflows within 63 steps
+        }
         return Value(r);
       }
       return Value(std::pow(x, y));
@@ -422,9 +429,10 @@ Value global_range(const CallArgs& a) {
   }
   if (step == 0) fail("range() step must not be zero");
   ValueList out;
-  for (int64_t v = start; step > 0 ? v < stop : v > stop; v += step) {
+  for (int64_t v = start; step > 0 ? v < stop : v > stop;) {
     if (out.size() >= 1000000) fail("range() too large");
     out.emplace_back(v);
+    if (__builtin_add_overflow(v, step, &v)) break;  // past INT64's end: past stop too
   }
   return Value::list(std::move(out));
 }

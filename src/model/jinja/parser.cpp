@@ -1,6 +1,7 @@
 // Jinja parser (see parser.h).
 #include "model/jinja/parser.h"
 
+#include <cerrno>
 #include <cstdlib>
 #include <initializer_list>
 
@@ -429,8 +430,10 @@ class Parser {
     }
     if (tk.type == Tok::kInt || tk.type == Tok::kFloat) {
       ExprP e = make(Expr::Kind::kLiteral, line);
+      errno = 0;
       e->literal = tk.type == Tok::kInt ? Value(static_cast<int64_t>(std::strtoll(tk.value.c_str(), nullptr, 10)))
                                         : Value(std::strtod(tk.value.c_str(), nullptr));
+      if (errno == ERANGE && tk.type == Tok::kInt) error("integer literal " + tk.value + " does not fit 64 bits");
       next();
       return e;
     }

@@ -108,7 +108,10 @@ Value Value::from_json(const nlohmann::ordered_json& j) {
 }
 
 int64_t Value::as_int() const {
-  if (kind_ == Kind::kFloat) return static_cast<int64_t>(f_);
+  if (kind_ == Kind::kFloat) {
+    if (!(f_ > -9.2e18 && f_ < 9.2e18)) fail("cannot convert float %g to a 64-bit integer", f_);
+    return static_cast<int64_t>(f_);
+  }
   return i_;
 }
 
@@ -129,6 +132,18 @@ bool Value::truthy() const {
     case Kind::kFunction: return true;
   }
   return false;
+}
+
+int64_t checked_add(int64_t a, int64_t b) {
+  int64_t r;
+  if (__builtin_add_overflow(a, b, &r)) fail("integer overflow (kvtrim's template integers are 64-bit)");
+  return r;
+}
+
+int64_t checked_mul(int64_t a, int64_t b) {
+  int64_t r;
+  if (__builtin_mul_overflow(a, b, &r)) fail("integer overflow (kvtrim's template integers are 64-bit)");
+  return r;
 }
 
 std::string python_float_repr(double v) {

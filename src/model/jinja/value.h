@@ -102,6 +102,11 @@ bool equals(const Value& a, const Value& b);
 // lexicographically. Error for other pairs, naming both types.
 bool less(const Value& a, const Value& b);
 
+// 64-bit integer arithmetic that Python would do on big integers: an overflow is an Error
+// ("integer overflow"), never a wrapped value.
+int64_t checked_add(int64_t a, int64_t b);
+int64_t checked_mul(int64_t a, int64_t b);
+
 // Python's repr() of a float ("1.0", "0.1", "1e-05", "inf").
 std::string python_float_repr(double v);
 // The code points of a UTF-8 string, each as its own UTF-8 string (invalid bytes pass singly).
