@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "model/tokenizer_pretok.h"
 #include "model/tokenizer_unicode.h"
 #include "model/tokenizer_vocab.h"
 
