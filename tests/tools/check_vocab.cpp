@@ -2,7 +2,8 @@
 // (llama.cpp/models/ggml-vocab-*.gguf) with VOCAB.inp (texts separated by
 // "\n__ggml_vocab_test__\n") and VOCAB.out (one line of token ids per text, produced by Hugging
 // Face tokenizers). Tokenizes as llama.cpp's test-tokenizer-0 does: no BOS, special tokens
-// not parsed. Usage: check_vocab VOCAB.gguf [-v]. Prints one line
+// not parsed. Usage: check_vocab VOCAB.gguf [--cases PREFIX] [-v] (--cases: read the cases
+// from PREFIX.inp / PREFIX.out instead of VOCAB.gguf.inp / .out). Prints one line
 //   RESULT <file> <cases> <mismatches>
 // (or "UNSUPPORTED <file> <reason>" when kvtrim cannot load the tokenizer, exit 3); with -v,
 // every mismatch with both id lists. Exit 0 when all cases match, 1 otherwise.
@@ -44,11 +45,23 @@ std::string show(const std::vector<int32_t>& ids) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s VOCAB.gguf [-v]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s VOCAB.gguf [--cases PREFIX] [-v]\n", argv[0]);
     return 2;
   }
   const std::string path = argv[1];
-  const bool verbose = argc > 2 && std::string(argv[2]) == "-v";
+  std::string cases = path;
+  bool verbose = false;
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "-v") {
+      verbose = true;
+    } else if (a == "--cases" && i + 1 < argc) {
+      cases = argv[++i];
+    } else {
+      std::fprintf(stderr, "check_vocab: unknown argument '%s'\n", a.c_str());
+      return 2;
+    }
+  }
   const std::string base = path.substr(path.find_last_of('/') + 1);
   std::unique_ptr<GgufFile> file;
   std::unique_ptr<Tokenizer> tok;
@@ -60,7 +73,7 @@ int main(int argc, char** argv) {
     return 3;
   }
   // The inputs, cut as test-tokenizer-0 cuts them.
-  const std::string raw = read_all(path + ".inp");
+  const std::string raw = read_all(cases + ".inp");
   const std::string sep = "\n__ggml_vocab_test__\n";
   std::vector<std::string> inputs;
   for (size_t pos = 0; pos < raw.size();) {
@@ -73,7 +86,7 @@ int main(int argc, char** argv) {
     pos = next + sep.size();
   }
   std::vector<std::vector<int32_t>> expected;
-  std::istringstream out(read_all(path + ".out"));
+  std::istringstream out(read_all(cases + ".out"));
   for (std::string line; std::getline(out, line);) {
     std::istringstream ls(line);
     std::vector<int32_t> ids;
