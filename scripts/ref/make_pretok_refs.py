@@ -100,6 +100,7 @@ FAMILIES = {
     "deepseek-coder": DEEPSEEK_CODER,
     "deepseek-v3": DEEPSEEK_V3,
     "falcon": FALCON,
+    "gemma4": [r"[^\n]+|[\n]+"],  # llama.cpp's split for Gemma 4 (spaces escaped to U+2581 first)
 }
 
 # ----------------------------------------------------------------------------- texts

@@ -307,9 +307,9 @@ uint8_t VocabTokenizer::token_to_byte(int32_t id) const {
 }
 
 std::unique_ptr<Tokenizer> make_tokenizer(VocabData v) {
-  if (v.model == "gpt2") return make_bpe_tokenizer(std::move(v));
+  if (v.model == "gpt2" || v.model == "gemma4") return make_bpe_tokenizer(std::move(v));
   if (v.model == "llama") return make_spm_tokenizer(std::move(v));
-  fail("%s: unsupported tokenizer model tokenizer.ggml.model = '%s' (supported: gpt2, llama)",
+  fail("%s: unsupported tokenizer model tokenizer.ggml.model = '%s' (supported: gpt2, gemma4, llama)",
        v.source.c_str(), v.model.c_str());
 }
 

@@ -2,7 +2,8 @@
 // pre-tokenizer tokenizer.ggml.pre names (tokenizer_pretok.h); each word is mapped byte by byte
 // to GPT-2's printable code points, then the adjacent pair with the lowest merge rank is merged
 // until none is left (ties: leftmost first). With ignore_merges (llama3, tekken) a word that
-// is a token is taken whole.
+// is a token is taken whole. Gemma 4 ("gemma4", llama.cpp's byte_encode = false) is the same
+// merge loop over raw UTF-8 characters, with spaces escaped to U+2581 and <0xXX> byte fallback.
 #include <algorithm>
 #include <array>
 #include <unordered_map>
@@ -16,19 +17,29 @@ namespace kvtrim {
 
 namespace {
 
+constexpr const char* kSpaceEscape = "\xe2\x96\x81";  // U+2581 "\u2581"
+
 class BpeTokenizer final : public VocabTokenizer {
  public:
   explicit BpeTokenizer(VocabData v) : VocabTokenizer(std::move(v)) {
+    // tokenizer.ggml.model = "gemma4" implies its pre-tokenizer, as in llama.cpp.
+    const std::string& pre_name = v_.model == "gemma4" ? std::string("gemma4") : v_.pre;
     tok::PreTokenizer pre;
-    if (!tok::pre_tokenizer_by_name(v_.pre, &pre)) {
+    if (!tok::pre_tokenizer_by_name(pre_name, &pre)) {
       fail("%s: unsupported BPE pre-tokenizer tokenizer.ggml.pre = '%s' (supported: %s)",
-           v_.source.c_str(), v_.pre.c_str(), tok::pre_tokenizer_names().c_str());
+           v_.source.c_str(), pre_name.c_str(), tok::pre_tokenizer_names().c_str());
     }
     split_ = pre.split;
     ignore_merges_ = pre.ignore_merges;
+    raw_utf8_ = pre.raw_utf8;
+    static const char* kHex = "0123456789ABCDEF";
     for (int b = 0; b < 256; ++b) {
       std::string s;
-      tok::utf8_append(tok::byte_to_cpt(static_cast<uint8_t>(b)), &s);
+      if (raw_utf8_) {
+        s = {'<', '0', 'x', kHex[b >> 4], kHex[b & 15], '>'};
+      } else {
+        tok::utf8_append(tok::byte_to_cpt(static_cast<uint8_t>(b)), &s);
+      }
       byte_token_[b] = token_id(s);
     }
     merges_.reserve(v_.merges.size() * 2);
@@ -58,8 +69,19 @@ class BpeTokenizer final : public VocabTokenizer {
  protected:
   void encode_text(std::string_view text, bool /*after_special*/,
                    std::vector<int32_t>* out) const override {
-    std::string norm;
+    std::string norm, escaped;
     std::vector<size_t> ends;
+    if (raw_utf8_) {  // spaces become U+2581 before the split (llama_escape_whitespace)
+      escaped.reserve(text.size() + 16);
+      for (char c : text) {
+        if (c == ' ') {
+          escaped += kSpaceEscape;
+        } else {
+          escaped.push_back(c);
+        }
+      }
+      text = escaped;
+    }
     tok::pre_tokenize(text, split_, &norm, &ends);
     Work w;
     size_t begin = 0;
@@ -72,6 +94,17 @@ class BpeTokenizer final : public VocabTokenizer {
   std::string normal_piece(const std::string& text) const override {
     std::string out;
     out.reserve(text.size());
+    if (raw_utf8_) {  // "\u2581" stands for a space; everything else is the text itself
+      for (size_t i = 0; i < text.size();) {
+        if (text.compare(i, 3, kSpaceEscape) == 0) {
+          out.push_back(' ');
+          i += 3;
+        } else {
+          out.push_back(text[i++]);
+        }
+      }
+      return out;
+    }
     for (size_t i = 0; i < text.size();) {
       const size_t start = i;
       const uint32_t c = tok::utf8_next(text, &i);
@@ -91,8 +124,9 @@ class BpeTokenizer final : public VocabTokenizer {
     int32_t result;
   };
   struct Symbol {
-    int32_t id;  // token id; -1 for a byte without a token; -2 merged away
+    int32_t id;  // token id; -1 for a unit (byte, or character in raw_utf8_) without a token; -2 merged away
     int32_t prev, next;
+    uint32_t off, len;  // the unit's bytes in the word (meaningful while id == -1)
   };
   struct Bigram {
     int32_t rank;
@@ -126,25 +160,38 @@ class BpeTokenizer final : public VocabTokenizer {
 
   void encode_word(std::string_view word, Work* w, std::vector<int32_t>* out) const {
     if (word.empty()) return;
-    if (ignore_merges_) {
+    // llama3 / tekken: a word that is a token is taken whole; Gemma 4: a word of newlines.
+    if (ignore_merges_ || (raw_utf8_ && word.find_first_not_of('\n') == std::string_view::npos)) {
       w->encoded.clear();
-      for (char c : word) tok::utf8_append(tok::byte_to_cpt(static_cast<uint8_t>(c)), &w->encoded);
+      if (raw_utf8_) {
+        w->encoded = word;
+      } else {
+        for (char c : word) tok::utf8_append(tok::byte_to_cpt(static_cast<uint8_t>(c)), &w->encoded);
+      }
       const int32_t id = token_id(w->encoded);
       if (id >= 0) {
         out->push_back(id);
         return;
       }
     }
-    const int32_t n = static_cast<int32_t>(word.size());
-    if (n == 1) {
+    if (!raw_utf8_ && word.size() == 1) {
       const int32_t id = byte_token_[static_cast<uint8_t>(word[0])];
       if (id >= 0) out->push_back(id);
       return;
     }
-    w->syms.resize(n);
-    for (int32_t i = 0; i < n; ++i) {
-      w->syms[i] = {byte_token_[static_cast<uint8_t>(word[i])], i - 1, i + 1 < n ? i + 1 : -1};
+    // The units merges start from: bytes (as their byte-level characters), or UTF-8
+    // characters in raw_utf8_ mode.
+    w->syms.clear();
+    for (size_t off = 0; off < word.size();) {
+      const size_t len =
+          raw_utf8_ ? std::min(tok::utf8_len(static_cast<uint8_t>(word[off])), word.size() - off) : 1;
+      const int32_t id = raw_utf8_ ? token_id(word.substr(off, len)) : byte_token_[static_cast<uint8_t>(word[off])];
+      const int32_t i = static_cast<int32_t>(w->syms.size());
+      w->syms.push_back({id, i - 1, off + len < word.size() ? i + 1 : -1, static_cast<uint32_t>(off),
+                         static_cast<uint32_t>(len)});
+      off += len;
     }
+    const int32_t n = static_cast<int32_t>(w->syms.size());
     w->heap.clear();
     for (int32_t i = 1; i < n; ++i) try_add(w, i - 1, i);
     while (!w->heap.empty()) {
@@ -162,14 +209,23 @@ class BpeTokenizer final : public VocabTokenizer {
       try_add(w, bg.left, l.next);
     }
     for (int32_t i = 0; i >= 0; i = w->syms[i].next) {
-      if (w->syms[i].id >= 0)
-        out->push_back(w->syms[i].id);  // a byte without a token is dropped, as in llama.cpp
+      const Symbol& sym = w->syms[i];
+      if (sym.id >= 0) {
+        out->push_back(sym.id);
+      } else if (raw_utf8_) {  // a character without a token: its bytes as <0xXX> tokens
+        for (uint32_t k = 0; k < sym.len; ++k) {
+          const int32_t id = byte_token_[static_cast<uint8_t>(word[sym.off + k])];
+          if (id >= 0) out->push_back(id);
+        }
+      }  // (byte-level: a byte without a token is dropped, as in llama.cpp)
     }
   }
 
   tok::PreSplit split_ = tok::PreSplit::Gpt2;
   bool ignore_merges_ = false;                  // llama3, tekken: a word that is a token is taken whole
-  std::array<int32_t, 256> byte_token_{};       // byte -> token of its byte-level character, or -1
+  bool raw_utf8_ = false;                       // Gemma 4: raw UTF-8 tokens, "\u2581" for spaces
+  std::array<int32_t, 256> byte_token_{};       // byte -> its byte-level character's token (raw_utf8_:
+                                                // its <0xXX> token), or -1
   std::unordered_map<uint64_t, Merge> merges_;  // (left id, right id) -> rank, merged id
 };
 

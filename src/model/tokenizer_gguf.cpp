@@ -59,7 +59,7 @@ std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const GgufFile& f) {
     v.types.reserve(types->values.size());
     for (const GgufValue& t : types->values) v.types.push_back(static_cast<int32_t>(t.as_int()));
   }
-  if (v.model == "gpt2") {
+  if (v.model == "gpt2" || v.model == "gemma4") {
     const GgufArray* merges = find_array(f, "tokenizer.ggml.merges", GgufValueType::STRING, true);
     v.merges.reserve(merges->values.size());
     for (const GgufValue& m : merges->values) v.merges.push_back(m.as_string());

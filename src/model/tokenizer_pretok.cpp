@@ -28,6 +28,7 @@ constexpr PreTokenizer kDeepseekLlm{PreSplit::DeepseekLlm, false, false};
 constexpr PreTokenizer kDeepseekCoder{PreSplit::DeepseekCoder, false, false};
 constexpr PreTokenizer kDeepseek3{PreSplit::Deepseek3, false, false};
 constexpr PreTokenizer kFalcon{PreSplit::Falcon, false, false};
+constexpr PreTokenizer kGemma4{PreSplit::Gemma4, false, false, true};
 
 // "gpt2" is not a llama.cpp name but older kvtrim tests and tools write it.
 constexpr NamedPre kNames[] = {
@@ -82,6 +83,8 @@ constexpr NamedPre kNames[] = {
     {"hunyuan-dense", kDeepseek3},
     {"joyai-llm", kDeepseek3},
     {"falcon", kFalcon},
+    {"gemma4", kGemma4},  // also what tokenizer.ggml.model = "gemma4" implies
+    {"granite-embed-multi-311m", kGemma4},
 };
 
 uint32_t ascii_lower(uint32_t c) {
@@ -94,6 +97,14 @@ void digit_each(const Piece& p, std::vector<size_t>* ends) {
       ends);
 }
 
+// [^\n]+|[\n]+
+size_t line_or_newlines(const Piece& p, size_t pos) {
+  const bool nl = p.cpt(pos) == '\n';
+  size_t q = pos;
+  while (p.cpt(q) != kOut && (p.cpt(q) == '\n') == nl) ++q;
+  return q;
+}
+
 const std::vector<Stage>& stages_of(PreSplit mode) {
   static const std::vector<Stage> gpt2{split_by<match_gpt2>};
   static const std::vector<Stage> smollm{digit_each, split_by<match_gpt2>};
@@ -103,6 +114,7 @@ const std::vector<Stage>& stages_of(PreSplit mode) {
   static const std::vector<Stage> seed_coder{split_by<match_seed_coder>};
   static const std::vector<Stage> tekken{split_by<match_tekken>};
   static const std::vector<Stage> gpt4o{split_by<match_gpt4o>};
+  static const std::vector<Stage> gemma4{split_by<line_or_newlines>};
   switch (mode) {
     case PreSplit::Gpt2:
       return gpt2;
@@ -128,6 +140,8 @@ const std::vector<Stage>& stages_of(PreSplit mode) {
       return deepseek3_stages();
     case PreSplit::Falcon:
       return falcon_stages();
+    case PreSplit::Gemma4:
+      return gemma4;
   }
   return gpt2;  // unreachable: every enumerator is handled above
 }

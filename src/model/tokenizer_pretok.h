@@ -21,6 +21,8 @@
 //            [!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+
 //            | ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
 //  Falcon:   [\p{P}\$\+<=>\^~\|`]+, then Gpt2, then [0-9][0-9][0-9]
+//  Gemma4:   [^\n]+|[\n]+ (SentencePiece-like BPE over raw UTF-8: spaces are escaped to
+//            U+2581 before it, and words are not byte-mapped; see PreTokenizer::raw_utf8)
 //
 // scripts/ref/make_pretok_refs.py splits a multilingual text set with these patterns using
 // Python's `regex` module; tests/tokenizer/pretok_test.cpp compares piece for piece.
@@ -45,6 +47,7 @@ enum class PreSplit {
   DeepseekCoder,
   Deepseek3,
   Falcon,
+  Gemma4,
 };
 
 // What llama.cpp does for one tokenizer.ggml.pre value.
@@ -52,6 +55,10 @@ struct PreTokenizer {
   PreSplit split = PreSplit::Gpt2;
   bool ignore_merges = false;  // a word that is a token is taken whole (llama3, tekken)
   bool add_bos = false;        // BOS added when tokenizer.ggml.add_bos_token is absent
+  // Gemma 4: tokens are raw UTF-8 (no GPT-2 byte map), spaces become U+2581 before the split,
+  // bytes without a token fall back to <0xXX> tokens, and a word of newlines that is a token
+  // is taken whole.
+  bool raw_utf8 = false;
 };
 
 // The pre-tokenizer of tokenizer.ggml.pre = name (llama.cpp's names); false if kvtrim does not
