@@ -103,8 +103,8 @@ VocabTokenizer::VocabTokenizer(VocabData v) : v_(std::move(v)) {
   const size_t n = v_.tokens.size();
   KVTRIM_CHECK(n > 0, "%s: tokenizer has no tokens (tokenizer.ggml.tokens is missing or empty)",
                v_.source.c_str());
-  KVTRIM_CHECK(n < (size_t(1) << 31), "%s: tokenizer has too many tokens (%zu)",
-               v_.source.c_str(), n);
+  KVTRIM_CHECK(n < (size_t(1) << 31), "%s: tokenizer has too many tokens (%zu)", v_.source.c_str(),
+               n);
   KVTRIM_CHECK(v_.types.empty() || v_.types.size() >= n,
                "%s: tokenizer.ggml.token_type has %zu entries for %zu tokens", v_.source.c_str(),
                v_.types.size(), n);
@@ -112,10 +112,9 @@ VocabTokenizer::VocabTokenizer(VocabData v) : v_(std::move(v)) {
                "%s: tokenizer.ggml.scores has %zu entries for %zu tokens", v_.source.c_str(),
                v_.scores.size(), n);
   const auto check_id = [&](int32_t id, const char* what) {
-    KVTRIM_CHECK(
-        id >= -1 && id < static_cast<int64_t>(n),
-        "%s: tokenizer.ggml.%s_token_id = %d is out of range (vocabulary has %zu tokens)",
-        v_.source.c_str(), what, id, n);
+    KVTRIM_CHECK(id >= -1 && id < static_cast<int64_t>(n),
+                 "%s: tokenizer.ggml.%s_token_id = %d is out of range (vocabulary has %zu tokens)",
+                 v_.source.c_str(), what, id, n);
   };
   check_id(v_.bos, "bos");
   check_id(v_.eos, "eos");
@@ -142,7 +141,7 @@ VocabTokenizer::VocabTokenizer(VocabData v) : v_(std::move(v)) {
 }
 
 std::vector<int32_t> VocabTokenizer::encode(std::string_view text, bool add_bos,
-                                           bool parse_special) const {
+                                            bool parse_special) const {
   std::vector<int32_t> out;
   out.reserve(text.size() / 3 + 4);
   if (add_bos && v_.add_bos && v_.bos >= 0) out.push_back(v_.bos);
@@ -164,8 +163,8 @@ std::vector<int32_t> VocabTokenizer::encode(std::string_view text, bool add_bos,
 
 std::string VocabTokenizer::token_to_piece(int32_t id) const {
   KVTRIM_CHECK(id >= 0 && id < n_vocab(),
-               "%s: token id %d is out of range (vocabulary has %d tokens)", v_.source.c_str(),
-               id, n_vocab());
+               "%s: token id %d is out of range (vocabulary has %d tokens)", v_.source.c_str(), id,
+               n_vocab());
   const uint8_t a = attr_[id];
   const std::string& text = v_.tokens[id];
   if (a & (kAttrUnknown | kAttrControl | kAttrUserDefined)) return text;
@@ -302,15 +301,18 @@ void VocabTokenizer::partition(std::string_view text, bool parse_special,
 uint8_t VocabTokenizer::token_to_byte(int32_t id) const {
   const std::string& t = v_.tokens[id];
   KVTRIM_CHECK(t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>',
-               "%s: byte token %d has text '%s', expected <0xXX>", v_.source.c_str(), id, t.c_str());
+               "%s: byte token %d has text '%s', expected <0xXX>", v_.source.c_str(), id,
+               t.c_str());
   return static_cast<uint8_t>(std::strtol(t.substr(3, 2).c_str(), nullptr, 16));
 }
 
 std::unique_ptr<Tokenizer> make_tokenizer(VocabData v) {
   if (v.model == "gpt2" || v.model == "gemma4") return make_bpe_tokenizer(std::move(v));
   if (v.model == "llama") return make_spm_tokenizer(std::move(v));
-  fail("%s: unsupported tokenizer model tokenizer.ggml.model = '%s' (supported: gpt2, gemma4, llama)",
-       v.source.c_str(), v.model.c_str());
+  fail(
+      "%s: unsupported tokenizer model tokenizer.ggml.model = '%s' (supported: gpt2, gemma4, "
+      "llama)",
+      v.source.c_str(), v.model.c_str());
 }
 
 }  // namespace kvtrim

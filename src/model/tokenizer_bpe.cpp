@@ -124,7 +124,8 @@ class BpeTokenizer final : public VocabTokenizer {
     int32_t result;
   };
   struct Symbol {
-    int32_t id;  // token id; -1 for a unit (byte, or character in raw_utf8_) without a token; -2 merged away
+    int32_t id;  // token id; -1 for a unit (byte, or character in raw_utf8_) without a token; -2
+                 // merged away
     int32_t prev, next;
     uint32_t off, len;  // the unit's bytes in the word (meaningful while id == -1)
   };
@@ -166,7 +167,8 @@ class BpeTokenizer final : public VocabTokenizer {
       if (raw_utf8_) {
         w->encoded = word;
       } else {
-        for (char c : word) tok::utf8_append(tok::byte_to_cpt(static_cast<uint8_t>(c)), &w->encoded);
+        for (char c : word)
+          tok::utf8_append(tok::byte_to_cpt(static_cast<uint8_t>(c)), &w->encoded);
       }
       const int32_t id = token_id(w->encoded);
       if (id >= 0) {
@@ -184,11 +186,13 @@ class BpeTokenizer final : public VocabTokenizer {
     w->syms.clear();
     for (size_t off = 0; off < word.size();) {
       const size_t len =
-          raw_utf8_ ? std::min(tok::utf8_len(static_cast<uint8_t>(word[off])), word.size() - off) : 1;
-      const int32_t id = raw_utf8_ ? token_id(word.substr(off, len)) : byte_token_[static_cast<uint8_t>(word[off])];
+          raw_utf8_ ? std::min(tok::utf8_len(static_cast<uint8_t>(word[off])), word.size() - off)
+                    : 1;
+      const int32_t id = raw_utf8_ ? token_id(word.substr(off, len))
+                                   : byte_token_[static_cast<uint8_t>(word[off])];
       const int32_t i = static_cast<int32_t>(w->syms.size());
-      w->syms.push_back({id, i - 1, off + len < word.size() ? i + 1 : -1, static_cast<uint32_t>(off),
-                         static_cast<uint32_t>(len)});
+      w->syms.push_back({id, i - 1, off + len < word.size() ? i + 1 : -1,
+                         static_cast<uint32_t>(off), static_cast<uint32_t>(len)});
       off += len;
     }
     const int32_t n = static_cast<int32_t>(w->syms.size());
@@ -222,10 +226,10 @@ class BpeTokenizer final : public VocabTokenizer {
   }
 
   tok::PreSplit split_ = tok::PreSplit::Gpt2;
-  bool ignore_merges_ = false;                  // llama3, tekken: a word that is a token is taken whole
-  bool raw_utf8_ = false;                       // Gemma 4: raw UTF-8 tokens, "\u2581" for spaces
-  std::array<int32_t, 256> byte_token_{};       // byte -> its byte-level character's token (raw_utf8_:
-                                                // its <0xXX> token), or -1
+  bool ignore_merges_ = false;             // llama3, tekken: a word that is a token is taken whole
+  bool raw_utf8_ = false;                  // Gemma 4: raw UTF-8 tokens, "\u2581" for spaces
+  std::array<int32_t, 256> byte_token_{};  // byte -> its byte-level character's token (raw_utf8_:
+                                           // its <0xXX> token), or -1
   std::unordered_map<uint64_t, Merge> merges_;  // (left id, right id) -> rank, merged id
 };
 

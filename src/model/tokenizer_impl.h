@@ -33,7 +33,8 @@ class VocabTokenizer : public Tokenizer {
   VocabTokenizer(const VocabTokenizer&) = delete;
   VocabTokenizer& operator=(const VocabTokenizer&) = delete;
 
-  std::vector<int32_t> encode(std::string_view text, bool add_bos, bool parse_special) const override;
+  std::vector<int32_t> encode(std::string_view text, bool add_bos,
+                              bool parse_special) const override;
   std::string token_to_piece(int32_t id) const override;
 
   int32_t n_vocab() const override { return static_cast<int32_t>(v_.tokens.size()); }

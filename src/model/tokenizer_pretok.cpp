@@ -186,9 +186,10 @@ size_t match_space_tail(const Piece& p, size_t pos) {
     ++q;
   }
   if (q == pos) return pos;
-  if (last_nl_end > 0) return last_nl_end;        // \s*[\r\n]+: up to the run's last newline
-  if (q - pos > 1 && p.cpt(q) != kOut) return q - 1;  // \s+(?!\S): the last space starts the next word
-  return q;                                       // \s+
+  if (last_nl_end > 0) return last_nl_end;  // \s*[\r\n]+: up to the run's last newline
+  if (q - pos > 1 && p.cpt(q) != kOut)
+    return q - 1;  // \s+(?!\S): the last space starts the next word
+  return q;        // \s+
 }
 
 void split_matches(const Piece& p, Matcher m, std::vector<size_t>* ends) {

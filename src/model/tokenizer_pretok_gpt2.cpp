@@ -28,7 +28,8 @@ size_t match_qwen2_like(const Piece& p, size_t pos) {
   const uint16_t f = p.flags(pos);
   if (size_t n = match_contraction(p, pos, true)) return pos + n;
   const auto in_word = [](uint16_t g) { return (g & kWord) != 0; };
-  if ((f & kWord) || (!is_newline(c) && !(f & kLN) && (f & kClsValid) && in_word(p.flags(pos + 1)))) {
+  if ((f & kWord) ||
+      (!is_newline(c) && !(f & kLN) && (f & kClsValid) && in_word(p.flags(pos + 1)))) {
     return run_end(p, pos + 1, in_word);  // [^\r\n\p{L}\p{N}]?W+
   }
   if (is_number(f)) {  // \p{N}{1,k}

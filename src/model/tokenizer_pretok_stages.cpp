@@ -15,8 +15,8 @@ struct Range {
 
 template <size_t N>
 bool in_ranges(const Range (&r)[N], uint32_t c) {
-  const Range* it =
-      std::upper_bound(std::begin(r), std::end(r), c, [](uint32_t v, const Range& x) { return v < x.first; });
+  const Range* it = std::upper_bound(std::begin(r), std::end(r), c,
+                                     [](uint32_t v, const Range& x) { return v < x.first; });
   return it != std::begin(r) && c <= (it - 1)->last;
 }
 
@@ -112,7 +112,9 @@ void trailing_space(const Piece& p, std::vector<size_t>* ends) {
 // | ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
 size_t match_deepseek3(const Piece& p, size_t pos) {
   const uint32_t c = p.cpt(pos);
-  const auto ascii_letter = [](uint32_t x) { return (x >= 'A' && x <= 'Z') || (x >= 'a' && x <= 'z'); };
+  const auto ascii_letter = [](uint32_t x) {
+    return (x >= 'A' && x <= 'Z') || (x >= 'a' && x <= 'z');
+  };
   const bool ascii_punct = c >= 0x21 && c <= 0x7E && !ascii_letter(c) && !(c >= '0' && c <= '9');
   if (ascii_punct && ascii_letter(p.cpt(pos + 1))) {
     size_t q = pos + 1;
@@ -121,7 +123,8 @@ size_t match_deepseek3(const Piece& p, size_t pos) {
   }
   const auto word = [](uint16_t g) { return (g & (kClsLetter | kClsMark)) != 0; };
   const uint16_t f = p.flags(pos);
-  const bool prefix = (f & kClsValid) && !(f & (kClsLetter | kClsPunct | kClsSymbol)) && !is_newline(c);
+  const bool prefix =
+      (f & kClsValid) && !(f & (kClsLetter | kClsPunct | kClsSymbol)) && !is_newline(c);
   if (word(f) || (prefix && word(p.flags(pos + 1)))) return run_end(p, pos + 1, word);
   const auto ps = [](uint16_t g) { return (g & (kClsPunct | kClsSymbol)) != 0; };
   const size_t t = pos + (c == ' ' ? 1 : 0);

@@ -73,7 +73,8 @@ TEST(PreTokenizerRefs, EveryFamilyMatchesPythonRegexOnEveryText) {
       while (k < got.size() && k < want.size() && got[k] == want[k]) ++k;
       const size_t from = k >= 2 ? k - 2 : 0;
       ADD_FAILURE() << name << " / " << texts[i].at("name").get<std::string>() << ": piece " << k
-                    << " differs\n  kvtrim: " << show(got, from, 6) << "\n  regex:  " << show(want, from, 6);
+                    << " differs\n  kvtrim: " << show(got, from, 6)
+                    << "\n  regex:  " << show(want, from, 6);
     }
     EXPECT_EQ(n_match, static_cast<int>(texts.size())) << name;
     ++n_families;

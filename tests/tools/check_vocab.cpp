@@ -94,18 +94,19 @@ int main(int argc, char** argv) {
     expected.push_back(ids);
   }
   if (inputs.size() != expected.size()) {
-    std::fprintf(stderr, "check_vocab: %s: %zu inputs but %zu outputs\n", base.c_str(), inputs.size(),
-                 expected.size());
+    std::fprintf(stderr, "check_vocab: %s: %zu inputs but %zu outputs\n", base.c_str(),
+                 inputs.size(), expected.size());
     return 2;
   }
   size_t mismatches = 0;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    const std::vector<int32_t> got = tok->encode(inputs[i], /*add_bos=*/false, /*parse_special=*/false);
+    const std::vector<int32_t> got =
+        tok->encode(inputs[i], /*add_bos=*/false, /*parse_special=*/false);
     if (got == expected[i]) continue;
     ++mismatches;
     if (verbose) {
-      std::printf("MISMATCH %s case %zu: '%s'\n  kvtrim: %s\n  hf:     %s\n", base.c_str(), i, inputs[i].c_str(),
-                  show(got).c_str(), show(expected[i]).c_str());
+      std::printf("MISMATCH %s case %zu: '%s'\n  kvtrim: %s\n  hf:     %s\n", base.c_str(), i,
+                  inputs[i].c_str(), show(got).c_str(), show(expected[i]).c_str());
     }
   }
   std::printf("RESULT %s %zu %zu\n", base.c_str(), inputs.size(), mismatches);
