@@ -91,12 +91,6 @@ uint32_t ascii_lower(uint32_t c) {
   return c >= 'A' && c <= 'Z' ? c + 32 : c;
 }
 
-void digit_each(const Piece& p, std::vector<size_t>* ends) {
-  split_matches(
-      p, [](const Piece& q, size_t pos) { return q.flags(pos) & kClsNumber ? pos + 1 : pos; },
-      ends);
-}
-
 // [^\n]+|[\n]+
 size_t line_or_newlines(const Piece& p, size_t pos) {
   const bool nl = p.cpt(pos) == '\n';
@@ -106,32 +100,17 @@ size_t line_or_newlines(const Piece& p, size_t pos) {
 }
 
 const std::vector<Stage>& stages_of(PreSplit mode) {
-  static const std::vector<Stage> gpt2{split_by<match_gpt2>};
-  static const std::vector<Stage> smollm{digit_each, split_by<match_gpt2>};
-  static const std::vector<Stage> qwen2{split_by<match_qwen2>};
-  static const std::vector<Stage> llama3{split_by<match_llama3>};
-  static const std::vector<Stage> qwen35{split_by<match_qwen35>};
-  static const std::vector<Stage> seed_coder{split_by<match_seed_coder>};
-  static const std::vector<Stage> tekken{split_by<match_tekken>};
-  static const std::vector<Stage> gpt4o{split_by<match_gpt4o>};
   static const std::vector<Stage> gemma4{split_by<line_or_newlines>};
   switch (mode) {
     case PreSplit::Gpt2:
-      return gpt2;
     case PreSplit::Smollm:
-      return smollm;
     case PreSplit::Qwen2:
-      return qwen2;
     case PreSplit::Llama3:
-      return llama3;
     case PreSplit::Qwen35:
-      return qwen35;
     case PreSplit::SeedCoder:
-      return seed_coder;
     case PreSplit::Tekken:
-      return tekken;
     case PreSplit::Gpt4o:
-      return gpt4o;
+      return gpt2_like_stages(mode);
     case PreSplit::DeepseekLlm:
       return deepseek_llm_stages();
     case PreSplit::DeepseekCoder:
@@ -143,7 +122,7 @@ const std::vector<Stage>& stages_of(PreSplit mode) {
     case PreSplit::Gemma4:
       return gemma4;
   }
-  return gpt2;  // unreachable: every enumerator is handled above
+  return gemma4;  // unreachable: every enumerator is handled above
 }
 
 }  // namespace
@@ -190,21 +169,6 @@ size_t match_space_tail(const Piece& p, size_t pos) {
   if (q - pos > 1 && p.cpt(q) != kOut)
     return q - 1;  // \s+(?!\S): the last space starts the next word
   return q;        // \s+
-}
-
-void split_matches(const Piece& p, Matcher m, std::vector<size_t>* ends) {
-  size_t gap = p.ini;  // start of the unmatched text before pos
-  for (size_t pos = p.ini; pos < p.end;) {
-    const size_t e = m(p, pos);
-    if (e > pos) {
-      if (pos > gap) ends->push_back(pos);
-      ends->push_back(e);
-      pos = gap = e;
-    } else {
-      ++pos;
-    }
-  }
-  if (p.end > gap) ends->push_back(p.end);
 }
 
 void pre_tokenize(std::string_view text, PreSplit mode, std::string* norm,

@@ -15,8 +15,8 @@
 //            |\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+
 //  Gpt4o:    Tekken with (?i:'s|'t|'re|'ve|'m|'ll|'d)? after both word forms and \p{N}{1,3}
 //  DeepseekLlm: [\r\n], then \s?[<Latin/Greek/Cyrillic/... letters>]+,
-//            then \s?[!-/:-~！-／：-～‘-‟　-。]+, then \s+$, then [一-龥ࠀ-一가-퟿]+, then
-//            \p{N}+
+//            then \s?[!-/:-~！-／：-～‘-‟　-。]+, then \s+$, then [一-龥ࠀ-一가-퟿]+,
+//            then \p{N}+
 //  DeepseekCoder: [\r\n], then \s?\p{L}+, then \s?\p{P}+, then [一-龥ࠀ-一가-퟿]+, then \p{N}
 //  Deepseek3: \p{N}{1,3}, then [一-龥぀-ゟ゠-ヿ]+, then
 //            [!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+

@@ -144,4 +144,41 @@ size_t match_gpt4o(const Piece& p, size_t pos) {
   return match_cased<3, true>(p, pos);
 }
 
+namespace {
+
+size_t one_digit(const Piece& p, size_t pos) {  // \p{N}
+  return is_number(p.flags(pos)) ? pos + 1 : pos;
+}
+
+}  // namespace
+
+const std::vector<Stage>& gpt2_like_stages(PreSplit mode) {
+  static const std::vector<Stage> gpt2{split_by<match_gpt2>};
+  static const std::vector<Stage> smollm{split_by<one_digit>, split_by<match_gpt2>};
+  static const std::vector<Stage> qwen2{split_by<match_qwen2>};
+  static const std::vector<Stage> llama3{split_by<match_llama3>};
+  static const std::vector<Stage> qwen35{split_by<match_qwen35>};
+  static const std::vector<Stage> seed_coder{split_by<match_seed_coder>};
+  static const std::vector<Stage> tekken{split_by<match_tekken>};
+  static const std::vector<Stage> gpt4o{split_by<match_gpt4o>};
+  switch (mode) {
+    case PreSplit::Smollm:
+      return smollm;
+    case PreSplit::Qwen2:
+      return qwen2;
+    case PreSplit::Llama3:
+      return llama3;
+    case PreSplit::Qwen35:
+      return qwen35;
+    case PreSplit::SeedCoder:
+      return seed_coder;
+    case PreSplit::Tekken:
+      return tekken;
+    case PreSplit::Gpt4o:
+      return gpt4o;
+    default:
+      return gpt2;
+  }
+}
+
 }  // namespace kvtrim::tok

@@ -1,6 +1,6 @@
 // Internals shared by the pre-tokenizer files (tokenizer_pretok*.cpp); see tokenizer_pretok.h.
 // A regex is written as a Matcher: the end of its leftmost-first match that starts at pos, as a
-// backtracking regex engine would find it, or pos when none starts there. split_matches scans
+// backtracking regex engine would find it, or pos when none starts there. split_by<M> scans
 // a piece left to right as a regex search does: matches and the text between them become
 // pieces.
 #pragma once
@@ -47,13 +47,27 @@ using Matcher = size_t (*)(const Piece& p, size_t pos);
 // One regex of a family over one piece: appends the end of every piece it cuts p into.
 using Stage = void (*)(const Piece& p, std::vector<size_t>* ends);
 
-void split_matches(const Piece& p, Matcher m, std::vector<size_t>* ends);
+// The Stage of one regex: its matches and the text between them become pieces. (A template,
+// so that the matcher is inlined where it is defined.)
 template <Matcher M>
 void split_by(const Piece& p, std::vector<size_t>* ends) {
-  split_matches(p, M, ends);
+  size_t gap = p.ini;  // start of the unmatched text before pos
+  for (size_t pos = p.ini; pos < p.end;) {
+    const size_t e = M(p, pos);
+    if (e > pos) {
+      if (pos > gap) ends->push_back(pos);
+      ends->push_back(e);
+      pos = gap = e;
+    } else {
+      ++pos;
+    }
+  }
+  if (p.end > gap) ends->push_back(p.end);
 }
 
-// tokenizer_pretok_gpt2.cpp: the GPT-2-like single regexes.
+// tokenizer_pretok_gpt2.cpp: the GPT-2-like single regexes (and SmolLM's digits first);
+// mode is one of Gpt2, Smollm, Qwen2, Llama3, Qwen35, SeedCoder, Tekken, Gpt4o.
+const std::vector<Stage>& gpt2_like_stages(PreSplit mode);
 size_t match_gpt2(const Piece& p, size_t pos);
 size_t match_qwen2(const Piece& p, size_t pos);
 size_t match_llama3(const Piece& p, size_t pos);
