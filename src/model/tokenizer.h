@@ -1,6 +1,8 @@
 // Tokenizers built from GGUF metadata (tokenizer.ggml.*):
 //  - "gpt2": byte-level BPE with a pre-tokenizer chosen by tokenizer.ggml.pre
-//    (SmolLM2 "smollm", Qwen2 "qwen2", plus the generic GPT-2 / llama3 regexes);
+//    (tokenizer_pretok.h: GPT-2, SmolLM/StarCoder/Command-R, Qwen2, Qwen3.5, Llama 3, Tekken,
+//    GPT-4o, DeepSeek LLM/Coder/V3, Falcon, Seed-Coder and the names llama.cpp aliases to them);
+//  - "gemma4": the same BPE over raw UTF-8 with "▁" for spaces and <0xXX> byte fallback;
 //  - "llama": SentencePiece-style (Gemma 3): score-driven BPE over unicode pieces,
 //    "▁" for spaces, byte fallback <0xXX>.
 // Special tokens (control / user-defined) in the text are matched as whole tokens when

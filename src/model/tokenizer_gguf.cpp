@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "model/gguf.h"
 #include "model/tokenizer.h"
+#include "model/tokenizer_pretok.h"
 #include "model/tokenizer_vocab.h"
 
 namespace kvtrim {
@@ -58,7 +59,7 @@ std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const GgufFile& f) {
     v.types.reserve(types->values.size());
     for (const GgufValue& t : types->values) v.types.push_back(static_cast<int32_t>(t.as_int()));
   }
-  if (v.model == "gpt2") {
+  if (v.model == "gpt2" || v.model == "gemma4") {
     const GgufArray* merges = find_array(f, "tokenizer.ggml.merges", GgufValueType::STRING, true);
     v.merges.reserve(merges->values.size());
     for (const GgufValue& m : merges->values) v.merges.push_back(m.as_string());
@@ -69,9 +70,12 @@ std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const GgufFile& f) {
   v.eom = token_id_key(f, "tokenizer.ggml.eom_token_id");
   v.unk = token_id_key(f, "tokenizer.ggml.unknown_token_id");
   // llama.cpp's defaults: SentencePiece vocabularies add BOS (if they have one) and a space
-  // prefix unless the metadata says otherwise.
+  // prefix unless the metadata says otherwise; so do BPE vocabularies whose pre-tokenizer
+  // llama.cpp marks add_bos (llama3, tekken).
   const bool spm = v.model == "llama";
-  v.add_bos = f.get_bool("tokenizer.ggml.add_bos_token", spm && v.bos >= 0);
+  tok::PreTokenizer pre;
+  const bool pre_bos = !spm && tok::pre_tokenizer_by_name(v.pre, &pre) && pre.add_bos;
+  v.add_bos = f.get_bool("tokenizer.ggml.add_bos_token", (spm || pre_bos) && v.bos >= 0);
   v.add_space_prefix = spm && f.get_bool("tokenizer.ggml.add_space_prefix", true);
   return make_tokenizer(std::move(v));
 }

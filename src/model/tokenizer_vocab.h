@@ -24,8 +24,9 @@ enum class TokenType : int32_t {
 
 struct VocabData {
   std::string source = "vocab";  // names the origin (GGUF path) in error messages
-  std::string model;  // tokenizer.ggml.model: "gpt2" (byte-level BPE) or "llama" (SentencePiece)
-  std::string pre;    // tokenizer.ggml.pre: "smollm", "qwen2", "gpt2", "llama3", ... (BPE only)
+  std::string model;  // tokenizer.ggml.model: "gpt2" (byte-level BPE), "gemma4" (BPE over raw
+                      // UTF-8) or "llama" (SentencePiece)
+  std::string pre;    // tokenizer.ggml.pre: "smollm", "qwen2", "tekken", ... (tokenizer_pretok.h)
   std::vector<std::string> tokens;  // [n_vocab] token texts
   std::vector<float> scores;        // [n_vocab] or empty; SentencePiece merge scores (higher first)
   std::vector<int32_t> types;       // [n_vocab] TokenType values, or empty (all Normal)

@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../common/test_util.h"
@@ -24,8 +25,8 @@ std::string bl(std::string_view bytes) {
 }
 
 // A byte-level BPE vocabulary: 256 byte tokens, "he", "hel", "hello", two control tokens.
-// skip: a key left out (a test writes its own value instead).
-void write_bpe(GgufWriter* w, const std::string& skip = "") {
+// skip: a key left out (a test writes its own value instead); pre: tokenizer.ggml.pre.
+void write_bpe(GgufWriter* w, const std::string& skip = "", const std::string& pre = "smollm") {
   std::vector<std::string> tokens;
   for (int b = 0; b < 256; ++b) tokens.push_back(bl(std::string(1, static_cast<char>(b))));
   for (const char* t : {"he", "hel", "hell", "hello"}) tokens.push_back(t);
@@ -36,14 +37,14 @@ void write_bpe(GgufWriter* w, const std::string& skip = "") {
   const auto keep = [&](const char* key) { return skip != key; };
   w->set_string("general.architecture", "llama");
   w->set_string("tokenizer.ggml.model", "gpt2");
-  if (keep("tokenizer.ggml.pre")) w->set_string("tokenizer.ggml.pre", "smollm");
+  if (keep("tokenizer.ggml.pre")) w->set_string("tokenizer.ggml.pre", pre);
   if (keep("tokenizer.ggml.tokens")) w->set_array_string("tokenizer.ggml.tokens", tokens);
   if (keep("tokenizer.ggml.token_type")) w->set_array_i32("tokenizer.ggml.token_type", types);
   if (keep("tokenizer.ggml.merges"))
     w->set_array_string("tokenizer.ggml.merges", {"h e", "he l", "hel l", "hell o"});
   w->set_u32("tokenizer.ggml.bos_token_id", 260);
   if (keep("tokenizer.ggml.eos_token_id")) w->set_u32("tokenizer.ggml.eos_token_id", 261);
-  w->set_bool("tokenizer.ggml.add_bos_token", false);
+  if (keep("tokenizer.ggml.add_bos_token")) w->set_bool("tokenizer.ggml.add_bos_token", false);
 }
 
 std::unique_ptr<GgufFile> write_and_open(const GgufWriter& w, const std::string& name) {
@@ -74,6 +75,23 @@ TEST(TokenizerGguf, LoadsVocabularyAndMerges) {
   const auto ids = t->encode("<|im_start|>hello 42", true, true);
   EXPECT_EQ(ids, (std::vector<int32_t>{260, 259, ' ', '4', '2'}));
   EXPECT_EQ(t->decode(ids), "<|im_start|>hello 42");
+}
+
+// Without tokenizer.ggml.add_bos_token, llama.cpp adds BOS for the pre-tokenizers it marks
+// add_bos (llama3 and its aliases, tekken) and not for the others.
+TEST(TokenizerGguf, BosDefaultFollowsThePreTokenizer) {
+  const std::vector<std::pair<std::string, bool>> cases = {
+      {"tekken", true}, {"llama-bpe", true}, {"qwen2", false}, {"smollm", false}, {"gpt-4o", false}};
+  for (const auto& [pre, want] : cases) {
+    GgufWriter w;
+    write_bpe(&w, "tokenizer.ggml.add_bos_token", pre);
+    auto t = Tokenizer::from_gguf(*write_and_open(w, "bos_" + pre));
+    EXPECT_EQ(t->add_bos(), want) << pre;
+    EXPECT_EQ(t->encode("hello", true, false).front() == 260, want) << pre;
+  }
+  GgufWriter w;  // the key wins over the default
+  write_bpe(&w, "", "tekken");
+  EXPECT_FALSE(Tokenizer::from_gguf(*write_and_open(w, "bos_key"))->add_bos());
 }
 
 TEST(TokenizerGguf, MissingOrMalformedMetadataIsAnError) {

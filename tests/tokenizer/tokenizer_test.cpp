@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "model/tokenizer_pretok.h"
 #include "model/tokenizer_unicode.h"
 #include "model/tokenizer_vocab.h"
 
@@ -178,6 +179,37 @@ TEST(Bpe, EmptyStringAndWhitespaceRuns) {
   const auto ids = t->encode(text, false, false);
   EXPECT_EQ(ids, ids_of(*t, {"a", "  ", "  ", " ", "b"}));
   EXPECT_EQ(t->decode(ids), text);
+}
+
+// Gemma 4 ("gemma4"): BPE merges over raw UTF-8 characters, "▁" for spaces, words cut only
+// at newlines, a word of newlines taken whole, <0xXX> for a character without a token.
+TEST(Bpe, Gemma4RawUtf8WithSpaceEscapeAndByteFallback) {
+  VocabData v;
+  v.model = "gemma4";
+  static const char* kHex = "0123456789ABCDEF";
+  for (int b = 0; b < 256; ++b) {
+    add_token(&v, std::string{'<', '0', 'x', kHex[b >> 4], kHex[b & 15], '>'}, TokenType::Byte);
+  }
+  const std::string sp = "\xe2\x96\x81";  // ▁
+  const int32_t t_sp = add_token(&v, sp, TokenType::Normal);
+  const int32_t t_h = add_token(&v, "h", TokenType::Normal);
+  const int32_t t_i = add_token(&v, "i", TokenType::Normal);
+  const int32_t t_hi = add_token(&v, "hi", TokenType::Normal);
+  const int32_t t_sphi = add_token(&v, sp + "hi", TokenType::Normal);
+  const int32_t t_nl = add_token(&v, "\n", TokenType::Normal);
+  const int32_t t_nlnl = add_token(&v, "\n\n", TokenType::Normal);
+  const int32_t t_e = add_token(&v, "\xc3\xa9", TokenType::Normal);  // é is a token, ü is not
+  v.merges = {"h i", sp + " hi"};  // no "\n \n" merge: "\n\n" only as a whole word
+  auto t = make_tokenizer(v);
+  EXPECT_EQ(t->encode("hi hi", false, false), (std::vector<int32_t>{t_hi, t_sphi}));
+  EXPECT_EQ(t->encode("ih \xc3\xa9", false, false), (std::vector<int32_t>{t_i, t_h, t_sp, t_e}));
+  EXPECT_EQ(t->encode("h\n\nhi\n", false, false), (std::vector<int32_t>{t_h, t_nlnl, t_hi, t_nl}));
+  EXPECT_EQ(t->encode("\xc3\xbc", false, false), (std::vector<int32_t>{0xC3, 0xBC}));  // byte fallback
+  const std::string text = "hi \xc3\xbc\n\nhi h";
+  EXPECT_EQ(t->decode(t->encode(text, false, false)), text);
+  // A pre-tokenizer name is not needed (the model implies it); the byte-level one still is.
+  v.model = "gpt2";
+  EXPECT_NE(error_of([&] { make_tokenizer(v); }).find("tokenizer.ggml.pre = ''"), std::string::npos);
 }
 
 TEST(Bpe, LongWordIsNotQuadratic) {
