@@ -9,7 +9,8 @@
 namespace kvtrim {
 
 // dst[0..n) = dequantized elements of the row starting at src. n must be a multiple of the
-// type's block size. Supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K.
+// type's block size. Supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
+// IQ4_NL, IQ4_XS.
 void dequantize_row(GgmlType type, const void* src, float* dst, int64_t n);
 
 // dst [n_rows, n_cols] = rows r of src (r * row_bytes bytes apart), dequantized with SIMD

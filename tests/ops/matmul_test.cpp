@@ -633,7 +633,7 @@ TEST(Matmul, GetRowIsDequantizedRow) {
 TEST(Matmul, RejectsUnsupportedTypeAndBadShape) {
   std::vector<uint8_t> data(4096);
   std::vector<float> x(256), y(4);
-  WeightView w{GgmlType::Q2_K, data.data(), 4, 256, 84};
+  WeightView w{GgmlType::IQ2_XXS, data.data(), 4, 256, 66};
   EXPECT_THROW(matvec(w, x.data(), y.data(), nullptr), Error);
   WeightView bad{GgmlType::Q4_0, data.data(), 4, 48, ggml_row_size(GgmlType::Q4_0, 32)};
   EXPECT_THROW(matvec(bad, x.data(), y.data(), nullptr), Error);
