@@ -35,12 +35,6 @@ inline __m128i q3k_scales16(const uint8_t* q) {
                       _mm_set1_epi8(32));
 }
 
-inline int32_t hsum_epi32(__m256i v) {
-  const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  const __m128i s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
-  return _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 1)));
-}
-
 // Σ_g sc_g Σ q_e x_e over one super-block of 2-bit fields (Q2_K's q, Q3_K's low bits): qs[64], the
 // 16 sub-block scales as i16 (scales16, signed), and for Q3_K the third bits in hmask (added as 4).
 template <bool kHighBit>
@@ -71,7 +65,7 @@ KV_ATTR inline __m256i k_2bit_sums(const uint8_t* qs, const uint8_t* hmask, __m2
 KV_ATTR inline float dot_q2k(const uint8_t* wrow, const BlockQ8_K* x, int64_t nb) {
   const auto* w = reinterpret_cast<const BlockQ2_K*>(wrow);
   const __m128i m4 = _mm_set1_epi8(0x0f);
-  float acc = 0.0f;
+  __m256 acc = _mm256_setzero_ps(), acc_min = _mm256_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
     const BlockQ2_K& b = w[i];
     const BlockQ8_K& xb = x[i];
@@ -79,16 +73,17 @@ KV_ATTR inline float dot_q2k(const uint8_t* wrow, const BlockQ8_K* x, int64_t nb
     const __m256i sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(sm, m4));
     const __m256i m16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), m4));
     const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.bsums));
-    const int32_t mins = hsum_epi32(_mm256_madd_epi16(m16, bs));
-    const int32_t total = hsum_epi32(k_2bit_sums<false>(b.qs, nullptr, sc16, xb.qs));
-    acc += fp16_to_fp32(b.d) * xb.d * static_cast<float>(total) - fp16_to_fp32(b.dmin) * xb.d * static_cast<float>(mins);
+    const __m256i mins = _mm256_madd_epi16(m16, bs);  // Σ_g m_g bsum_g, in 8 parts
+    acc_min = _mm256_fmadd_ps(_mm256_set1_ps(half(b.dmin) * xb.d), _mm256_cvtepi32_ps(mins), acc_min);
+    const __m256i sumi = k_2bit_sums<false>(b.qs, nullptr, sc16, xb.qs);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(half(b.d) * xb.d), _mm256_cvtepi32_ps(sumi), acc);
   }
-  return acc;
+  return hsum_ps(acc) - hsum_ps(acc_min);
 }
 
 KV_ATTR inline float dot_q3k(const uint8_t* wrow, const BlockQ8_K* x, int64_t nb) {
   const auto* w = reinterpret_cast<const BlockQ3_K*>(wrow);
-  float acc = 0.0f;
+  __m256 acc = _mm256_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
     const BlockQ3_K& b = w[i];
     const BlockQ8_K& xb = x[i];
@@ -96,27 +91,42 @@ KV_ATTR inline float dot_q3k(const uint8_t* wrow, const BlockQ8_K* x, int64_t nb
     const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.bsums));
     const __m256i off = _mm256_madd_epi16(sc16, bs);  // Σ_g sc_g bsum_g, in 8 parts
     const __m256i sumi = _mm256_sub_epi32(k_2bit_sums<true>(b.qs, b.hmask, sc16, xb.qs), _mm256_slli_epi32(off, 2));
-    acc += fp16_to_fp32(b.d) * xb.d * static_cast<float>(hsum_epi32(sumi));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(half(b.d) * xb.d), _mm256_cvtepi32_ps(sumi), acc);
   }
-  return acc;
+  return hsum_ps(acc);
 }
 
+// Two sub-blocks (64 elements) per 32-byte load of nibbles: bytes 0..15 are the first sub-block
+// (low nibbles its elements 0..15, high nibbles 16..31), bytes 16..31 the second; the levels are
+// looked up in place and the 128-bit halves regrouped per sub-block.
 KV_ATTR inline float dot_iq4xs(const uint8_t* wrow, const BlockQ8_K* x, int64_t nb) {
   const auto* w = reinterpret_cast<const BlockIQ4_XS*>(wrow);
-  float acc = 0.0f;
+  const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues)));
+  const __m256i m4 = _mm256_set1_epi8(0x0f);
+  __m256 acc = _mm256_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
     const BlockIQ4_XS& b = w[i];
     const BlockQ8_K& xb = x[i];
+    int16_t ls[8];
+    for (int s = 0; s < 8; ++s) ls[s] = static_cast<int16_t>(iq4xs_scale(s, b));
+    const __m256i sc = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ls)));
     __m256i sumi = _mm256_setzero_si256();
-    for (int s = 0; s < kQK_K / 32; ++s) {
-      const __m256i v = iq4_levels(b.qs + 16 * s);
-      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs + 32 * s));
-      const __m256i ls = _mm256_set1_epi16(static_cast<int16_t>(iq4xs_scale(s, b)));
-      sumi = mul_add_us8_scaled(sumi, _mm256_sign_epi8(v, v), _mm256_sign_epi8(xv, v), ls);
+    for (int p = 0; p < 4; ++p) {
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs + 32 * p));
+      const __m256i vlo = _mm256_shuffle_epi8(table, _mm256_and_si256(q, m4));
+      const __m256i vhi = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(q, 4), m4));
+      const __m256i v0 = _mm256_permute2x128_si256(vlo, vhi, 0x20);  // sub-block 2p, elements 0..31
+      const __m256i v1 = _mm256_permute2x128_si256(vlo, vhi, 0x31);  // sub-block 2p + 1
+      const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs + 64 * p));
+      const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs + 64 * p + 32));
+      sumi = mul_add_us8_scaled(sumi, _mm256_sign_epi8(v0, v0), _mm256_sign_epi8(x0, v0),
+                                _mm256_shuffle_epi8(sc, bcast16(2 * p, 2 * p)));
+      sumi = mul_add_us8_scaled(sumi, _mm256_sign_epi8(v1, v1), _mm256_sign_epi8(x1, v1),
+                                _mm256_shuffle_epi8(sc, bcast16(2 * p + 1, 2 * p + 1)));
     }
-    acc += fp16_to_fp32(b.d) * xb.d * static_cast<float>(hsum_epi32(sumi));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(half(b.d) * xb.d), _mm256_cvtepi32_ps(sumi), acc);
   }
-  return acc;
+  return hsum_ps(acc);
 }
 
 #else  // !KV_X86
