@@ -240,6 +240,34 @@ INSTANTIATE_TEST_SUITE_P(AllArchs, TinyForward,
                            return std::string(arch_name(i.param));
                          });
 
+// The low-bit weight types in a whole forward pass: IQ4_NL projections (32-blocks, n_embd 64)
+// and a Q2_K / Q3_K / IQ4_XS ffn_down (rows of n_ff = 256), optimized (integer decode kernels,
+// the sgemm prefill from 16 tokens) against forward_reference, as OptimizedMatchesReference.
+TEST(TinyForwardLowBit, OptimizedMatchesReference) {
+  for (GgmlType down : {GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::IQ4_XS}) {
+    SCOPED_TRACE(std::string(ggml_type_name(down)));
+    test::TinyModelSpec spec = test::tiny_spec(Arch::kLlama, 11);
+    spec.t_attn = spec.t_v = spec.t_ffn = spec.t_embd = GgmlType::IQ4_NL;
+    spec.t_down = down;
+    auto m = Model::load(test::write_tiny_model(spec, test::temp_dir("tiny_lowbit_" + std::string(ggml_type_name(down)))));
+    const int n_vocab = m->hparams().n_vocab;
+    for (int n : {5, 20}) {
+      const std::vector<int32_t> toks = test_tokens(n, n_vocab);
+      std::vector<float> ref(static_cast<size_t>(n) * n_vocab), got(ref.size());
+      forward_reference(*m, toks.data(), n, ref.data());
+      ThreadPool pool(2);
+      auto cache = make_dense_cache(m->cache_config(64));
+      m->forward(toks.data(), n, 0, *cache, got.data(), /*all_logits=*/true, &pool);
+      for (int i = 0; i < n; ++i) {
+        const float* g = got.data() + static_cast<size_t>(i) * n_vocab;
+        const float* r = ref.data() + static_cast<size_t>(i) * n_vocab;
+        EXPECT_LT(rel_err(g, r, n_vocab), kTolQuantized) << n << " tokens, token " << i;
+        EXPECT_EQ(argmax(g, n_vocab), argmax(r, n_vocab)) << n << " tokens, token " << i;
+      }
+    }
+  }
+}
+
 // Loader errors name the problem: the key and file, the tensor and shapes, the archs.
 std::string load_error(const test::TinyModelSpec& spec, const std::string& tag) {
   const std::string path = test::write_tiny_model(spec, test::temp_dir("tiny_err_" + tag));
