@@ -4,6 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -301,6 +304,42 @@ TEST(ModelLoad, WrongShapeNamesTensorAndShapes) {
   EXPECT_NE(e.find("blk.0.ffn_gate.weight"), std::string::npos) << e;
   EXPECT_NE(e.find("[64, 256]"), std::string::npos) << e;
   EXPECT_NE(e.find("[64, 512]"), std::string::npos) << e;
+}
+
+// A weight of a type kvtrim has no kernels for is refused at load, naming the tensor and the type:
+// a Q3_K ffn_down relabelled IQ3_S in the file (both 110 bytes per 256 elements, so the file is
+// otherwise valid and opens).
+TEST(ModelLoad, UnsupportedWeightTypeNamesTensorAndType) {
+  test::TinyModelSpec s = test::tiny_spec(Arch::kLlama);
+  s.t_down = GgmlType::Q3_K;
+  const std::string path = test::write_tiny_model(s, test::temp_dir("tiny_err_type"));
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  // tensor info: name, n_dims (u32), dims (i64 each), type (u32)
+  const std::string name = "blk.1.ffn_down.weight";
+  const size_t at = bytes.find(name);
+  ASSERT_NE(at, std::string::npos);
+  uint32_t n_dims = 0, type = 0;
+  std::memcpy(&n_dims, bytes.data() + at + name.size(), 4);
+  const size_t type_at = at + name.size() + 4 + 8 * n_dims;
+  std::memcpy(&type, bytes.data() + type_at, 4);
+  ASSERT_EQ(type, static_cast<uint32_t>(GgmlType::Q3_K));
+  type = static_cast<uint32_t>(GgmlType::IQ3_S);
+  std::memcpy(bytes.data() + type_at, &type, 4);
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  }
+  try {
+    Model::load(path);
+    ADD_FAILURE() << "expected a load error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("iq3_s"), std::string::npos) << e.what();
+  }
 }
 
 TEST(ModelLoad, UnsupportedArchListsSupported) {
