@@ -74,6 +74,13 @@ std::unique_ptr<BenchWeight> make_weight(GgmlType t, int64_t n_rows, int64_t n_c
       case GgmlType::Q6_K:
         put(o + offsetof(BlockQ6_K, d), small);
         break;
+      case GgmlType::Q3_K:
+        put(o + offsetof(BlockQ3_K, d), small);
+        break;
+      case GgmlType::Q2_K:
+        put(o + offsetof(BlockQ2_K, d), small);
+        put(o + offsetof(BlockQ2_K, dmin), small);
+        break;
       case GgmlType::Q4_1:
       case GgmlType::Q5_1:
       case GgmlType::Q4_K:
@@ -154,7 +161,8 @@ void matvec_args(benchmark::internal::Benchmark* b) {
     add(t, 1536, 576);
   }
   // Qwen2.5-1.5B
-  for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
+  for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q2_K, GgmlType::Q3_K,
+                     GgmlType::IQ4_XS, GgmlType::IQ4_NL}) {
     add(t, 1536, 1536);
     add(t, 8960, 1536);
   }

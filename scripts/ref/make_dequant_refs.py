@@ -39,8 +39,8 @@ VT_NAMES = {
 
 # llama.cpp's type names, as kvtrim's ggml_type_name prints them.
 TYPE_NAMES = {"F32": "f32", "F16": "f16", "BF16": "bf16", "Q4_0": "q4_0", "Q4_1": "q4_1",
-              "Q5_0": "q5_0", "Q5_1": "q5_1", "Q8_0": "q8_0", "Q4_K": "q4_K", "Q5_K": "q5_K",
-              "Q6_K": "q6_K"}
+              "Q5_0": "q5_0", "Q5_1": "q5_1", "Q8_0": "q8_0", "Q2_K": "q2_K", "Q3_K": "q3_K",
+              "Q4_K": "q4_K", "Q5_K": "q5_K", "Q6_K": "q6_K", "IQ4_NL": "iq4_nl", "IQ4_XS": "iq4_xs"}
 
 
 def scalar_json(vt, part):

@@ -17,11 +17,12 @@
 // dims, each > 0, element and byte counts checked for overflow, row length a whole number
 // of blocks, offset a multiple of the alignment, data inside the file, names unique.
 //
-// Known-but-unsupported tensor types (q2_K, q3_K, q8_K, q8_1, i8..i64, f64) have known
-// block geometry, so such tensors are validated and listed like any other (`kvtrim inspect`
-// can show them); the error comes only when they are used: dequantize_row / the matmul
-// kernels reject them with a message naming the type. A type id kvtrim does not know at
-// all is an error at open, naming the tensor and the id (its size cannot be checked).
+// Known-but-unsupported tensor types (q8_K, q8_1, the i-quants other than iq4_nl / iq4_xs,
+// tq1_0, tq2_0, i8..i64, f64) have known block geometry, so such tensors are validated and
+// listed like any other (`kvtrim inspect` can show them); the error comes only when they are
+// used: the loader, dequantize_row and the matmul kernels reject them with a message naming
+// the type. A type id kvtrim does not know at all is an error at open, naming the tensor and
+// the id (its size cannot be checked).
 //
 // Every error message starts with the file path.
 #include "model/gguf.h"

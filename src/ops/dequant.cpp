@@ -1,6 +1,7 @@
 // Scalar reference dequantization and round-to-nearest quantization of GGUF weight rows.
 //
-// Block layouts are those of ggml (see core/quant_blocks.h); each dequantizer below states
+// Block layouts are those of ggml (see core/quant_blocks.h; Q2_K, Q3_K, IQ4_NL and IQ4_XS are
+// in ops/dequant_lowbit.cpp); each dequantizer below states
 // the expression it evaluates. Products are formed in float32 in the same order as ggml
 // and the `gguf` Python package (d * sc first, then * q, then - dmin * m), so results
 // agree with them bit for bit or to within one float32 rounding.
@@ -24,6 +25,7 @@
 #include "core/error.h"
 #include "core/fp16.h"
 #include "core/quant_blocks.h"
+#include "ops/dequant_lowbit.h"
 
 namespace kvtrim {
 
@@ -434,6 +436,10 @@ void dequantize_row(GgmlType type, const void* src, float* dst, int64_t n) {
     case GgmlType::Q4_K: return dequant_q4_k(static_cast<const BlockQ4_K*>(src), dst, nb);
     case GgmlType::Q5_K: return dequant_q5_k(static_cast<const BlockQ5_K*>(src), dst, nb);
     case GgmlType::Q6_K: return dequant_q6_k(static_cast<const BlockQ6_K*>(src), dst, nb);
+    case GgmlType::Q2_K: return detail::dequant_q2_k(static_cast<const BlockQ2_K*>(src), dst, nb);
+    case GgmlType::Q3_K: return detail::dequant_q3_k(static_cast<const BlockQ3_K*>(src), dst, nb);
+    case GgmlType::IQ4_NL: return detail::dequant_iq4_nl(static_cast<const BlockIQ4_NL*>(src), dst, nb);
+    case GgmlType::IQ4_XS: return detail::dequant_iq4_xs(static_cast<const BlockIQ4_XS*>(src), dst, nb);
     default:
       fail("dequantize_row: tensor type %s is not supported by kvtrim",
            std::string(ggml_type_name(type)).c_str());
@@ -470,6 +476,10 @@ void quantize_row(GgmlType type, const float* src, void* dst, int64_t n) {
     case GgmlType::Q4_K: return quant_q4_k(src, static_cast<BlockQ4_K*>(dst), nb);
     case GgmlType::Q5_K: return quant_q5_k(src, static_cast<BlockQ5_K*>(dst), nb);
     case GgmlType::Q6_K: return quant_q6_k(src, static_cast<BlockQ6_K*>(dst), nb);
+    case GgmlType::Q2_K: return detail::quant_q2_k(src, static_cast<BlockQ2_K*>(dst), nb);
+    case GgmlType::Q3_K: return detail::quant_q3_k(src, static_cast<BlockQ3_K*>(dst), nb);
+    case GgmlType::IQ4_NL: return detail::quant_iq4_nl(src, static_cast<BlockIQ4_NL*>(dst), nb);
+    case GgmlType::IQ4_XS: return detail::quant_iq4_xs(src, static_cast<BlockIQ4_XS*>(dst), nb);
     default:
       fail("quantize_row: tensor type %s is not supported by kvtrim",
            std::string(ggml_type_name(type)).c_str());

@@ -4,7 +4,9 @@
 // (ops/dequant.cpp) with the same scalar factors (d, d·sc, dmin·m formed in f32 as there); the
 // vector multiply and add may be fused by the compiler, so results agree with the reference to
 // within one f32 rounding of each term (tests/ops/dequant_simd_test.cpp), not bit for bit.
-// Types without a kernel here (Q5_0, Q5_1, F16, BF16, F32) take the scalar reference.
+// Types without a kernel here (Q5_0, Q5_1, F16, BF16, F32) take the scalar reference. IQ4_NL and
+// IQ4_XS look their elements up in a 16-entry table of dl · level per sub-block (scalar code; the
+// same products as the reference, so bit for bit).
 
 // foreach_target.h must precede highway.h (it re-includes this file once per target).
 // clang-format off
@@ -69,6 +71,44 @@ HWY_INLINE void k_nibbles(const uint8_t* ql, const uint8_t* qh, int shift, float
       q = hn::Or(q, hn::ShiftLeft<4>(h));
     }
     hn::StoreU(hn::Sub(hn::Mul(vd, u8_to_f32(q)), vm), df, y + l);
+  }
+}
+
+// Q2_K (kHighBit false: y = dl_g · q − ml_g) or Q3_K (true: y = dl_g · (q − 4 unless the hmask
+// bit)) super-block: element e = 128 h + 32 j + l has q = bits 2j of qs[32 h + l], sub-block e / 16.
+template <bool kHighBit>
+HWY_INLINE void k_2bit(const uint8_t* qs, const uint8_t* hmask, const float* dl, const float* ml, float* y) {
+  const DF df;
+  const DI di;
+  const DU8 du8;
+  constexpr size_t N = hn::MaxLanes(df);
+  const auto three = hn::Set(du8, uint8_t{3}), one = hn::Set(du8, uint8_t{1});
+  for (int h = 0; h < 2; ++h) {
+    for (int j = 0; j < 4; ++j) {
+      for (size_t l = 0; l < 32; l += N) {
+        const int e = 128 * h + 32 * j + static_cast<int>(l), g = e / 16;
+        auto q = hn::And(hn::ShiftRightSame(hn::LoadU(du8, qs + 32 * h + l), 2 * j), three);
+        if constexpr (kHighBit) {
+          const auto hb = hn::And(hn::ShiftRightSame(hn::LoadU(du8, hmask + l), 4 * h + j), one);
+          q = hn::Or(q, hn::ShiftLeft<2>(hb));  // q + 4
+          const auto qi = hn::Sub(hn::BitCast(di, hn::PromoteTo(hn::RebindToUnsigned<DI>(), q)), hn::Set(di, 4));
+          hn::StoreU(hn::Mul(hn::Set(df, dl[g]), hn::ConvertTo(df, qi)), df, y + e);
+        } else {
+          hn::StoreU(hn::Sub(hn::Mul(hn::Set(df, dl[g]), u8_to_f32(q)), hn::Set(df, ml[g])), df, y + e);
+        }
+      }
+    }
+  }
+}
+
+// IQ4 sub-block of 32: y = dl · kIq4nlValues[q] through a 16-entry table of the products (the
+// reference's products, so bit for bit).
+HWY_INLINE void iq4_32(const uint8_t* qs, float dl, float* y) {
+  float t[16];
+  for (int k = 0; k < 16; ++k) t[k] = dl * static_cast<float>(kIq4nlValues[k]);
+  for (int j = 0; j < 16; ++j) {
+    y[j] = t[qs[j] & 0x0f];
+    y[j + 16] = t[qs[j] >> 4];
   }
 }
 
@@ -175,6 +215,43 @@ void DequantRows(GgmlType type, const uint8_t* src, size_t row_bytes, float* dst
         }
         break;
       }
+      case GgmlType::Q2_K: {
+        const auto* b = reinterpret_cast<const BlockQ2_K*>(row);
+        for (int64_t i = 0; i < n_cols / kQK_K; ++i, y += kQK_K) {
+          const float d = fp16_to_fp32(b[i].d), dmin = fp16_to_fp32(b[i].dmin);
+          float dl[16], ml[16];
+          for (int g = 0; g < 16; ++g) {
+            dl[g] = d * static_cast<float>(b[i].scales[g] & 0x0f);
+            ml[g] = dmin * static_cast<float>(b[i].scales[g] >> 4);
+          }
+          k_2bit<false>(b[i].qs, nullptr, dl, ml, y);
+        }
+        break;
+      }
+      case GgmlType::Q3_K: {
+        const auto* b = reinterpret_cast<const BlockQ3_K*>(row);
+        for (int64_t i = 0; i < n_cols / kQK_K; ++i, y += kQK_K) {
+          const float d = fp16_to_fp32(b[i].d);
+          float dl[16];
+          for (int g = 0; g < 16; ++g) dl[g] = d * static_cast<float>(q3k_scale(g, b[i].scales));
+          k_2bit<true>(b[i].qs, b[i].hmask, dl, nullptr, y);
+        }
+        break;
+      }
+      case GgmlType::IQ4_NL: {
+        const auto* b = reinterpret_cast<const BlockIQ4_NL*>(row);
+        for (int64_t i = 0; i < n_cols / kQK; ++i, y += kQK) iq4_32(b[i].qs, fp16_to_fp32(b[i].d), y);
+        break;
+      }
+      case GgmlType::IQ4_XS: {
+        const auto* b = reinterpret_cast<const BlockIQ4_XS*>(row);
+        for (int64_t i = 0; i < n_cols / kQK_K; ++i) {
+          const float d = fp16_to_fp32(b[i].d);
+          for (int sb = 0; sb < kQK_K / 32; ++sb, y += 32)
+            iq4_32(b[i].qs + 16 * sb, d * static_cast<float>(iq4xs_scale(sb, b[i])), y);
+        }
+        break;
+      }
       default:
         dequantize_row(type, row, y, n_cols);
     }
@@ -201,6 +278,10 @@ void dequantize_rows_simd(GgmlType type, const void* src, size_t row_bytes, floa
     case GgmlType::Q4_K:
     case GgmlType::Q5_K:
     case GgmlType::Q6_K:
+    case GgmlType::Q2_K:
+    case GgmlType::Q3_K:
+    case GgmlType::IQ4_NL:
+    case GgmlType::IQ4_XS:
       // validates the row length (block multiple) the way the reference does
       if (n_cols % ggml_traits(type).block_size == 0) {
         HWY_DYNAMIC_DISPATCH(detail::DequantRows)(type, static_cast<const uint8_t*>(src), row_bytes, dst, n_rows,

@@ -53,6 +53,10 @@ bool matmul_supported(GgmlType t) {
     case GgmlType::Q4_K:
     case GgmlType::Q5_K:
     case GgmlType::Q6_K:
+    case GgmlType::Q2_K:
+    case GgmlType::Q3_K:
+    case GgmlType::IQ4_NL:
+    case GgmlType::IQ4_XS:
       return true;
     default:
       return false;
@@ -66,10 +70,14 @@ ActFormat act_format(GgmlType t) {
     case GgmlType::Q5_0:
     case GgmlType::Q5_1:
     case GgmlType::Q8_0:
+    case GgmlType::IQ4_NL:
       return ActFormat::kQ8A;
     case GgmlType::Q4_K:
     case GgmlType::Q5_K:
     case GgmlType::Q6_K:
+    case GgmlType::Q2_K:
+    case GgmlType::Q3_K:
+    case GgmlType::IQ4_XS:
       return ActFormat::kQ8K;
     default:
       return ActFormat::kF32;

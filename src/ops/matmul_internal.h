@@ -4,8 +4,8 @@
 // Activation formats. The quantized weight types are multiplied with an activation vector
 // quantized once per call to 8 bits (llama.cpp's vec_dot scheme), so the inner loops are
 // integer dot products (AVX2 maddubs / AVX-512 VNNI dpbusd) with one f32 scale per block:
-//   legacy types (Q4_0..Q8_0): BlockQ8A per 32 elements, x[i] ≈ qs[i] * d;
-//   k-quants (Q4_K, Q5_K, Q6_K): BlockQ8_K per 256 elements (d f32, bsums per 16);
+//   legacy types (Q4_0..Q8_0) and IQ4_NL: BlockQ8A per 32 elements, x[i] ≈ qs[i] * d;
+//   k-quants (Q2_K..Q6_K) and IQ4_XS: BlockQ8_K per 256 elements (d f32, bsums per 16);
 //   F32 / F16 / BF16 weights: the f32 activation itself (no quantization).
 // Rounding x to nearest with d = amax/127 errs by at most d/2 = amax/254 per element; that
 // is the tolerance of the quantized paths (see tests/ops/matmul_test.cpp).

@@ -2,7 +2,8 @@
 // Highway (foreach_target) and chosen at run time (HWY_DYNAMIC_DISPATCH).
 //
 // Quantized weights follow llama.cpp's vec_dot scheme: the activation is quantized once to
-// 8 bits (BlockQ8A per 32 for the legacy types, BlockQ8_K per 256 for the k-quants, see
+// 8 bits (BlockQ8A per 32 for the legacy types and IQ4_NL, BlockQ8_K per 256 for the k-quants
+// and IQ4_XS, see
 // matmul_internal.h) and each block contributes an integer dot product times one f32
 // scale. The integer products use x86 intrinsics where Highway 1.0.3 has no op for them:
 //   AVX2 / AVX3:  _mm256_maddubs_epi16 (u8 x s8 -> i16 pairs) + _mm256_madd_epi16;
@@ -18,8 +19,8 @@
 // time on zmm registers, each block decoded once for all the call's tokens
 // (ops/kquant_tiles-inl.h), and legacy-type weights with a packed copy (WeightView::packed)
 // run 16-row tiles from it at every token count (ops/legacy_packed-inl.h); the row-at-a-time
-// kernels (ops/row_kernels-inl.h) serve the other
-// cases. This file keeps the f32 / f16 / bf16 dot products, the row loops, the dispatch by weight
+// kernels (ops/row_kernels-inl.h; Q2_K, Q3_K, IQ4_XS in ops/lowbit_kernels-inl.h) serve the
+// other cases. This file keeps the f32 / f16 / bf16 dot products, the row loops, the dispatch by weight
 // type, the activation quantization and the exported entry points.
 
 #include <algorithm>
@@ -135,6 +136,7 @@ float dot_float(const void* wrow, const float* x, int64_t n) {
 }
 
 #include "ops/row_kernels-inl.h"
+#include "ops/lowbit_kernels-inl.h"
 
 // ---------------------------------------------------------------------------------------
 // Row loops and activation quantization (exported).
@@ -263,6 +265,7 @@ void DotRows(const WeightView& w, int64_t r0, int64_t r1, const void* act, size_
     KV_LEGACY(Q5_0)
     KV_LEGACY(Q5_1)
     KV_LEGACY(Q8_0)
+    KV_LEGACY(IQ4_NL)
     case GgmlType::Q4_K:
 #if KV_X86
       if constexpr (kKStripType<GgmlType::Q4_K>) {
@@ -299,6 +302,17 @@ void DotRows(const WeightView& w, int64_t r0, int64_t r1, const void* act, size_
                   return dot_q6k(row, reinterpret_cast<const BlockQ8_K*>(a), nbk);
                 });
       return;
+#define KV_KROW(T, fn)                                                            \
+  case GgmlType::T:                                                               \
+    rows_loop(w, r0, r1, act, act_stride, n_tok, y, ldy,                          \
+              [nbk](const uint8_t* row, const uint8_t* a) {                       \
+                return fn(row, reinterpret_cast<const BlockQ8_K*>(a), nbk);       \
+              });                                                                 \
+    return;
+    KV_KROW(Q2_K, dot_q2k)
+    KV_KROW(Q3_K, dot_q3k)
+    KV_KROW(IQ4_XS, dot_iq4xs)
+#undef KV_KROW
     default:
       return;  // matmul.cpp checked matmul_supported
   }

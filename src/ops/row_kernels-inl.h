@@ -1,5 +1,6 @@
 // The row-at-a-time integer dot products of matvec / matmul (one weight row times one activation,
-// or a few tokens for the legacy types): x86 intrinsics (256-bit; VNNI on AVX3_DL) and the
+// or a few tokens for the legacy types and IQ4_NL, which multiplies as Q8_0 once its nibbles are
+// looked up in the IQ4 grid): x86 intrinsics (256-bit; VNNI on AVX3_DL) and the
 // portable scalar code of the other targets, which computes the same sums. Included by
 // matmul_kernels.cpp inside its per-target namespace, after its target macros (KV_X86, KV_VNNI,
 // KV_AVX512, KV_ATTR); the strips and tiles (legacy_strips-inl.h, kquant_strips-inl.h,
@@ -73,6 +74,12 @@ inline __m256i unpack_nibbles16(const uint8_t* qs) {
   return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
 }
 
+// 16 bytes of IQ4 nibbles -> the 32 signed levels kIq4nlValues[q] (unpack_nibbles16's order).
+inline __m256i iq4_levels(const uint8_t* qs) {
+  const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues)));
+  return _mm256_shuffle_epi8(table, unpack_nibbles16(qs));
+}
+
 // Byte i = 0x10 where bit i of the little-endian u32 at qh is set, else 0.
 inline __m256i bit5_bytes(const uint8_t* qh) {
   uint32_t bits;
@@ -90,8 +97,8 @@ inline __m256i bit5_bytes(const uint8_t* qh) {
 }
 
 // One legacy weight block, decoded once for every token it meets: the unsigned bytes u (|w|
-// for Q8_0, whose signed bytes wq also give the activation's signs), the block scale dw and
-// the min m (Q4_1 / Q5_1).
+// for Q8_0 and IQ4_NL, whose signed bytes wq also give the activation's signs), the block scale
+// dw and the min m (Q4_1 / Q5_1).
 template <GgmlType kT>
 KV_ATTR inline void legacy_weights(const uint8_t* wrow, int64_t i, __m256i& u, __m256i& wq, float& dw, float& m) {
   if constexpr (kT == GgmlType::Q4_0) {
@@ -112,6 +119,11 @@ KV_ATTR inline void legacy_weights(const uint8_t* wrow, int64_t i, __m256i& u, _
     dw = half(b.d);
     m = half(b.m);
     u = _mm256_or_si256(unpack_nibbles16(b.qs), bit5_bytes(b.qh));
+  } else if constexpr (kT == GgmlType::IQ4_NL) {  // the levels, then as Q8_0
+    const auto& b = reinterpret_cast<const BlockIQ4_NL*>(wrow)[i];
+    dw = half(b.d);
+    wq = iq4_levels(b.qs);
+    u = _mm256_sign_epi8(wq, wq);
   } else {  // Q8_0: signed x signed via |w| and sign(x, w)
     const auto& b = reinterpret_cast<const BlockQ8_0*>(wrow)[i];
     dw = half(b.d);
@@ -126,7 +138,7 @@ template <GgmlType kT>
 KV_ATTR inline __m256i legacy_product(__m256i u, __m256i wq, float dw, float m, const BlockQ8A& xb, float& corr) {
   const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs));
   const __m256i zero = _mm256_setzero_si256();
-  if constexpr (kT == GgmlType::Q8_0) {
+  if constexpr (kT == GgmlType::Q8_0 || kT == GgmlType::IQ4_NL) {
     corr = 0.0f;
     return mul_add_us8(zero, u, _mm256_sign_epi8(xq, wq));
   } else {
@@ -335,6 +347,13 @@ float dot_legacy(const uint8_t* wrow, const BlockQ8A* x, int64_t nb) {
       const auto& b = reinterpret_cast<const BlockQ8_0*>(wrow)[i];
       dw = half(b.d);
       for (int j = 0; j < 32; ++j) u[j] = b.qs[j];
+    } else if constexpr (kT == GgmlType::IQ4_NL) {
+      const auto& b = reinterpret_cast<const BlockIQ4_NL*>(wrow)[i];
+      dw = half(b.d);
+      for (int j = 0; j < 16; ++j) {
+        u[j] = kIq4nlValues[b.qs[j] & 0x0f];
+        u[j + 16] = kIq4nlValues[b.qs[j] >> 4];
+      }
     } else {
       const uint8_t* qs;
       uint32_t qh = 0;

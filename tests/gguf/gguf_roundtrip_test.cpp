@@ -331,15 +331,15 @@ TEST(GgufWriterChecks, RejectsBadArguments) {
 // Known-but-unsupported tensor types are listed; using them fails with the type's name.
 TEST(GgufRead, KnownUnsupportedTypesAreListed) {
   const std::string p = write_small("gguf_unsup", [](GgufWriter& w) {
-    std::vector<uint8_t> q2(84, 0);
-    w.add_tensor("q2", GgmlType::Q2_K, {256}, q2.data(), q2.size());
+    std::vector<uint8_t> q2(66, 0);
+    w.add_tensor("q2", GgmlType::IQ2_XXS, {256}, q2.data(), q2.size());
     const int32_t ids[4] = {1, 2, 3, 4};
     w.add_tensor("ids", GgmlType::I32, {4}, ids, sizeof ids);
   });
   auto g = GgufFile::open(p);
   ASSERT_EQ(g->tensors().size(), 2u);
-  EXPECT_EQ(g->tensor("q2").type, GgmlType::Q2_K);
-  EXPECT_EQ(g->tensor("q2").n_bytes, 84u);
+  EXPECT_EQ(g->tensor("q2").type, GgmlType::IQ2_XXS);
+  EXPECT_EQ(g->tensor("q2").n_bytes, 66u);
   EXPECT_FALSE(ggml_traits(g->tensor("q2").type).supported);
   EXPECT_EQ(g->tensor("ids").type, GgmlType::I32);
   std::vector<float> y(256);
@@ -347,7 +347,7 @@ TEST(GgufRead, KnownUnsupportedTypesAreListed) {
     dequantize_row(g->tensor("q2").type, g->tensor("q2").data, y.data(), 256);
     ADD_FAILURE() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_TRUE(contains(e.what(), "q2_K")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "iq2_xxs")) << e.what();
   }
 }
 

@@ -4,6 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -240,6 +243,34 @@ INSTANTIATE_TEST_SUITE_P(AllArchs, TinyForward,
                            return std::string(arch_name(i.param));
                          });
 
+// The low-bit weight types in a whole forward pass: IQ4_NL projections (32-blocks, n_embd 64)
+// and a Q2_K / Q3_K / IQ4_XS ffn_down (rows of n_ff = 256), optimized (integer decode kernels,
+// the sgemm prefill from 16 tokens) against forward_reference, as OptimizedMatchesReference.
+TEST(TinyForwardLowBit, OptimizedMatchesReference) {
+  for (GgmlType down : {GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::IQ4_XS}) {
+    SCOPED_TRACE(std::string(ggml_type_name(down)));
+    test::TinyModelSpec spec = test::tiny_spec(Arch::kLlama, 11);
+    spec.t_attn = spec.t_v = spec.t_ffn = spec.t_embd = GgmlType::IQ4_NL;
+    spec.t_down = down;
+    auto m = Model::load(test::write_tiny_model(spec, test::temp_dir("tiny_lowbit_" + std::string(ggml_type_name(down)))));
+    const int n_vocab = m->hparams().n_vocab;
+    for (int n : {5, 20}) {
+      const std::vector<int32_t> toks = test_tokens(n, n_vocab);
+      std::vector<float> ref(static_cast<size_t>(n) * n_vocab), got(ref.size());
+      forward_reference(*m, toks.data(), n, ref.data());
+      ThreadPool pool(2);
+      auto cache = make_dense_cache(m->cache_config(64));
+      m->forward(toks.data(), n, 0, *cache, got.data(), /*all_logits=*/true, &pool);
+      for (int i = 0; i < n; ++i) {
+        const float* g = got.data() + static_cast<size_t>(i) * n_vocab;
+        const float* r = ref.data() + static_cast<size_t>(i) * n_vocab;
+        EXPECT_LT(rel_err(g, r, n_vocab), kTolQuantized) << n << " tokens, token " << i;
+        EXPECT_EQ(argmax(g, n_vocab), argmax(r, n_vocab)) << n << " tokens, token " << i;
+      }
+    }
+  }
+}
+
 // Loader errors name the problem: the key and file, the tensor and shapes, the archs.
 std::string load_error(const test::TinyModelSpec& spec, const std::string& tag) {
   const std::string path = test::write_tiny_model(spec, test::temp_dir("tiny_err_" + tag));
@@ -273,6 +304,42 @@ TEST(ModelLoad, WrongShapeNamesTensorAndShapes) {
   EXPECT_NE(e.find("blk.0.ffn_gate.weight"), std::string::npos) << e;
   EXPECT_NE(e.find("[64, 256]"), std::string::npos) << e;
   EXPECT_NE(e.find("[64, 512]"), std::string::npos) << e;
+}
+
+// A weight of a type kvtrim has no kernels for is refused at load, naming the tensor and the type:
+// a Q3_K ffn_down relabelled IQ3_S in the file (both 110 bytes per 256 elements, so the file is
+// otherwise valid and opens).
+TEST(ModelLoad, UnsupportedWeightTypeNamesTensorAndType) {
+  test::TinyModelSpec s = test::tiny_spec(Arch::kLlama);
+  s.t_down = GgmlType::Q3_K;
+  const std::string path = test::write_tiny_model(s, test::temp_dir("tiny_err_type"));
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  // tensor info: name, n_dims (u32), dims (i64 each), type (u32)
+  const std::string name = "blk.1.ffn_down.weight";
+  const size_t at = bytes.find(name);
+  ASSERT_NE(at, std::string::npos);
+  uint32_t n_dims = 0, type = 0;
+  std::memcpy(&n_dims, bytes.data() + at + name.size(), 4);
+  const size_t type_at = at + name.size() + 4 + 8 * n_dims;
+  std::memcpy(&type, bytes.data() + type_at, 4);
+  ASSERT_EQ(type, static_cast<uint32_t>(GgmlType::Q3_K));
+  type = static_cast<uint32_t>(GgmlType::IQ3_S);
+  std::memcpy(bytes.data() + type_at, &type, 4);
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  }
+  try {
+    Model::load(path);
+    ADD_FAILURE() << "expected a load error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("iq3_s"), std::string::npos) << e.what();
+  }
 }
 
 TEST(ModelLoad, UnsupportedArchListsSupported) {

@@ -30,6 +30,10 @@ std::vector<size_t> f16_fields(GgmlType t) {
     case GgmlType::Q4_K: return {0, 2};
     case GgmlType::Q5_K: return {0, 2};
     case GgmlType::Q6_K: return {208};
+    case GgmlType::Q2_K: return {80, 82};
+    case GgmlType::Q3_K: return {108};
+    case GgmlType::IQ4_NL: return {0};
+    case GgmlType::IQ4_XS: return {0};
     case GgmlType::F16: return {};
     default: return {};
   }
@@ -57,7 +61,8 @@ void check_all_types() {
   std::uniform_int_distribution<int> byte(0, 255);
   std::normal_distribution<float> nrm(0.f, 1.f);
   const GgmlType types[] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
-                            GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::F16, GgmlType::F32};
+                            GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q2_K, GgmlType::Q3_K,
+                            GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::F16, GgmlType::F32};
   for (const GgmlType t : types) {
     const GgmlTypeTraits& tr = ggml_traits(t);
     for (const int64_t n_cols : {tr.block_size, 4 * tr.block_size > 1024 ? 2 * tr.block_size : 1024}) {

@@ -39,10 +39,13 @@ namespace {
 
 const GgmlType kTypes[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, GgmlType::Q4_0,
                            GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
-                           GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
+                           GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q2_K,
+                           GgmlType::Q3_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS};
 
+// The types multiplied with 8-bit activations per 256 (BlockQ8_K): 256-element super-blocks.
 bool is_kquant(GgmlType t) {
-  return t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K;
+  return t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K || t == GgmlType::Q2_K ||
+         t == GgmlType::Q3_K || t == GgmlType::IQ4_XS;
 }
 bool is_float(GgmlType t) {
   return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16;
@@ -108,6 +111,18 @@ TestWeight make_weight(GgmlType t, int64_t n_rows, int64_t n_cols, bool random_b
         break;
       case GgmlType::Q6_K:
         set_scales(row, nb, bb, {offsetof(BlockQ6_K, d)}, rng, -0.01f, 0.01f);
+        break;
+      case GgmlType::Q2_K:
+        set_scales(row, nb, bb, {offsetof(BlockQ2_K, d), offsetof(BlockQ2_K, dmin)}, rng, 0.0f, 0.01f);
+        break;
+      case GgmlType::Q3_K:
+        set_scales(row, nb, bb, {offsetof(BlockQ3_K, d)}, rng, -0.01f, 0.01f);
+        break;
+      case GgmlType::IQ4_NL:
+        set_scales(row, nb, bb, {0}, rng, -0.005f, 0.005f);
+        break;
+      case GgmlType::IQ4_XS:
+        set_scales(row, nb, bb, {0}, rng, -0.0005f, 0.0005f);
         break;
       default:
         break;
@@ -365,7 +380,8 @@ TEST(Matmul, IntegerKernelsEqualQuantizedActivationDotInDouble) {
   ThreadPool pool2(2), pool3(3);
   TargetSweep sweep;
   for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
-                     GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
+                     GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q2_K, GgmlType::Q3_K,
+                     GgmlType::IQ4_NL, GgmlType::IQ4_XS}) {
     SCOPED_TRACE(type_name(t));
     const detail::ActFormat fmt = detail::act_format(t);
     const bool kq = fmt == detail::ActFormat::kQ8K;
@@ -633,7 +649,7 @@ TEST(Matmul, GetRowIsDequantizedRow) {
 TEST(Matmul, RejectsUnsupportedTypeAndBadShape) {
   std::vector<uint8_t> data(4096);
   std::vector<float> x(256), y(4);
-  WeightView w{GgmlType::Q2_K, data.data(), 4, 256, 84};
+  WeightView w{GgmlType::IQ2_XXS, data.data(), 4, 256, 66};
   EXPECT_THROW(matvec(w, x.data(), y.data(), nullptr), Error);
   WeightView bad{GgmlType::Q4_0, data.data(), 4, 48, ggml_row_size(GgmlType::Q4_0, 32)};
   EXPECT_THROW(matvec(bad, x.data(), y.data(), nullptr), Error);

@@ -26,18 +26,25 @@ void print_file(const InspectOptions& o, const std::string& path, const GgufFile
   std::printf("\nmetadata:\n");
   for (const auto& [k, v] : f.metadata())
     std::printf("  %-44s %s\n", k.c_str(), v.to_string(static_cast<size_t>(o.max_elems)).c_str());
-  std::map<std::string, std::pair<int, size_t>> by_type;
+  struct TypeCount {
+    bool supported;  // kvtrim has kernels for the type (core/ggml_type.cpp)
+    int n_tensors;
+    size_t n_bytes;
+  };
+  std::map<std::string, TypeCount> by_type;
   size_t total = 0;
   for (const auto& t : f.tensors()) {
-    auto& e = by_type[std::string(ggml_type_name(t.type))];
-    e.first++;
-    e.second += t.n_bytes;
+    const GgmlTypeTraits& tr = ggml_traits(t.type);
+    const auto it = by_type.try_emplace(std::string(tr.name), TypeCount{tr.supported, 0, 0}).first;
+    it->second.n_tensors++;
+    it->second.n_bytes += t.n_bytes;
     total += t.n_bytes;
   }
-  std::printf("\ntensor types:\n");
+  std::printf("\ntensor types:\n  %-8s %7s  %10s  %s\n", "type", "tensors", "bytes", "kvtrim");
   for (const auto& [name, e] : by_type)
-    std::printf("  %-6s %4d tensors  %s\n", name.c_str(), e.first, human_bytes(e.second).c_str());
-  std::printf("  total  %4zu tensors  %s\n", f.tensors().size(), human_bytes(total).c_str());
+    std::printf("  %-8s %7d  %10s  %s\n", name.c_str(), e.n_tensors, human_bytes(e.n_bytes).c_str(),
+                e.supported ? "supported" : "NOT SUPPORTED");
+  std::printf("  %-8s %7zu  %10s\n", "total", f.tensors().size(), human_bytes(total).c_str());
   if (!o.tensors) return;
   std::printf("\ntensors:\n");
   for (const auto& t : f.tensors()) {
