@@ -51,6 +51,18 @@ TEST(Api, ParsesAChatRequest) {
   EXPECT_EQ(*r.cache.v, KvDtype::kQ8);
 }
 
+TEST(Api, ChatTemplateKwargsReachTheTemplate) {
+  const auto r = parse_completion_request(
+      R"({"messages":[{"role":"user","content":"hi"}],"chat_template_kwargs":{"enable_thinking":false,"x":[1,"a"]}})",
+      Endpoint::kChat, limits());
+  EXPECT_EQ(r.chat.vars.dump(), R"({"enable_thinking":false,"x":[1,"a"]})");  // key order kept
+  EXPECT_TRUE(r.chat.tools.is_null());
+  expect_bad(R"({"messages":[{"role":"user","content":"hi"}],"chat_template_kwargs":[1]})", Endpoint::kChat, 400,
+             "chat_template_kwargs", "must be an object");
+  expect_bad(R"({"messages":[{"role":"user","content":"hi"}],"chat_template_kwargs":{"add_generation_prompt":false}})",
+             Endpoint::kChat, 400, "chat_template_kwargs", "add_generation_prompt is set by the server");
+}
+
 TEST(Api, OpenAiDefaultsAndCompletionPrompts) {
   auto r = parse_completion_request(R"({"prompt":"abc"})", Endpoint::kCompletion, limits());
   EXPECT_EQ(r.prompt, "abc");
