@@ -21,7 +21,8 @@ check refeed_cut 0 "re-feed chunks cut to 199 \\(context\\).*press kvcompose:" r
 check refeed_past_ctx 1 "re-feed: 401 context tokens leave 9 tokens of the context limit of 410 .*use a larger --ctx" run -m smollm2 -c 410 -p "$long" -n 4 -t 2 --press kvcompose:0.5
 check ctx_past_model 1 "exceeds the model's limit of 8192" run -m smollm2 -c 100000 -p hi -n 4
 check gen_stops_at_ctx 0 "stop: context_full" run -m smollm2 -c 24 -p "Once upon a time" -n 100 -t 2
-check inspect 0 "llama.block_count +30.*q4_1" inspect smollm2
+check inspect 0 "llama.block_count +30.*q4_1.*chat template: the file's Jinja template \\(renders\\)" inspect smollm2
+check inspect_gemma_builtin 0 "chat template: built-in gemma \\(the file has no template\\) \\(renders\\)" inspect gemma3-270m
 # chat templates: the file's own (Jinja), a built-in or a file instead; a bad one is an error
 # naming it (with the line), only where a chat prompt is needed
 check chat_template_builtin 0 "Paris" run -m smollm2 --chat --chat-template chatml -p "What is the capital of France?" -n 8 --temp 0 -t 2

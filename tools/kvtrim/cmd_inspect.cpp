@@ -78,6 +78,22 @@ void inspect(const InspectOptions& o) {
               "head_dim %d/%d, n_embd %d, %s, vocab %d, context %d\n  %s\n",
               arch_name(hp.arch), hp.n_layer, n_swa, hp.n_head, hp.n_head_kv, hp.head_dim_k, hp.head_dim_v, hp.n_embd,
               ffn.c_str(), hp.n_vocab, hp.n_ctx_train, rope_description(hp).c_str());
+  // The chat template: rendered once on a two-turn conversation, so that a template kvtrim cannot
+  // run is reported here rather than at the first chat request.
+  const ChatTemplate& ct = m->chat_template();
+  try {
+    (void)ct.render({{"system", "s"}, {"user", "u"}}, true);
+    std::printf("  chat template: %s (renders)\n", ct.description().c_str());
+  } catch (const Error& e) {
+    // a template may refuse a system message (Gemma 2's raise_exception): try without it
+    try {
+      (void)ct.render({{"user", "u"}}, true);
+      std::printf("  chat template: %s (renders; refuses a system message: %s)\n", ct.description().c_str(), e.what());
+    } catch (const Error& e2) {
+      std::printf("  chat template: %s — cannot render: %s (give one with --chat-template)\n", ct.description().c_str(),
+                  e2.what());
+    }
+  }
 }
 }  // namespace
 
