@@ -65,7 +65,8 @@ ChatTemplate ChatTemplate::from_jinja(const std::string& source, const std::stri
   try {
     t.jinja_ = std::make_shared<const jinja::Template>(source, name);
   } catch (const Error& e) {
-    t.error_ = e.what();
+    t.error_ = strprintf("the chat template does not parse: %s (choose another with --chat-template chatml|gemma|FILE)",
+                         e.what());
   }
   return t;
 }
@@ -111,12 +112,7 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& msgs, bool add_
 
 std::string ChatTemplate::render(const std::vector<ChatMessage>& msgs, bool add_generation_prompt,
                                  const ChatOptions& opt) const {
-  if (!error_.empty()) {
-    if (jinja_ == nullptr && builtin_.empty() && error_.find("no tokenizer.chat_template") != std::string::npos)
-      throw Error(error_);
-    fail("the chat template does not parse: %s (choose another with --chat-template chatml|gemma|FILE)",
-         error_.c_str());
-  }
+  if (!error_.empty()) throw Error(error_);
   if (jinja_ == nullptr) {
     KVTRIM_CHECK(opt.tools.is_null(), "%s: the built-in chat templates take no tools", description_.c_str());
     return render_builtin_chat(builtin_, description_, msgs, add_generation_prompt);

@@ -46,7 +46,7 @@ class ChatTemplate {
  private:
   std::shared_ptr<const jinja::Template> jinja_;
   std::string builtin_;       // when not Jinja
-  std::string error_;         // a template that failed to parse: render() throws this
+  std::string error_;         // why this template cannot render (no template, a parse error): render() throws it
   std::string bos_, eos_;
   std::string description_;
 };
