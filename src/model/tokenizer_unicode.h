@@ -1,5 +1,5 @@
 // Unicode helpers for the tokenizers (private to src/model/tokenizer*.cpp):
-//  - UTF-8 decoding the way llama.cpp does it (an invalid byte becomes U+FFFD);
+//  - UTF-8 decoding (src/core/utf8.h, re-exported here);
 //  - code-point classes (\p{L} and its case, \p{N}, \p{M}, \p{P}, \p{S}, \s) from generated
 //    range tables (tokenizer_unicode_data.h);
 //  - GPT-2's bytes<->unicode map used by byte-level BPE.
@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+
+#include "core/utf8.h"
 
 namespace kvtrim::tok {
 
@@ -24,15 +26,10 @@ inline constexpr uint16_t kClsLower = 256;   // \p{Ll} (with kClsLetter)
 
 uint16_t cpt_class(uint32_t cpt);
 
-// Decodes one code point at text[*pos] and advances *pos. Invalid or truncated sequences
-// consume one byte and yield U+FFFD, as llama.cpp's unicode_cpts_from_utf8 does.
-uint32_t utf8_next(std::string_view text, size_t* pos);
-void utf8_append(uint32_t cpt, std::string* out);  // cpt > 0x10FFFF is written as U+FFFD
-// Byte length of a UTF-8 sequence from its first byte (1 for continuation bytes).
-inline size_t utf8_len(uint8_t c) {
-  static constexpr uint8_t kLen[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
-  return kLen[c >> 4];
-}
+// UTF-8: utf8_next, utf8_append, utf8_len (src/core/utf8.h).
+using kvtrim::utf8_append;
+using kvtrim::utf8_len;
+using kvtrim::utf8_next;
 
 // GPT-2 byte-level map: byte -> code point (printable bytes map to themselves, the others
 // to 256 + n), and the inverse (-1 for a code point that is not in the map).

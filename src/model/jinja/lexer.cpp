@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/utf8.h"
 
 namespace kvtrim::jinja {
 
@@ -25,24 +26,6 @@ std::string normalise(const std::string& src) {
   }
   if (!out.empty() && out.back() == '\n') out.pop_back();  // keep_trailing_newline=False
   return out;
-}
-
-void append_utf8(std::string* out, uint32_t cp) {
-  if (cp < 0x80) {
-    *out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    *out += static_cast<char>(0xC0 | (cp >> 6));
-    *out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    *out += static_cast<char>(0xE0 | (cp >> 12));
-    *out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    *out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    *out += static_cast<char>(0xF0 | (cp >> 18));
-    *out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    *out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    *out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
 }
 
 class Lexer {
@@ -280,7 +263,7 @@ class Lexer {
             cp = cp * 16 + static_cast<uint32_t>(std::isdigit(static_cast<unsigned char>(h)) ? h - '0' : (h | 0x20) - 'a' + 10);
           }
           i += nd;
-          append_utf8(&v, cp);
+          utf8_append(cp, &v);
           break;
         }
         default:
@@ -288,7 +271,7 @@ class Lexer {
             uint32_t cp = static_cast<uint32_t>(n - '0');
             for (int k = 0; k < 2 && i + 1 < s_.size() && s_[i + 1] >= '0' && s_[i + 1] <= '7'; ++k)
               cp = cp * 8 + static_cast<uint32_t>(s_[++i] - '0');
-            append_utf8(&v, cp);
+            utf8_append(cp, &v);
           } else {
             v += '\\';
             v += n;

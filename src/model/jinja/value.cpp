@@ -186,20 +186,6 @@ std::string python_float_repr(double v) {
   return out + digits.substr(0, int_len) + "." + digits.substr(int_len);
 }
 
-std::vector<std::string> utf8_chars(const std::string& s) {
-  std::vector<std::string> out;
-  for (size_t i = 0; i < s.size();) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1;
-    if (i + n > s.size()) n = 1;
-    for (size_t k = 1; k < n; ++k)
-      if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) n = 1;
-    out.push_back(s.substr(i, n));
-    i += n;
-  }
-  return out;
-}
-
 bool is_python_space(const std::string& ch) {
   if (ch.size() == 1) {
     const unsigned char c = static_cast<unsigned char>(ch[0]);

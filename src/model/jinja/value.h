@@ -15,6 +15,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/utf8.h"  // utf8_chars: a str's characters
+
 namespace kvtrim::jinja {
 
 class Value;
@@ -109,8 +111,6 @@ int64_t checked_mul(int64_t a, int64_t b);
 
 // Python's repr() of a float ("1.0", "0.1", "1e-05", "inf").
 std::string python_float_repr(double v);
-// The code points of a UTF-8 string, each as its own UTF-8 string (invalid bytes pass singly).
-std::vector<std::string> utf8_chars(const std::string& s);
 // Python's str.isspace() for one code point given as UTF-8.
 bool is_python_space(const std::string& ch);
 
