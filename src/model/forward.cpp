@@ -36,7 +36,8 @@ struct Workspace {
   std::vector<float> router;         // [n, n_expert] logits, then probabilities
   std::vector<int32_t> sel;          // [n, n_expert_used] chosen experts, ascending
   std::vector<float> sel_w;          // [n, n_expert_used] their renormalised weights
-  std::vector<float> ex, eg, eu, ed; // one expert's gathered rows: in [m, n_embd], gate / up [m, n_ff_exp], out [m, n_embd]
+  std::vector<float> ex, eg, eu, ed; // a group's (row, expert) pairs by expert: in [pairs, n_embd], gate / up [pairs, n_ff_exp], out [pairs, n_embd]
+  std::vector<MatmulJob> ex_jobs;    // the experts' products of one step
   std::vector<int64_t> ex_start;     // [n_expert + 1] expert e's rows are ex_rows[ex_start[e], ex_start[e+1])
   std::vector<int64_t> ex_fill;      // [n_expert] the counting sort's next slot per expert
   std::vector<int64_t> ex_rows;      // a group's rows by expert, in row order within each
@@ -184,24 +185,39 @@ void moe_ffn(const HParams& hp, const LayerWeights& w, const float* xn, const Ro
       ws.ex_rows[at] = i / k;
       ws.ex_w[at] = ws.sel_w[static_cast<size_t>(i)];
     }
+    // every routed expert's rows through its gate and up in one product batch, then every
+    // expert's down in another: the threads meet twice per group, not twice per expert
+    const int64_t n_pairs = (r1 - r0) * k;
+    ws.ex.resize(static_cast<size_t>(n_pairs * n_embd));
+    ws.eg.resize(static_cast<size_t>(n_pairs * dff));
+    ws.eu.resize(ws.eg.size());
+    ws.ed.resize(ws.ex.size());
+    for (int64_t i = 0; i < n_pairs; ++i)
+      std::copy_n(xn + ws.ex_rows[static_cast<size_t>(i)] * n_embd, n_embd, ws.ex.data() + i * n_embd);
+    ws.ex_jobs.clear();
     for (int e = 0; e < n_exp; ++e) {
       const int64_t e0 = ws.ex_start[static_cast<size_t>(e)];
       const int64_t m = ws.ex_start[static_cast<size_t>(e) + 1] - e0;
       if (m == 0) continue;
-      const int64_t* rows = ws.ex_rows.data() + e0;
-      const float* wts = ws.ex_w.data() + e0;
-      ws.ex.resize(static_cast<size_t>(m * n_embd));
-      ws.eg.resize(static_cast<size_t>(m * dff));
-      ws.eu.resize(ws.eg.size());
-      ws.ed.resize(ws.ex.size());
-      for (int64_t i = 0; i < m; ++i) std::copy_n(xn + rows[i] * n_embd, n_embd, ws.ex.data() + i * n_embd);
-      const WeightView* gu[2] = {&w.gate_exps[static_cast<size_t>(e)], &w.up_exps[static_cast<size_t>(e)]};
-      float* ys[2] = {ws.eg.data(), ws.eu.data()};
-      matmul_many(gu, ys, 2, ws.ex.data(), m, pool);
-      swiglu(ws.eg.data(), ws.eu.data(), ws.eg.data(), m * dff);
-      project(w.down_exps[static_cast<size_t>(e)], ws.eg.data(), m, ws.ed.data(), pool);
-      for (int64_t i = 0; i < m; ++i) axpy(out + rows[i] * n_embd, wts[i], ws.ed.data() + i * n_embd, n_embd);
+      const float* x = ws.ex.data() + e0 * n_embd;
+      ws.ex_jobs.push_back(MatmulJob{&w.gate_exps[static_cast<size_t>(e)], x, m, ws.eg.data() + e0 * dff});
+      ws.ex_jobs.push_back(MatmulJob{&w.up_exps[static_cast<size_t>(e)], x, m, ws.eu.data() + e0 * dff});
     }
+    matmul_jobs(ws.ex_jobs.data(), static_cast<int>(ws.ex_jobs.size()), pool);
+    swiglu(ws.eg.data(), ws.eu.data(), ws.eg.data(), n_pairs * dff);
+    ws.ex_jobs.clear();
+    for (int e = 0; e < n_exp; ++e) {
+      const int64_t e0 = ws.ex_start[static_cast<size_t>(e)];
+      const int64_t m = ws.ex_start[static_cast<size_t>(e) + 1] - e0;
+      if (m > 0)
+        ws.ex_jobs.push_back(
+            MatmulJob{&w.down_exps[static_cast<size_t>(e)], ws.eg.data() + e0 * dff, m, ws.ed.data() + e0 * n_embd});
+    }
+    matmul_jobs(ws.ex_jobs.data(), static_cast<int>(ws.ex_jobs.size()), pool);
+    // summed per row in ascending expert order (the pairs are sorted by expert)
+    for (int64_t i = 0; i < n_pairs; ++i)
+      axpy(out + ws.ex_rows[static_cast<size_t>(i)] * n_embd, ws.ex_w[static_cast<size_t>(i)],
+           ws.ed.data() + i * n_embd, n_embd);
   }
 }
 

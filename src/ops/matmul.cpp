@@ -266,53 +266,82 @@ void matmul(const WeightView& w, const float* x, int64_t n_tok, float* y, Thread
   });
 }
 
-void matmul_many(const WeightView* const* ws, float* const* ys, int n, const float* x, int64_t n_tok,
-                 ThreadPool* pool) {
-  if (n_tok <= 0 || n <= 0) return;
-  bool gemm = false;  // some weight takes the sgemm path: each weight on its own
-  for (int i = 0; i < n; ++i) gemm = gemm || !integer_path(*ws[i], n_tok);
-  if (gemm || n == 1) {
-    for (int i = 0; i < n; ++i) matmul(*ws[i], x, n_tok, ys[i], pool);
+void matmul_jobs(const MatmulJob* jobs, int n, ThreadPool* pool) {
+  // the jobs on the integer kernels run together; the others (sgemm path) one by one
+  std::vector<int> together;
+  together.reserve(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    const MatmulJob& j = jobs[i];
+    check_weight(*j.w);
+    if (j.n_tok <= 0) continue;
+    if (integer_path(*j.w, j.n_tok)) {
+      together.push_back(i);
+    } else {
+      matmul(*j.w, j.x, j.n_tok, j.y, pool);
+    }
+  }
+  if (together.empty()) return;
+  if (together.size() == 1) {
+    const MatmulJob& j = jobs[together[0]];
+    matmul(*j.w, j.x, j.n_tok, j.y, pool);
     return;
   }
-  // x quantized once per activation format (at most 3), the weights' rows laid end to end
-  constexpr int kMax = 8;
-  KVTRIM_CHECK(n <= kMax, "matmul_many: %d weights (at most %d)", n, kMax);
-  const int64_t n_cols = ws[0]->n_cols;
-  int64_t row0[kMax + 1] = {0};
-  for (int i = 0; i < n; ++i) {
-    check_weight(*ws[i]);
-    KVTRIM_CHECK(ws[i]->n_cols == n_cols, "matmul_many: weights with %lld and %lld columns",
-                 static_cast<long long>(n_cols), static_cast<long long>(ws[i]->n_cols));
-    row0[i + 1] = row0[i] + ws[i]->n_rows;
-  }
-  thread_local std::vector<uint8_t> bufs[3];  // per activation format
-  const void* quantized[3] = {x, nullptr, nullptr};  // kF32 reads x itself
-  const void* act[kMax];
-  size_t stride[kMax];
-  for (int i = 0; i < n; ++i) {
-    const ActFormat f = detail::act_format(ws[i]->type);
-    const int fi = static_cast<int>(f);
-    stride[i] = detail::act_row_bytes(f, n_cols);
-    if (!quantized[fi]) {
-      auto& buf = bufs[fi];
-      buf.resize(stride[i] * static_cast<size_t>(n_tok));
-      quantize_rows(f, x, n_tok, n_cols, buf.data(), stride[i], pool);
-      quantized[fi] = buf.data();
+  // each distinct (x, activation format) quantized once, the jobs' rows laid end to end
+  const size_t m = together.size();
+  thread_local std::vector<std::vector<uint8_t>> bufs;
+  std::vector<const void*> act(m);
+  std::vector<size_t> stride(m);
+  std::vector<int64_t> row0(m + 1, 0);
+  size_t n_bufs = 0;
+  for (size_t t = 0; t < m; ++t) {
+    const MatmulJob& j = jobs[together[t]];
+    const ActFormat f = detail::act_format(j.w->type);
+    stride[t] = detail::act_row_bytes(f, j.w->n_cols);
+    row0[t + 1] = row0[t] + j.w->n_rows;
+    act[t] = j.x;
+    if (f == ActFormat::kF32) continue;  // read as it is
+    size_t same = t;
+    for (size_t u = 0; u < t && same == t; ++u) {
+      const MatmulJob& o = jobs[together[u]];
+      if (o.x == j.x && o.n_tok == j.n_tok && detail::act_format(o.w->type) == f && o.w->n_cols == j.w->n_cols) same = u;
     }
-    act[i] = quantized[fi];
+    if (same != t) {
+      act[t] = act[same];
+      continue;
+    }
+    if (bufs.size() <= n_bufs) bufs.resize(n_bufs + 1);
+    auto& buf = bufs[n_bufs++];
+    buf.resize(stride[t] * static_cast<size_t>(j.n_tok));
+    quantize_rows(f, j.x, j.n_tok, j.w->n_cols, buf.data(), stride[t], pool);
+    act[t] = buf.data();
   }
   for_rows(
-      pool, row0[n], kRowGrain,
+      pool, row0[m], kRowGrain,
       [&](int64_t r0, int64_t r1) {
-        for (int i = 0; i < n; ++i) {
-          const int64_t b = std::max(r0, row0[i]), e = std::min(r1, row0[i + 1]);
+        // the first job whose rows reach past r0
+        size_t t = static_cast<size_t>(std::upper_bound(row0.begin(), row0.end(), r0) - row0.begin()) - 1;
+        for (; t < m && row0[t] < r1; ++t) {
+          const MatmulJob& j = jobs[together[t]];
+          const int64_t b = std::max(r0, row0[t]), e = std::min(r1, row0[t + 1]);
           if (b < e)
-            detail::dot_rows(*ws[i], b - row0[i], e - row0[i], act[i], stride[i], n_tok, ys[i],
-                             n_tok > 1 ? ws[i]->n_rows : 0);
+            detail::dot_rows(*j.w, b - row0[t], e - row0[t], act[t], stride[t], j.n_tok, j.y,
+                             j.n_tok > 1 ? j.w->n_rows : 0);
         }
       },
       kStealPieces);
+}
+
+void matmul_many(const WeightView* const* ws, float* const* ys, int n, const float* x, int64_t n_tok,
+                 ThreadPool* pool) {
+  constexpr int kMax = 16;
+  KVTRIM_CHECK(n <= kMax, "matmul_many: %d weights (at most %d)", n, kMax);
+  MatmulJob jobs[kMax];
+  for (int i = 0; i < n; ++i) {
+    KVTRIM_CHECK(ws[i]->n_cols == ws[0]->n_cols, "matmul_many: weights with %lld and %lld columns",
+                 static_cast<long long>(ws[0]->n_cols), static_cast<long long>(ws[i]->n_cols));
+    jobs[i] = MatmulJob{ws[i], x, n_tok, ys[i]};
+  }
+  matmul_jobs(jobs, n, pool);
 }
 
 void get_row(const WeightView& w, int64_t row, float* out) {

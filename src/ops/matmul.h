@@ -55,11 +55,24 @@ bool matmul_token_exact(const WeightView& w);
 // y[n_tok, n_rows] = x[n_tok, n_cols] · Wᵀ (prefill). pool may be nullptr.
 void matmul(const WeightView& w, const float* x, int64_t n_tok, float* y, ThreadPool* pool);
 
-// ys[i][n_tok, ws[i].n_rows] = x[n_tok, n_cols] · ws[i]ᵀ for several weights with the same
-// n_cols that read the same x (q/k/v, gate/up). Where every weight takes the decode kernel
-// (below kMatmulGemmMinTokens tokens, or strip types with int8_prefill()) the rows of all the weights
-// are split over the pool in one job, so the threads meet once instead of once per weight;
-// each y equals matmul's, bit for bit. Otherwise it is matmul per weight.
+// One product of a batch: y[n_tok, w.n_rows] = x[n_tok, w.n_cols] · wᵀ.
+struct MatmulJob {
+  const WeightView* w;
+  const float* x;
+  int64_t n_tok;
+  float* y;
+};
+
+// Several products at once (a MoE layer's experts, each with its own rows; q/k/v). The jobs
+// whose weights take the decode kernel (below kMatmulGemmMinTokens tokens, or strip types with
+// int8_prefill()) run in one pool job, their rows laid end to end, so the threads meet once
+// instead of once per weight; an input that several of them read (same x, n_tok and activation
+// format) is quantized once. The other jobs run as matmul, one after the other. Each y equals
+// matmul's, bit for bit.
+void matmul_jobs(const MatmulJob* jobs, int n, ThreadPool* pool);
+
+// ys[i][n_tok, ws[i].n_rows] = x[n_tok, n_cols] · ws[i]ᵀ for up to 16 weights with the same
+// n_cols that read the same x (q/k/v, gate/up): matmul_jobs with one input.
 void matmul_many(const WeightView* const* ws, float* const* ys, int n, const float* x, int64_t n_tok,
                  ThreadPool* pool);
 

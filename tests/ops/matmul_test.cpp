@@ -367,6 +367,50 @@ TEST(Matmul, ManyWeightsEqualMatmulPerWeightBitForBit) {
   EXPECT_THROW(matmul_many(bad, yb, 2, x.data(), 1, &pool2), Error);
 }
 
+// matmul_jobs (a MoE layer's experts: each product its own input and token count) equals matmul
+// per job bit for bit: mixed types and widths, inputs shared by several jobs (quantized once) or
+// not, token counts on both sides of the sgemm threshold (those jobs run on their own), a job
+// with no tokens.
+TEST(Matmul, JobsEqualMatmulPerJobBitForBit) {
+  ThreadPool pool2(2), pool3(3);
+  const std::vector<std::pair<GgmlType, int64_t>> mix = {{GgmlType::Q4_K, 512}, {GgmlType::Q6_K, 512},
+                                                         {GgmlType::Q8_0, 256}, {GgmlType::F16, 256},
+                                                         {GgmlType::Q4_0, 512}, {GgmlType::IQ4_XS, 256}};
+  std::vector<TestWeight> w;
+  for (size_t i = 0; i < mix.size(); ++i)
+    w.push_back(make_weight(mix[i].first, 9 + 23 * static_cast<int64_t>(i), mix[i].second, false,
+                            90 + static_cast<uint32_t>(i)));
+  const int64_t counts[] = {1, 2, 5, 0, kMatmulGemmMinTokens, 3};
+  for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &pool2, &pool3}) {
+    std::vector<std::vector<float>> xs, ys, want;
+    std::vector<MatmulJob> jobs;
+    for (size_t i = 0; i < w.size(); ++i) {
+      const int64_t n_tok = counts[i];
+      const int64_t n_cols = w[i].view.n_cols;
+      // jobs 1 and 4 read job 0's input (same width and count: quantized once)
+      const bool shared = (i == 1 || i == 4);
+      xs.push_back(make_x(std::max<int64_t>(n_tok, 1) * n_cols, 200 + static_cast<uint32_t>(i)));
+      ys.emplace_back(static_cast<size_t>(std::max<int64_t>(n_tok, 1) * w[i].view.n_rows), -1.f);
+      want.push_back(ys.back());
+      jobs.push_back(MatmulJob{&w[i].view, shared ? nullptr : xs.back().data(), n_tok, nullptr});
+    }
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      if (!jobs[i].x) {
+        jobs[i].x = xs[0].data();
+        jobs[i].n_tok = jobs[0].n_tok;
+        ys[i].assign(static_cast<size_t>(jobs[i].n_tok * w[i].view.n_rows), -1.f);
+        want[i] = ys[i];
+      }
+      jobs[i].y = ys[i].data();
+      matmul(w[i].view, jobs[i].x, jobs[i].n_tok, want[i].data(), pool);
+    }
+    matmul_jobs(jobs.data(), static_cast<int>(jobs.size()), pool);
+    for (size_t i = 0; i < jobs.size(); ++i)
+      ASSERT_EQ(ys[i], want[i]) << "job " << i << " (" << type_name(mix[i].first) << ", " << jobs[i].n_tok
+                                << " tokens), threads " << (pool ? pool->n_threads() : 1);
+  }
+}
+
 // The legacy types' kernels (the 8-row strips of ops/legacy_strips-inl.h where the type and
 // target have them, the row kernels otherwise) against a scalar reference of the same arithmetic
 // in double: the activation quantized exactly as the kernels quantize it (quantize_act), then
