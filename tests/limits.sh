@@ -9,6 +9,7 @@ writer="${KVTRIM_TINY_WRITER:?KVTRIM_TINY_WRITER not set}"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 source "$(dirname "$0")/expect.sh"
+source "$(dirname "$0")/wait.sh"
 
 model=$("$writer" llama 65536 "$tmp") || { echo "cannot write the tiny model"; exit 1; }
 long=$(for i in $(seq 1 300); do printf 'word%d ' "$i"; done)
@@ -32,11 +33,12 @@ expect 2 "batch" run -m "$model" -b 0 -p hi
 expect 2 "batch" run -m "$model" -b 100000000 -p hi
 # A server budget the machine cannot hold.
 expect 1 "--kv-budget .* is more than the .* of memory available" serve -m "$model" --port 0 --kv-budget 900000GiB
-# A model truncated while in use: SIGBUS becomes a clear error.
+# A model truncated while in use: SIGBUS becomes a clear error. Truncated once the run is
+# generating (its first token printed: the model is mapped and read), not at a guessed time.
 cp "$model" "$tmp/victim.gguf"
-"$bin" run -m "$tmp/victim.gguf" -p hi -n 60000 -t 1 >/dev/null 2>"$tmp/bus.err" &
+"$bin" run -m "$tmp/victim.gguf" -p hi -n 60000 -t 1 >"$tmp/bus.out" 2>"$tmp/bus.err" &
 pid=$!
-sleep 1.5
+wait_for 300 "the run's first generated token" test -s "$tmp/bus.out"
 truncate -s 4096 "$tmp/victim.gguf"
 wait "$pid"; rc=$?
 if [ "$rc" -eq 1 ] && grep -q "truncated or rewritten while kvtrim was using it" "$tmp/bus.err"; then

@@ -6,6 +6,7 @@
 #include <httplib.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -22,6 +23,21 @@ namespace kvtrim::server {
 namespace {
 
 using nlohmann::json;
+
+// Polls `done` every 10 ms until it holds; after two minutes (an upper bound that only catches a
+// hang: the wait ends at the event) fails the test naming what it waited for.
+template <class Done>
+bool wait_until(Done done, const char* what) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::minutes(2);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > end) {
+      ADD_FAILURE() << "still waiting after 2 min for " << what;
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
 
 class ServerTest : public ::testing::Test {
  protected:
@@ -45,12 +61,8 @@ class ServerTest : public ::testing::Test {
     http_->bind();
     thread_ = std::thread([this] { http_->serve(); });
     client_ = std::make_unique<httplib::Client>("127.0.0.1", http_->bound_port());
-    client_->set_read_timeout(60, 0);
-    for (int i = 0; i < 200; ++i) {  // until the server answers
-      if (auto r = client_->Get("/health"); r && r->status == 200) return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    FAIL() << "the server did not come up";
+    client_->set_read_timeout(300, 0);  // a hang, not a slow machine
+    wait_until([&] { auto r = client_->Get("/health"); return r && r->status == 200; }, "the server to answer /health");
   }
   void TearDown() override {
     if (http_) http_->stop();
@@ -142,7 +154,7 @@ TEST_F(ServerTest, ConcurrentCompletionsEqualSoloGeneration) {
   for (int i = 0; i < n; ++i) {
     th.emplace_back([&, i] {
       httplib::Client c("127.0.0.1", http_->bound_port());
-      c.set_read_timeout(60, 0);
+      c.set_read_timeout(300, 0);
       auto r = c.Post("/v1/completions", completion_body(prompt(9 + 5 * i, i), 24), "application/json");
       ASSERT_TRUE(r);
       ASSERT_EQ(r->status, 200) << r->body;
@@ -433,12 +445,8 @@ TEST_F(ServerTest, ClientGoneMidStream) {
   int chunks = 0;
   req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return ++chunks < 1; };
   client_->send(req);  // aborted by the receiver
-  bool idle = false;
-  for (int i = 0; i < 500 && !idle; ++i) {
-    idle = json::parse(client_->Get("/health")->body)["slots_processing"] == 0;
-    if (!idle) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  EXPECT_TRUE(idle);
+  EXPECT_TRUE(wait_until([&] { return json::parse(client_->Get("/health")->body)["slots_processing"] == 0; },
+                         "no slot processing after the client hung up"));
   auto r = post("/v1/completions", completion_body(prompt(5, 2), 3));
   EXPECT_EQ(r->status, 200);
 }
