@@ -19,7 +19,8 @@ AttnParams PressLossProbe::layer_params(int il) const {
   return p;
 }
 
-PressLossProbe::PressLossProbe(const Model& model, const KvCache& cache, const Observations* obs, ThreadPool* pool)
+PressLossProbe::PressLossProbe(const Model& model, const KvCache& cache, const Observations* obs,
+                               ThreadPool* pool)
     : model_(model), pool_(pool) {
   const KvCacheConfig& c = cache.config();
   if (!obs || static_cast<int>(obs->window.size()) != c.n_layer) return;
@@ -48,12 +49,13 @@ PressLossProbe::PressLossProbe(const Model& model, const KvCache& cache, const O
       cache.read_head(il, ih, &k, nullptr, &pos);
       const int64_t n = static_cast<int64_t>(pos.size());
       acc.assign(static_cast<size_t>(n * group), 0.f);
-      attention_max_sum(q.q.data(), q.pos.data(), q.n, n_head, ih, group, c.head_dim_k, k.data(), pos.data(), n,
-                        p.scale, p.sliding_window, nullptr, acc.data(), pool);
+      attention_max_sum(q.q.data(), q.pos.data(), q.n, n_head, ih, group, c.head_dim_k, k.data(),
+                        pos.data(), n, p.scale, p.sliding_window, nullptr, acc.data(), pool);
       std::vector<float>& m = mass_[hi];
       m.assign(static_cast<size_t>(n), 0.f);
       for (int64_t t = 0; t < n; ++t)
-        for (int g = 0; g < group; ++g) m[static_cast<size_t>(t)] += acc[static_cast<size_t>(t * group + g)];
+        for (int g = 0; g < group; ++g)
+          m[static_cast<size_t>(t)] += acc[static_cast<size_t>(t * group + g)];
     }
     mass_total_ += static_cast<double>(q.n) * n_head;
   }

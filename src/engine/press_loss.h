@@ -30,14 +30,14 @@ class ThreadPool;
 constexpr int64_t kLossWindow = 32;
 
 struct PressLoss {
-  bool measured = false;     // false: no estimate (off, or no window queries captured)
-  int64_t n_queries = 0;     // window queries per layer it was measured on (<= kLossWindow)
-  double rel_err = 0;        // mean over layers of the attention output's relative error
-  double rel_err_max = 0;    // the largest layer's relative error ...
-  int max_layer = -1;        // ... and that layer
-  double evicted_mass = 0;   // fraction of the window's attention mass on removed tokens
+  bool measured = false;       // false: no estimate (off, or no window queries captured)
+  int64_t n_queries = 0;       // window queries per layer it was measured on (<= kLossWindow)
+  double rel_err = 0;          // mean over layers of the attention output's relative error
+  double rel_err_max = 0;      // the largest layer's relative error ...
+  int max_layer = -1;          // ... and that layer
+  double evicted_mass = 0;     // fraction of the window's attention mass on removed tokens
   int64_t tokens_removed = 0;  // tokens the plan removed, all (layer, kv head)
-  double seconds = 0;        // time the estimate took (before + after)
+  double seconds = 0;          // time the estimate took (before + after)
 };
 
 // Taken before the plan is applied (the reference outputs and each stored token's attention
@@ -45,7 +45,8 @@ struct PressLoss {
 class PressLossProbe {
  public:
   // Nothing is measured (active() false) unless every layer has window queries.
-  PressLossProbe(const Model& model, const KvCache& cache, const Observations* obs, ThreadPool* pool);
+  PressLossProbe(const Model& model, const KvCache& cache, const Observations* obs,
+                 ThreadPool* pool);
   bool active() const { return active_; }
   // The estimate against `cache` as it is now (the same cache, after its plan was applied).
   PressLoss finish(const KvCache& cache) const;
@@ -56,11 +57,11 @@ class PressLossProbe {
   ThreadPool* pool_;
   bool active_ = false;
   double seconds_ = 0;
-  std::vector<ObservedQueries> q_;               // [n_layer]: the window queries
-  std::vector<std::vector<float>> o_full_;       // [n_layer] each [n_q, n_head, head_dim_v]
-  std::vector<std::vector<int32_t>> pos_;        // [n_layer * n_head_kv]: stored positions before
-  std::vector<std::vector<float>> mass_;         // same layout: each token's summed attention
-  double mass_total_ = 0;                        // n_layer * n_head * n_q (each row sums to 1)
+  std::vector<ObservedQueries> q_;          // [n_layer]: the window queries
+  std::vector<std::vector<float>> o_full_;  // [n_layer] each [n_q, n_head, head_dim_v]
+  std::vector<std::vector<int32_t>> pos_;   // [n_layer * n_head_kv]: stored positions before
+  std::vector<std::vector<float>> mass_;    // same layout: each token's summed attention
+  double mass_total_ = 0;                   // n_layer * n_head * n_q (each row sums to 1)
 };
 
 }  // namespace kvtrim

@@ -58,9 +58,9 @@ Model* PressLossTest::model_ = nullptr;
 std::string* PressLossTest::dir_ = nullptr;
 
 // Causal softmax attention of one query head over a head's keys, written out: out [hd].
-void direct_attention(const float* q, int32_t q_pos, const std::vector<float>& k, const std::vector<float>& v,
-                      const std::vector<int32_t>& pos, int hd, float scale, std::vector<double>* out,
-                      std::vector<double>* probs) {
+void direct_attention(const float* q, int32_t q_pos, const std::vector<float>& k,
+                      const std::vector<float>& v, const std::vector<int32_t>& pos, int hd,
+                      float scale, std::vector<double>* out, std::vector<double>* probs) {
   const size_t n = pos.size();
   std::vector<double> s(n, -std::numeric_limits<double>::infinity());
   double m = -std::numeric_limits<double>::infinity();
@@ -127,7 +127,8 @@ TEST_F(PressLossTest, EqualsADirectComputationForAnEvictionPress) {
   const float scale = attention_scale(hp);
   double err_sum = 0, err_max = 0, evicted = 0, mass = 0;
   for (int il = 0; il < c.n_layer; ++il) {
-    const ObservedQueries q = last_queries(s->observations()->window[static_cast<size_t>(il)], kLossWindow);
+    const ObservedQueries q =
+        last_queries(s->observations()->window[static_cast<size_t>(il)], kLossWindow);
     ASSERT_EQ(q.n, kLossWindow);
     double diff = 0, norm = 0;
     for (int ih = 0; ih < c.n_head_kv; ++ih) {
@@ -246,7 +247,8 @@ TEST_F(PressLossTest, BadLimitsAreRefusedNamingThem) {
   EXPECT_EQ(max_loss_problem(0, "x"), "");
   EXPECT_EQ(max_loss_problem(1, "x"), "");
   for (double bad : {-0.1, 1.5, std::nan("")})
-    EXPECT_NE(max_loss_problem(bad, "--press-max-loss").find("--press-max-loss"), std::string::npos) << bad;
+    EXPECT_NE(max_loss_problem(bad, "--press-max-loss").find("--press-max-loss"), std::string::npos)
+        << bad;
   auto s = session("snapkv:ratio=0.5");
   ContextCompressOptions co;
   co.max_loss = -1;
