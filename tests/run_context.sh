@@ -2,7 +2,8 @@
 # kvtrim run with a context and questions (issue 40), on a tiny qwen2 model (ChatML): the press
 # compresses the context, never the question, and says so; several questions on one document
 # each get the answer a run with that question alone gets; `--press none` is no press;
-# --press-protect must not be negative.
+# --press-protect must not be negative; the compression's loss estimate and the --press-max-loss
+# guard.
 set -u
 bin="${KVTRIM_BIN:?KVTRIM_BIN not set}"
 writer="${KVTRIM_TINY_WRITER:?KVTRIM_TINY_WRITER not set}"
@@ -34,6 +35,15 @@ expect 0 "context [0-9]+ positions not compressed: the context has [0-9]+ tokens
 # query-aware: scored with the question's queries
 expect 0 "scored with the question's queries" \
   "${run[@]}" --chat --context "$tmp/doc.txt" -p "What does line 3 say?" --press snapkv:0.5,query_aware=true
+# the loss estimate on the compress line; the guard: 0 leaves the context whole, each attempt listed
+expect 0 "loss estimate [0-9.]+ \(attention output error over the last 32 queries.*evicted attention mass [0-9.]+" \
+  "${run[@]}" --chat --context "$tmp/doc.txt" -p "What does line 3 say?" --press snapkv:0.5
+expect 0 "not compressed: the loss estimate exceeded the limit 0 at every attempt \(snapkv:ratio=0.5: [0-9.]+, snapkv:ratio=0.25: [0-9.]+, snapkv:ratio=0.125: [0-9.]+\)" \
+  "${run[@]}" --chat --context "$tmp/doc.txt" -p "What does line 3 say?" --press snapkv:0.5 --press-max-loss 0
+expect 2 "'--press-max-loss' must be a loss estimate in \[0, 1\]" "${run[@]}" -p "hello" --press-max-loss 1.5
+expect 2 "'--press-max-loss' must be a loss estimate in \[0, 1\]" "${run[@]}" -p "hello" --press-max-loss nan
+expect 1 "--press-max-loss needs the loss estimate" \
+  "${run[@]}" --chat -p "hello" --press snapkv:0.5 --press-max-loss 0.1 --no-loss-estimate
 
 # One document, two questions: each answer is the answer of a run with that question alone.
 for press in snapkv:0.5 snapkv:0.5,query_aware=true; do

@@ -1,6 +1,10 @@
 #include "engine/context_question.h"
 
+#include <cmath>
+#include <memory>
+
 #include "core/error.h"
+#include "press/press_spec.h"
 
 namespace kvtrim {
 
@@ -11,8 +15,43 @@ SplitPrompt tokenize_chat_split(const Tokenizer& tok, const ChatPromptSplit& sp)
   return p;
 }
 
+std::string max_loss_problem(double x, const std::string& what) {
+  if (std::isnan(x) || x < 0 || x > 1)
+    return strprintf("'%s' must be a loss estimate in [0, 1] (got %g): 0 refuses any loss, 1 turns the guard off",
+                     what.c_str(), x);
+  return {};
+}
+
+namespace {
+
+// One compression with `press`; a follow-up turn keeps the press's ratio of every position the
+// context spans (ContextCompressOptions::follow_up).
+CompressStats compress_once(Session& s, const Press& press, bool follow_up) {
+  const Budget* tb = press.token_budget();
+  if (follow_up && tb && tb->n_keep <= 0 && tb->ratio > 0) {
+    Budget b;
+    b.n_keep = tb->keep_count(s.n_past());
+    return s.compress_with(press, b);
+  }
+  return s.compress_with(press);
+}
+
+std::string attempts_text(const std::vector<CompressAttempt>& as) {
+  std::string t;
+  for (const CompressAttempt& a : as)
+    t += strprintf("%s%s: %.4f", t.empty() ? "" : ", ", a.press.c_str(), a.loss.rel_err);
+  return t;
+}
+
+}  // namespace
+
 ContextCompression compress_context(Session& s, const std::vector<int32_t>& question, const ContextCompressOptions& o) {
   KVTRIM_CHECK(s.press() != nullptr, "compress_context: no press set on this session");
+  const std::string bad = max_loss_problem(o.max_loss, "max_loss");
+  KVTRIM_CHECK(bad.empty(), "compress_context: %s", bad.c_str());
+  const bool guard = o.max_loss < 1;
+  KVTRIM_CHECK(!guard || s.params().press_loss,
+               "compress_context: a loss limit needs the session's loss estimate (SessionParams::press_loss)");
   ContextCompression r;
   r.n_context = s.n_past();
   if (r.n_context == 0) {
@@ -26,21 +65,48 @@ ContextCompression compress_context(Session& s, const std::vector<int32_t>& ques
     return r;
   }
   const Press& press = *s.press();
+  std::unique_ptr<Session::State> before;  // the guard's copy of the uncompressed context
   try {
     // query-aware: the question's queries first (its tokens are dropped again), as eval does
     if (press.needs().question && !question.empty()) {
       s.observe_question(question);
       r.saw_question = true;
     }
-    const Budget* tb = press.token_budget();
-    if (o.follow_up && tb && tb->n_keep <= 0 && tb->ratio > 0) {
-      Budget b;
-      b.n_keep = tb->keep_count(s.n_past());
-      r.stats = s.compress(b);
-    } else {
-      r.stats = s.compress();
+    PressSpec spec;  // the press the guard weakens
+    if (guard) {
+      spec = parse_press_spec(press.spec());
+      s.prepare_compress();  // a re-feed pass once, in the copy: every retry shares it
+      before = std::make_unique<Session::State>(s.save_state());
+    }
+    std::unique_ptr<Press> weaker;  // the retry's press
+    const Press* cur = &press;
+    for (int attempt = 0;; ++attempt) {
+      if (attempt > 0) s.restore_state(*before);
+      const CompressStats st = compress_once(s, *cur, o.follow_up);
+      CompressAttempt a;
+      a.press = cur->spec();
+      a.ratio = cur->spec().empty() ? -1.0 : press_spec_ratio(parse_press_spec(cur->spec()));
+      a.loss = st.loss;
+      a.accepted = !guard || !st.loss.measured || st.loss.rel_err <= o.max_loss;
+      r.attempts.push_back(a);
+      if (a.accepted) {
+        r.stats = st;
+        break;
+      }
+      if (attempt == kMaxLossRetries || !halve_press_ratios(&spec)) {
+        s.restore_state(*before);
+        r.refused = true;
+        r.saw_question = false;
+        r.note = strprintf("not compressed: the loss estimate exceeded the limit %g at every attempt (%s)%s", o.max_loss,
+                           attempts_text(r.attempts).c_str(),
+                           attempt < kMaxLossRetries ? "; the press has no ratio to halve" : "");
+        return r;
+      }
+      weaker = make_press(spec);
+      cur = weaker.get();
     }
   } catch (const Error& e) {
+    if (before) s.restore_state(*before);
     if (!o.skip_on_error) throw;
     r.note = std::string("not compressed: ") + e.what();
     r.saw_question = false;

@@ -46,11 +46,37 @@ struct ContextCompressOptions {
   // becomes the note, the cache unchanged (chat, serve: a conversation goes on); false: it
   // propagates (run, eval).
   bool skip_on_error = false;
+  // The quality guard (run/chat/serve --press-max-loss, a request's kv_press_max_loss), in
+  // [0, 1] (check_max_loss). Below 1: the session's copy of the context is saved first; when a
+  // compression's loss estimate (CompressStats::loss.rel_err, src/engine/press_loss.h) exceeds
+  // it, the cache is restored from that copy and the press retried with half its ratio
+  // (halve_press_ratios: every press of a composition that has a ratio), at most
+  // kMaxLossRetries times; when every attempt exceeds it, or the press has no ratio to halve,
+  // the context is left uncompressed (the note says so). 1 = off: no copy, no retry (an
+  // estimate of 1 means the window's attention output is as far off as it is large). Needs
+  // SessionParams::press_loss.
+  double max_loss = 1;
+};
+
+constexpr int kMaxLossRetries = 2;
+
+// "" when x is a valid loss limit (a number in [0, 1]), else what is wrong with it, naming
+// `what` (the option or field).
+std::string max_loss_problem(double x, const std::string& what);
+
+// One compression tried on the context.
+struct CompressAttempt {
+  std::string press;      // its canonical spec
+  double ratio = -1;      // press_spec_ratio (-1: the press has none)
+  PressLoss loss;         // its estimate
+  bool accepted = false;  // kept (the last attempt, unless the guard refused them all)
 };
 
 struct ContextCompression {
   bool ran = false;
   std::string note;          // why nothing ran ("" when it ran)
+  std::vector<CompressAttempt> attempts;  // every compression tried, in order (empty: none ran)
+  bool refused = false;      // the guard refused every attempt: the context is uncompressed
   int64_t n_context = 0;     // positions of the context (the compressed part)
   bool saw_question = false;  // the press scored with the question's queries
   bool failed = false;       // the press threw and skip_on_error made it the note

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/observation_stats.h"
+#include "engine/press_loss.h"
 #include "kv/kv_cache.h"
 #include "model/model.h"
 #include "press/press.h"
@@ -108,6 +109,9 @@ struct CompressStats {
   // its time and the process RSS at its fullest (the context plus one chunk in the cache).
   double refeed_seconds = 0;
   size_t refeed_rss_peak = 0;
+  // What the compression lost, estimated on the observation window (SessionParams::press_loss;
+  // measured == false otherwise). Its time is not in `seconds`.
+  PressLoss loss;
 };
 
 // Plans with `press` over the cache and applies the plan; obs may be nullptr.

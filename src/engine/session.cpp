@@ -6,6 +6,7 @@
 #include "core/memory.h"
 #include "core/timer.h"
 #include "engine/limit_error.h"
+#include "engine/press_loss.h"
 #include "engine/press_runner.h"
 
 namespace kvtrim {
@@ -237,7 +238,9 @@ void Session::set_press(std::unique_ptr<Press> press, PressSchedule sched, const
 
 // The one place a session's observer is made (set_press, set_observer, restore_state): over
 // `cache`, capturing `needs`, on the session's pool, with the press's after-append hook.
-std::unique_ptr<PressObserver> Session::make_observer(const KvCache& cache, const PressNeeds& needs) const {
+std::unique_ptr<PressObserver> Session::make_observer(const KvCache& cache, const PressNeeds& press_needs) const {
+  PressNeeds needs = press_needs;
+  if (p_.press_loss) needs.window = std::max(needs.window, kLossWindow);  // the loss estimate's window
   auto obs = std::make_unique<PressObserver>(model_, cache, needs);
   obs->set_pool(pool_);
   if (press_ && press_->plans_after_append()) obs->set_after_append_press(press_.get());
@@ -246,10 +249,15 @@ std::unique_ptr<PressObserver> Session::make_observer(const KvCache& cache, cons
 }
 
 // Every compression of the session: the passes its press needs, the plan and its application,
-// the pass's time and peak RSS (once, the compress after it), the log.
+// the pass's time and peak RSS (once, the compress after it), the loss estimate (press_loss),
+// the log.
 CompressStats Session::run_compress(const Press& press, const Budget* budget_override) {
   prepare_compress();
+  std::unique_ptr<PressLossProbe> probe;
+  if (p_.press_loss && observer_)
+    probe = std::make_unique<PressLossProbe>(model_, *cache_, &observer_->observations(), pool_);
   CompressStats st = run_press(press, *cache_, model_, observer_.get(), pool_, budget_override);
+  if (probe) st.loss = probe->finish(*cache_);
   st.refeed_seconds = refeed_s_;
   st.refeed_rss_peak = refeed_rss_peak_;
   refeed_s_ = 0;
@@ -369,6 +377,10 @@ void Session::set_observer(const PressNeeds& needs) {
 
 CompressStats Session::compress_with(const Press& press) {
   return run_compress(press, nullptr);
+}
+
+CompressStats Session::compress_with(const Press& press, const Budget& budget_override) {
+  return run_compress(press, &budget_override);
 }
 
 Session::State Session::save_state() const {

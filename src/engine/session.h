@@ -40,6 +40,10 @@ struct SessionParams {
   // available (core/memory.h); < 0: no check (a press that compresses during prefill may keep
   // a cache small that would not fit uncompressed).
   int64_t kv_mem_limit = 0;
+  // Estimate what each compression loses (src/engine/press_loss.h, CompressStats::loss): the
+  // press's observer then also keeps the last kLossWindow (32) queries of each layer, and every
+  // compress measures the window's attention output before and after the plan.
+  bool press_loss = false;
 };
 
 class Session;
@@ -213,6 +217,8 @@ class Session {
   // Compresses the cache now with `press` (not the session's) against what the observer
   // captured; logged like compress(). A press needing more than the observer captures throws.
   CompressStats compress_with(const Press& press);
+  // The same with a budget replacing the press's own (as compress(budget_override)).
+  CompressStats compress_with(const Press& press, const Budget& budget_override);
   State save_state() const;
   // Back to `st`: the cache becomes a copy of the saved one (st stays usable for the next
   // restore) and the observer (which refers to the cache) is rebuilt over it with the saved

@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/timer.h"
+#include "engine/press_runner.h"
 #include "engine/session.h"
 #include "eval/rng.h"
 #include "eval/scoring.h"
@@ -93,6 +94,7 @@ std::vector<QuestionResult> run_sample(Session& s, const PromptBuilder& pb, cons
   double prefill_s = 0;
   int32_t n_context = 0;
   size_t kv_bytes = 0, kv_dense = 0, kv_bases = 0;
+  PressLoss loss;
   // Prefills the context alone (and compresses it through the hook).
   auto prepare = [&](const std::vector<int32_t>* question) {
     const double t0 = now_seconds();
@@ -104,6 +106,8 @@ std::vector<QuestionResult> run_sample(Session& s, const PromptBuilder& pb, cons
     }
     prefill_s = now_seconds() - t0;
     if (opt.after_context) opt.after_context(s, question);
+    // the log starts at the prefill (reset, restore_state): its last entry is the context's
+    loss = s.compress_log().empty() ? PressLoss{} : s.compress_log().back().loss;
     n_context = s.n_past();
     const KvBytes kb = s.cache().bytes();
     kv_bytes = kb.total();
@@ -147,30 +151,39 @@ std::vector<QuestionResult> run_sample(Session& s, const PromptBuilder& pb, cons
     r.context_prefill_s = prefill_s;
     r.decode_tps = g.decode_tps();
     r.stop = stop_reason_name(g.stop);
+    if (loss.measured) {
+      r.press_loss = loss.rel_err;
+      r.press_evicted_mass = loss.evicted_mass;
+    }
     out.push_back(std::move(r));
   }
   return out;
 }
 
 json question_result_json(const QuestionResult& r) {
-  return json{{"id", r.id()},
-              {"task", r.task},
-              {"index", r.index},
-              {"q", r.q},
-              {"sample_hash", r.sample_hash},
-              {"metric", metric_short(r.metric)},
-              {"score", r.score},
-              {"output", r.output},
-              {"answers", r.answers},
-              {"n_context", r.n_context},
-              {"n_question", r.n_question},
-              {"n_generated", r.n_generated},
-              {"kv_bytes", r.kv_bytes},
-              {"kv_bytes_dense", r.kv_bytes_dense},
-              {"kv_bases", r.kv_bases},
-              {"context_prefill_s", r.context_prefill_s},
-              {"decode_tps", r.decode_tps},
-              {"stop", r.stop}};
+  json j{{"id", r.id()},
+         {"task", r.task},
+         {"index", r.index},
+         {"q", r.q},
+         {"sample_hash", r.sample_hash},
+         {"metric", metric_short(r.metric)},
+         {"score", r.score},
+         {"output", r.output},
+         {"answers", r.answers},
+         {"n_context", r.n_context},
+         {"n_question", r.n_question},
+         {"n_generated", r.n_generated},
+         {"kv_bytes", r.kv_bytes},
+         {"kv_bytes_dense", r.kv_bytes_dense},
+         {"kv_bases", r.kv_bases},
+         {"context_prefill_s", r.context_prefill_s},
+         {"decode_tps", r.decode_tps},
+         {"stop", r.stop}};
+  if (r.press_loss >= 0) {
+    j["press_loss"] = r.press_loss;
+    j["press_evicted_mass"] = r.press_evicted_mass;
+  }
+  return j;
 }
 
 namespace {
@@ -195,6 +208,8 @@ QuestionResult from_json(const json& j) {
   r.context_prefill_s = j.at("context_prefill_s").get<double>();
   r.decode_tps = j.at("decode_tps").get<double>();
   r.stop = j.at("stop").get<std::string>();
+  r.press_loss = j.contains("press_loss") ? j.at("press_loss").get<double>() : -1;
+  r.press_evicted_mass = j.contains("press_evicted_mass") ? j.at("press_evicted_mass").get<double>() : -1;
   return r;
 }
 

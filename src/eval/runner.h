@@ -68,6 +68,10 @@ struct QuestionResult {
   int64_t kv_bases = -1;      // of kv_bytes: bases, rotations, dictionaries (-1: a row written before)
   double context_prefill_s = 0, decode_tps = 0;
   std::string stop;
+  // The context's compression's loss estimate (src/engine/press_loss.h: the window's attention
+  // output error, the evicted attention mass); -1: none (no press, not measured, or a row
+  // written before the estimate existed).
+  double press_loss = -1, press_evicted_mass = -1;
   std::string id() const { return task + "/" + std::to_string(index); }
 };
 

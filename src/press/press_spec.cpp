@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdlib>
 
 #include "core/error.h"
 #include "press/press.h"
@@ -219,6 +220,45 @@ PressSpecItem& ratio_target(PressSpec& spec) {
   KVTRIM_CHECK(last.declares("ratio"), "press '%s' has no ratio option, so a sweep over ratios cannot set it",
                last.name.c_str());
   return last;
+}
+
+namespace {
+
+// The ratio an item compresses with (given, else its declared default); -1 without one, or
+// when a nonzero `budget` count replaces it.
+double item_ratio(const PressSpecItem& it) {
+  if (!it.declares("ratio")) return -1;
+  if (const PressSpecOption* b = it.find("budget"); b && std::strtod(b->value.c_str(), nullptr) > 0) return -1;
+  if (const PressSpecOption* r = it.find("ratio")) return std::strtod(r->value.c_str(), nullptr);
+  for (const PressOption& o : it.info->options)
+    if (o.name == "ratio") return std::strtod(o.default_value.c_str(), nullptr);
+  return -1;
+}
+
+bool halve_item(PressSpecItem& it) {
+  bool any = false;
+  for (PressSpec& in : it.inner) any = halve_press_ratios(&in) || any;
+  const double r = item_ratio(it);
+  if (r > 0) {
+    it.set("ratio", strprintf("%g", r / 2));
+    any = true;
+  }
+  return any;
+}
+
+}  // namespace
+
+double press_spec_ratio(const PressSpec& spec) {
+  if (spec.items.empty()) return -1;
+  const PressSpecItem* it = &spec.items.back();
+  while (it->info->wrapper && !it->inner.empty() && !it->inner[0].items.empty()) it = &it->inner[0].items.back();
+  return item_ratio(*it);
+}
+
+bool halve_press_ratios(PressSpec* spec) {
+  bool any = false;
+  for (PressSpecItem& it : spec->items) any = halve_item(it) || any;
+  return any;
 }
 
 }  // namespace kvtrim

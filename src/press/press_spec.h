@@ -56,4 +56,13 @@ std::string written_press_spec(const PressSpec& spec);
 // `ratio` option, or a wrapper lacks its inner press.
 PressSpecItem& ratio_target(PressSpec& spec);
 
+// The ratio a press string compresses with: ratio_target's `ratio` as given, else its default;
+// -1 when that press has no ratio option (or a `budget` count replaces it).
+double press_spec_ratio(const PressSpec& spec);
+
+// A weaker press (the quality guard's retry, --press-max-loss): every press of the composition,
+// inside wrappers too, that declares `ratio` and is not given a `budget` count gets half its
+// ratio (as given, else its default). False when no press was weakened (spec unchanged).
+bool halve_press_ratios(PressSpec* spec);
+
 }  // namespace kvtrim

@@ -223,6 +223,7 @@ CompletionRequest parse_completion_request(const std::string& body, Endpoint ep,
       bad("kv_press_protect", "'kv_press_protect' must be a token count or \"last_turn\"");
     }
   }
+  if (field(j, "kv_press_max_loss")) r.cache.max_loss = get_number(j, "kv_press_max_loss", 0, 1);
   if (field(j, "kv_cache_type")) r.cache.k = r.cache.v = parse_cache_type(j, "kv_cache_type");
   if (field(j, "kv_cache_type_k")) r.cache.k = parse_cache_type(j, "kv_cache_type_k");
   if (field(j, "kv_cache_type_v")) r.cache.v = parse_cache_type(j, "kv_cache_type_v");
@@ -245,6 +246,17 @@ json usage_json(const CompletionStats& s) {
           {"prompt_tokens_details", {{"cached_tokens", s.cached_tokens}}}};
 }
 
+namespace {
+json loss_json(const PressLoss& l) {
+  json j = {{"estimate", l.rel_err},
+            {"max_layer_estimate", l.rel_err_max},
+            {"max_layer", l.max_layer},
+            {"window_queries", l.n_queries}};
+  if (l.tokens_removed > 0) j["evicted_attention_mass"] = l.evicted_mass;
+  return j;
+}
+}  // namespace
+
 json compression_json(const CompressionReport& c) {
   json j = {{"press", c.press},
             {"applied", c.applied},
@@ -256,6 +268,18 @@ json compression_json(const CompressionReport& c) {
             {"protected_tokens", c.protected_tokens},
             {"query_aware", c.query_aware}};
   if (!c.note.empty()) j["note"] = c.note;
+  if (c.loss.measured) j["loss"] = loss_json(c.loss);
+  if (c.max_loss < 1) j["max_loss"] = c.max_loss;
+  if (c.max_loss < 1 || c.attempts.size() > 1) {
+    json a = json::array();
+    for (const CompressAttempt& t : c.attempts) {
+      json e = {{"press", t.press}, {"accepted", t.accepted}};
+      e["ratio"] = t.ratio >= 0 ? json(t.ratio) : json(nullptr);
+      if (t.loss.measured) e["loss"] = loss_json(t.loss);
+      a.push_back(std::move(e));
+    }
+    j["attempts"] = std::move(a);
+  }
   return j;
 }
 

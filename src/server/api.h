@@ -12,6 +12,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "engine/context_question.h"
 #include "engine/sampler.h"
 #include "kv/kv_types.h"
 #include "model/chat_options.h"
@@ -51,6 +52,9 @@ struct CacheChoice {
   // which has no turns: nothing, the whole prompt is compressed). In [0, n_ctx); a count past the
   // prompt's length is a 400 at submit.
   std::optional<int64_t> protect;
+  // kv_press_max_loss: the quality guard's limit on the loss estimate, in [0, 1] (1 = off;
+  // ContextCompressOptions::max_loss); unset = the server's --press-max-loss.
+  std::optional<double> max_loss;
 };
 
 struct CompletionRequest {
@@ -90,6 +94,9 @@ struct CompressionReport {
   size_t kv_bytes_before = 0, kv_bytes_after = 0;  // the cache's bytes
   int64_t protected_tokens = 0;  // positions after it, every one kept in every (layer, kv head)
   bool query_aware = false;      // the press scored with the protected tail's queries
+  double max_loss = 1;           // the quality guard's limit (1 = off)
+  PressLoss loss;                // the kept compression's loss estimate (measured false: none)
+  std::vector<CompressAttempt> attempts;  // every compression tried (the guard's retries)
 };
 nlohmann::json compression_json(const CompressionReport& c);
 

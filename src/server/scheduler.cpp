@@ -134,6 +134,7 @@ void Scheduler::prepare_slot(Slot& s, Job& j) {
     p.kv_dtype_v = j.v;
     p.kv_rotate = opt_.kv_rotate;
     p.kv_mem_limit = opt_.kv_budget > 0 ? -1 : opt_.kv_mem_limit;  // a budget is checked by admission
+    p.press_loss = opt_.press_loss;
     p.pool = &pool_;
     s.session = std::make_unique<Session>(model_, p);
     s.press.clear();
@@ -311,6 +312,7 @@ void Scheduler::compress_context_of(Slot& s) {
   co.min_tokens = opt_.press_min_tokens;
   co.follow_up = s.compressed;  // keep the press's ratio of the whole conversation, not of what earlier turns left
   co.skip_on_error = true;      // a press that cannot run on this context leaves it whole: the conversation goes on
+  co.max_loss = j.max_loss;
   const std::vector<int32_t> tail(j.prompt.begin() + static_cast<std::ptrdiff_t>(j.compress_at), j.prompt.end());
   const ContextCompression cc = compress_context(*s.session, tail, co);
   CompressionReport& r = s.compression;
@@ -319,6 +321,9 @@ void Scheduler::compress_context_of(Slot& s) {
   r.context_tokens = cc.n_context;
   r.protected_tokens = static_cast<int64_t>(tail.size());
   r.query_aware = cc.saw_question;
+  r.max_loss = j.max_loss;
+  r.attempts = cc.attempts;
+  r.loss = cc.ran ? cc.stats.loss : PressLoss{};
   const KvCacheConfig& cfg = s.session->cache().config();
   const double heads = static_cast<double>(cfg.n_layer) * cfg.n_head_kv;
   if (cc.ran) {

@@ -52,6 +52,8 @@ struct ServerOptions {
   int64_t kv_mem_limit = 0;    // without a budget: each slot's SessionParams::kv_mem_limit
   std::string press;           // default kv_press ("" = none)
   int64_t press_min_tokens = 32;  // a context shorter than this is not compressed (ContextCompressOptions)
+  bool press_loss = true;         // estimate each compression's loss (SessionParams::press_loss)
+  double press_max_loss = 1;      // default kv_press_max_loss (1 = off; ContextCompressOptions::max_loss)
   std::string pressure_press;  // compresses conversations under budget pressure ("" = none)
   KvDtype kv_k = KvDtype::kF16, kv_v = KvDtype::kF16;
   bool kv_rotate = true;
@@ -88,6 +90,7 @@ class Job {
   SamplerParams sampling;
   std::vector<std::string> stop;
   std::string press;
+  double max_loss = 1;  // the quality guard's limit (kv_press_max_loss)
   KvDtype k = KvDtype::kF16, v = KvDtype::kF16;
   // tokens the press's re-feed pass adds beside the prompt while it compresses (0 without one)
   int64_t refeed_peak = 0;

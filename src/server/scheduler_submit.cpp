@@ -102,6 +102,10 @@ std::shared_ptr<Job> Scheduler::submit(const CompletionRequest& r) {
   if (!r.has_seed) j->sampling.seed = static_cast<uint64_t>(now_seconds() * 1e6);
   j->stop = r.stop;
   j->press = r.cache.press ? *r.cache.press : opt_.press;
+  j->max_loss = r.cache.max_loss ? *r.cache.max_loss : opt_.press_max_loss;
+  if (r.cache.max_loss && *r.cache.max_loss < 1 && !opt_.press_loss)
+    throw ApiError(400, "'kv_press_max_loss' needs the loss estimate, which this server was started without "
+                        "(--no-loss-estimate)", "kv_press_max_loss");
   if (!j->press.empty()) {
     PressNeeds n = make_press(j->press)->needs();
     if (pressure_press_) {

@@ -11,6 +11,8 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "engine/press_runner.h"
+#include "press/press.h"
 #include "engine/session.h"
 #include "eval/jsonl.h"
 #include "eval_fixture.h"
@@ -89,6 +91,43 @@ TEST(Runner, AfterContextHookSeesOnlyTheContext) {
   };
   run_sample(s, tiny_prompts(), samples[1], o);
   EXPECT_EQ(calls, 3);  // query-aware: once per question
+}
+
+// Each row records the context compression's loss estimate (press_loss, press_evicted_mass);
+// rows without a press have none, and a row written without the fields loads with -1.
+TEST(Runner, RowsRecordTheLossEstimate) {
+  SessionParams p = params();
+  p.press_loss = true;
+  Session s(tiny_model(), p);
+  PressSchedule sched;
+  sched.after_prefill = false;
+  s.set_press(make_press("knorm:0.5"), sched);
+  RunnerOptions o;
+  o.after_context = [](Session& ss, const std::vector<int32_t>*) { ss.compress(); };
+  const auto samples = small_samples();
+  const auto r = run_sample(s, tiny_prompts(), samples[1], o);
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_GT(r[0].press_loss, 0.0);
+  EXPECT_GT(r[0].press_evicted_mass, 0.0);
+  EXPECT_EQ(r[1].press_loss, r[0].press_loss);  // one compression for both questions
+  EXPECT_TRUE(question_result_json(r[0]).contains("press_loss"));
+  s.set_press(nullptr);
+  const auto n = run_sample(s, tiny_prompts(), samples[0], {});
+  EXPECT_EQ(n[0].press_loss, -1.0);
+  EXPECT_FALSE(question_result_json(n[0]).contains("press_loss"));
+  const std::string out = test::temp_dir("eval_loss") + "/results.jsonl";
+  std::filesystem::remove(out);
+  {
+    ResultsFile f(out, "cfg");
+    f.append(r[0]);
+    f.append(n[0]);  // as an older row: no press_loss field
+  }
+  const ResultsFile back(out, "cfg");
+  ASSERT_EQ(back.rows().size(), 2u);
+  EXPECT_DOUBLE_EQ(back.rows()[0].press_loss, r[0].press_loss);
+  EXPECT_DOUBLE_EQ(back.rows()[0].press_evicted_mass, r[0].press_evicted_mass);
+  EXPECT_EQ(back.rows()[1].press_loss, -1.0);
+  EXPECT_EQ(back.rows()[1].press_evicted_mass, -1.0);
 }
 
 TEST(Runner, ResumeRunsOnlyMissingQuestions) {

@@ -110,6 +110,9 @@ TEST(Api, EveryBadFieldIsA400NamingIt) {
   expect_bad("{" + m + R"(,"kv_press":"snapkv:colour=red"})", C, 400, "kv_press", "colour");
   expect_bad("{" + m + R"(,"kv_press":7})", C, 400, "kv_press", "string");
   expect_bad("{" + m + R"(,"kv_cache_type":"q3"})", C, 400, "kv_cache_type", "q3");
+  expect_bad("{" + m + R"(,"kv_press_max_loss":-0.1})", C, 400, "kv_press_max_loss", "[0, 1]");
+  expect_bad("{" + m + R"(,"kv_press_max_loss":1.5})", C, 400, "kv_press_max_loss", "[0, 1]");
+  expect_bad("{" + m + R"(,"kv_press_max_loss":"0.1"})", C, 400, "kv_press_max_loss", "number");
   expect_bad("{" + m + R"(,"tools":[{}]})", C, 400, "tools", "not supported");
   expect_bad(R"({"prompt":5})", P, 400, "prompt", "string or an array");
   expect_bad(R"({"prompt":[1,-2]})", P, 400, "prompt", "non-negative");
@@ -151,6 +154,65 @@ TEST(Api, CompletionAndChunkJson) {
   const json last = json::parse(stream_chunk(Endpoint::kChat, "id1", 7, "m", "", false, "length", &st).substr(6));
   EXPECT_EQ(last["choices"][0]["finish_reason"], "length");
   EXPECT_EQ(last["usage"]["completion_tokens"], 3);
+}
+
+// kv_press_max_loss reaches the request; the compression object reports the loss estimate and,
+// with a guard, every attempt.
+TEST(Api, LossGuardFieldsAndCompressionJson) {
+  const auto r = parse_completion_request(
+      R"({"messages":[{"role":"user","content":"x"}],"kv_press":"snapkv:0.5","kv_press_max_loss":0.25})",
+      Endpoint::kChat, limits());
+  ASSERT_TRUE(r.cache.max_loss.has_value());
+  EXPECT_DOUBLE_EQ(*r.cache.max_loss, 0.25);
+  EXPECT_FALSE(parse_completion_request(R"({"messages":[{"role":"user","content":"x"}]})", Endpoint::kChat, limits())
+                   .cache.max_loss.has_value());
+
+  CompletionStats st;
+  st.compression.requested = true;
+  st.compression.applied = true;
+  st.compression.press = "snapkv:ratio=0.5";
+  st.compression.context_tokens = 100;
+  st.compression.protected_tokens = 12;
+  // no guard: the estimate, no attempts
+  PressLoss l;
+  l.measured = true;
+  l.n_queries = 32;
+  l.rel_err = 0.2;
+  l.rel_err_max = 0.4;
+  l.max_layer = 1;
+  l.evicted_mass = 0.3;
+  l.tokens_removed = 50;
+  st.compression.loss = l;
+  st.compression.attempts = {CompressAttempt{"snapkv:ratio=0.5", 0.5, l, true}};
+  json c = kvtrim_json(st)["compression"];
+  EXPECT_EQ(c["protected_tokens"], 12);
+  EXPECT_DOUBLE_EQ(c["loss"]["estimate"].get<double>(), 0.2);
+  EXPECT_DOUBLE_EQ(c["loss"]["max_layer_estimate"].get<double>(), 0.4);
+  EXPECT_EQ(c["loss"]["max_layer"], 1);
+  EXPECT_EQ(c["loss"]["window_queries"], 32);
+  EXPECT_DOUBLE_EQ(c["loss"]["evicted_attention_mass"].get<double>(), 0.3);
+  EXPECT_FALSE(c.contains("attempts"));
+  EXPECT_FALSE(c.contains("max_loss"));
+  // a guard that refused the press and kept half its ratio
+  PressLoss l2 = l;
+  l2.rel_err = 0.1;
+  st.compression.max_loss = 0.15;
+  st.compression.loss = l2;
+  st.compression.attempts = {CompressAttempt{"snapkv:ratio=0.5", 0.5, l, false},
+                             CompressAttempt{"snapkv:ratio=0.25", 0.25, l2, true}};
+  c = kvtrim_json(st)["compression"];
+  EXPECT_DOUBLE_EQ(c["max_loss"].get<double>(), 0.15);
+  ASSERT_EQ(c["attempts"].size(), 2u);
+  EXPECT_EQ(c["attempts"][0]["press"], "snapkv:ratio=0.5");
+  EXPECT_EQ(c["attempts"][0]["accepted"], false);
+  EXPECT_DOUBLE_EQ(c["attempts"][1]["ratio"].get<double>(), 0.25);
+  EXPECT_DOUBLE_EQ(c["attempts"][1]["loss"]["estimate"].get<double>(), 0.1);
+  EXPECT_EQ(c["attempts"][1]["accepted"], true);
+  // not measured (--no-loss-estimate): no loss object
+  st.compression.loss = PressLoss{};
+  st.compression.max_loss = 1;
+  st.compression.attempts.clear();
+  EXPECT_FALSE(kvtrim_json(st)["compression"].contains("loss"));
 }
 
 }  // namespace

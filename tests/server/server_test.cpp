@@ -433,6 +433,70 @@ TEST_F(ServerTest, TheLastUserTurnIsProtectedAndTheHistoryCompressed) {
   EXPECT_FALSE(json::parse(r->body)["kvtrim"].contains("compression"));
 }
 
+// The loss estimate is in every compression object; kv_press_max_loss 0 leaves the history
+// uncompressed with every attempt reported, 1 changes nothing; a limit outside [0, 1], or below 1
+// on a server without the estimate, is a 400 naming kv_press_max_loss.
+TEST_F(ServerTest, LossGuardPerRequest) {
+  start({});
+  // a new conversation each time (a slot would reuse an earlier one's compressed history)
+  int salt = 0;
+  const auto ask = [&](const json& extra) {
+    std::string doc = "document " + std::to_string(salt++) + ". ";
+    for (int i = 0; i < 5; ++i) doc += "line " + std::to_string(i) + " of the document. ";
+    const json msgs = json::array({{{"role", "user"}, {"content", doc}},
+                                   {{"role", "assistant"}, {"content", "noted"}},
+                                   {{"role", "user"}, {"content", "what is it?"}}});
+    json body = {{"messages", msgs}, {"max_tokens", 2}, {"temperature", 0}, {"kv_press", "snapkv:0.5"}};
+    body.update(extra);
+    return post("/v1/chat/completions", body.dump());
+  };
+  auto r = ask(json::object());
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json plain = json::parse(r->body)["kvtrim"]["compression"];
+  ASSERT_EQ(plain["applied"], true) << plain.dump();
+  EXPECT_GT(plain["loss"]["estimate"].get<double>(), 0.0) << plain.dump();
+  EXPECT_GT(plain["loss"]["window_queries"].get<int>(), 0);
+  EXPECT_TRUE(plain["loss"].contains("evicted_attention_mass"));
+  EXPECT_FALSE(plain.contains("attempts"));
+
+  r = ask({{"kv_press_max_loss", 1}});
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json one = json::parse(r->body)["kvtrim"]["compression"];
+  EXPECT_EQ(one["applied"], true) << one.dump();
+  EXPECT_GT(one["loss"]["estimate"].get<double>(), 0.0) << one.dump();
+  EXPECT_LT(one["compressed_tokens_after"].get<double>(), one["compressed_tokens_before"].get<double>());
+  EXPECT_FALSE(one.contains("attempts"));  // 1: no guard
+
+  r = ask({{"kv_press_max_loss", 0}});
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json zero = json::parse(r->body)["kvtrim"]["compression"];
+  EXPECT_EQ(zero["applied"], false) << zero.dump();
+  EXPECT_EQ(zero["compressed_tokens_after"], zero["compressed_tokens_before"]);
+  EXPECT_EQ(zero["max_loss"].get<double>(), 0.0);
+  ASSERT_EQ(zero["attempts"].size(), 3u) << zero.dump();
+  EXPECT_EQ(zero["attempts"][0]["press"], "snapkv:ratio=0.5");
+  EXPECT_EQ(zero["attempts"][2]["ratio"].get<double>(), 0.125);
+  for (const json& a : zero["attempts"]) EXPECT_EQ(a["accepted"], false);
+  EXPECT_NE(zero["note"].get<std::string>().find("exceeded the limit 0"), std::string::npos) << zero.dump();
+
+  for (const char* bad : {"-0.5", "1.01", "\"low\""}) {
+    r = post("/v1/chat/completions", std::string(R"({"messages":[{"role":"user","content":"x"}],"kv_press_max_loss":)") +
+                                          bad + "}");
+    expect_error(r, 400, "kv_press_max_loss");
+    EXPECT_EQ(json::parse(r->body)["error"]["param"], "kv_press_max_loss") << r->body;
+  }
+  TearDown();  // a second server, without the estimate
+  ServerOptions off;
+  off.press_loss = false;
+  start(off);
+  r = ask({{"kv_press_max_loss", 0.5}});
+  expect_error(r, 400, "--no-loss-estimate");
+  EXPECT_EQ(json::parse(r->body)["error"]["param"], "kv_press_max_loss") << r->body;
+  r = ask(json::object());
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_FALSE(json::parse(r->body)["kvtrim"]["compression"].contains("loss"));
+}
+
 // A client that reads one chunk and hangs up: the server notices (its job ends, cancelled or
 // finished) and serves the next request.
 TEST_F(ServerTest, ClientGoneMidStream) {

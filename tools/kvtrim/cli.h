@@ -45,10 +45,26 @@ struct PressOptions {
   // --press-min-tokens (run, chat): a context shorter than this is not compressed
   // (ContextCompressOptions::min_tokens, src/engine/context_question.h)
   int64_t min_tokens = 32;
+  // --press-max-loss (run, chat, serve's default): the quality guard's limit on the loss
+  // estimate, in [0, 1]; 1 = off (ContextCompressOptions::max_loss)
+  double max_loss = 1;
+  // --no-loss-estimate: no loss estimate (SessionParams::press_loss), so no guard either
+  bool no_loss_estimate = false;
 };
 void add_press_options(CLI::App* app, PressOptions& o);
 // --press-min-tokens (run, chat: the commands that keep a question apart from its context).
 void add_press_min_tokens_option(CLI::App* app, PressOptions& o);
+// --press-max-loss and --no-loss-estimate (run, chat, serve: the commands that compress a
+// context before its question).
+void add_press_guard_options(CLI::App* app, PressOptions& o);
+// The estimate is not turned off (--no-loss-estimate); throws Error for --press-max-loss below 1
+// with --no-loss-estimate.
+bool loss_estimate_on(const PressOptions& o);
+// SessionParams::press_loss for these options: a press is set and loss_estimate_on.
+bool press_loss_on(const PressOptions& o);
+// "loss estimate 0.0312 (attention output error over the last 32 queries, mean of 30 layers;
+// max 0.1204 at layer 2), evicted attention mass 0.187" ("" when not measured).
+std::string loss_text(const PressLoss& l);
 // Parses --press and installs it on the session (no-op when empty); prints the press to stderr.
 // after_prefill = false: generate() does not compress after its prompt (the caller compresses the
 // context with compress_context before the question).

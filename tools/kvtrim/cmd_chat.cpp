@@ -31,7 +31,9 @@ void chat(const ChatOptions& o) {
   if (!o.press.spec.empty()) make_press(o.press.spec);  // a bad --press fails before the model loads
   auto model = load_model(o.common);
   const Tokenizer& tok = model->tokenizer();
-  Session s(*model, session_params(o.common));
+  SessionParams params = session_params(o.common);
+  params.press_loss = press_loss_on(o.press);
+  Session s(*model, params);
   install_press(s, o.press, /*after_prefill=*/false);  // the history is compressed before each turn
   bool compressed = false;  // the cache holds an earlier turn's compression
   std::vector<ChatMessage> msgs;
@@ -77,6 +79,7 @@ void chat(const ChatOptions& o) {
       from = sp.context.size();
       ContextCompressOptions co;
       co.min_tokens = o.press.min_tokens;
+      co.max_loss = o.press.max_loss;
       co.follow_up = compressed;
       co.skip_on_error = true;  // a press that cannot run on this history leaves it whole; the chat goes on
       const ContextCompression cc = compress_context(s, sp.question, co);
@@ -116,6 +119,7 @@ void register_chat(CLI::App& app) {
   add_common_options(c, o->common);
   add_press_options(c, o->press);
   add_press_min_tokens_option(c, o->press);
+  add_press_guard_options(c, o->press);
   c->add_option("--system", o->system, "system message");
   c->add_option("-n,--n-predict", o->n_predict, "maximum tokens per reply")->capture_default_str();
   add_sampling_options_to(c, o->sampling);

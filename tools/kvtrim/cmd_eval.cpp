@@ -142,6 +142,7 @@ void run_generation(const EvalRulerOptions& o, const EvalGsm8kOptions* g) {
   const eval::PromptFormat format = eval::resolve_prompt_format(o.format, *model);
   const eval::PromptBuilder pb(*model, format);
   SessionParams sp = session_params(o.common);
+  sp.press_loss = true;  // each row records the compression's loss estimate (press_loss)
   Session s(*model, sp);
   // The press compresses once after the context (not after each question's prefill).
   eval::RunnerOptions ro;

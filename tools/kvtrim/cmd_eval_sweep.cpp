@@ -160,7 +160,9 @@ void run_sweep(const EvalSweepOptions& o, const std::string& bench) {
   for (const std::string& m : models) {
     Job j;
     load_sweep_model(o.common, m, &j);
-    j.session = std::make_unique<Session>(*j.model, session_params(j.common));
+    SessionParams sp = session_params(j.common);
+    sp.press_loss = true;  // ruler / gsm8k rows record each compression's loss estimate (press_loss)
+    j.session = std::make_unique<Session>(*j.model, sp);
     j.cells = grid;
     set_cell_calibrations(&j.cells, *j.model);
     const eval::RunIdentity id = run_identity(o.common, *j.model);

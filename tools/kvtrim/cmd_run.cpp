@@ -121,7 +121,9 @@ void run(const RunOptions& o) {
   const RunPrompts rp = build_prompts(o, *model, questions, context);
   for (const auto& q : rp.questions) KVTRIM_CHECK(!q.empty() || !rp.context.empty(), "the prompt is empty");
 
-  Session s(*model, session_params(o.common));
+  SessionParams params = session_params(o.common);
+  params.press_loss = press_loss_on(o.press);
+  Session s(*model, params);
   install_press(s, o.press, /*after_prefill=*/false);  // the context is compressed here, before the question
   const bool query_aware = s.press() && s.press()->needs().question;
   KVTRIM_CHECK(!query_aware || !rp.questions[0].empty(),
@@ -129,6 +131,7 @@ void run(const RunOptions& o) {
                o.press.spec.c_str());
   ContextCompressOptions co;
   co.min_tokens = o.press.min_tokens;
+  co.max_loss = o.press.max_loss;
 
   if (o.echo) {
     if (!context.empty()) std::fputs((context + "\n\n").c_str(), stdout);
@@ -192,6 +195,7 @@ void register_run(CLI::App& app) {
   add_common_options(c, o->common);
   add_press_options(c, o->press);
   add_press_min_tokens_option(c, o->press);
+  add_press_guard_options(c, o->press);
   c->add_option("-p,--prompt,--question", o->questions,
                 "the prompt, or with --context the question (not compressed); give several -p to ask several questions "
                 "about one --context (prefilled and compressed once)");

@@ -29,6 +29,7 @@ struct ServeOptions {
   std::string kv_budget;
   std::string press, pressure_press;
   int64_t press_min_tokens = 32;
+  PressOptions guard;  // --press-max-loss, --no-loss-estimate (its other fields unused)
   int queue = 64;
   int n_predict = 256;
   int http_threads = 0;
@@ -106,6 +107,8 @@ void serve(const ServeOptions& o) {
   so.press = o.press;
   so.pressure_press = o.pressure_press;
   so.press_min_tokens = o.press_min_tokens;
+  so.press_loss = loss_estimate_on(o.guard);
+  so.press_max_loss = o.guard.max_loss;
   so.max_queue = o.queue;
   so.default_max_tokens = o.n_predict;
   const SessionParams sp = session_params(o.common);
@@ -179,6 +182,7 @@ void register_serve(CLI::App& app) {
                 "a context (the conversation before the protected turn) of fewer tokens is not compressed (32: the "
                 "observation window of snapkv, pyramidkv, think, spark, ojakv)")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
+  add_press_guard_options(c, o->guard);
   c->add_option("--pressure-press", o->pressure_press,
                 "press that compresses idle, then running, conversations when the budget is short (e.g. snapkv:0.5)");
   c->add_option("--queue", o->queue, "requests that may wait for a slot or for memory (more get a 503)")

@@ -1,5 +1,6 @@
 #include <cctype>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -86,6 +87,38 @@ void add_press_min_tokens_option(CLI::App* app, PressOptions& o) {
       ->capture_default_str()->check(CLI::NonNegativeNumber);
 }
 
+void add_press_guard_options(CLI::App* app, PressOptions& o) {
+  app->add_option("--press-max-loss", o.max_loss,
+                  "quality guard: when a compression's loss estimate (the attention output's relative error over the "
+                  "last 32 queries, in [0, 1]) exceeds X, restore the context and retry with half the press's ratio, at "
+                  "most twice, then leave it uncompressed (1 = off)")
+      ->capture_default_str()
+      ->check([](const std::string& v) {
+        char* end = nullptr;
+        const double x = std::strtod(v.c_str(), &end);
+        if (end == v.c_str() || *end != '\0') return std::string("--press-max-loss must be a number in [0, 1]");
+        return max_loss_problem(x, "--press-max-loss");
+      });
+  app->add_flag("--no-loss-estimate", o.no_loss_estimate,
+                "do not estimate what each compression loses (saves the window's attention before and after the plan)");
+}
+
+bool loss_estimate_on(const PressOptions& o) {
+  KVTRIM_CHECK(!o.no_loss_estimate || o.max_loss >= 1, "--press-max-loss needs the loss estimate: drop --no-loss-estimate");
+  return !o.no_loss_estimate;
+}
+
+bool press_loss_on(const PressOptions& o) { return loss_estimate_on(o) && !o.spec.empty(); }
+
+std::string loss_text(const PressLoss& l) {
+  if (!l.measured) return "";
+  std::string t = strprintf("loss estimate %.4f (attention output error over the last %lld queries, mean of the layers; "
+                            "max %.4f at layer %d)",
+                            l.rel_err, static_cast<long long>(l.n_queries), l.rel_err_max, l.max_layer);
+  if (l.tokens_removed > 0) t += strprintf(", evicted attention mass %.4f", l.evicted_mass);
+  return t + strprintf(", estimated in %.3f s", l.seconds);
+}
+
 void install_press(Session& s, const PressOptions& o, bool after_prefill) {
   if (o.spec.empty()) {
     KVTRIM_CHECK(o.decode_every == 0, "--press-every needs --press");
@@ -115,7 +148,8 @@ std::string compress_line(const Press& p, const CompressStats& st, const std::st
                    std::abs(rss_drop) / (1024.0 * 1024.0)) +
          (st.refeed_seconds > 0 ? strprintf("; re-feed pass first: %.2f s, process RSS at its fullest %s",
                                             st.refeed_seconds, human_bytes(st.refeed_rss_peak).c_str())
-                                : std::string());
+                                : std::string()) +
+         (st.loss.measured ? "; " + loss_text(st.loss) : std::string());
 }
 
 std::string context_compress_line(const Press& p, const ContextCompression& c, int64_t n_protected,
@@ -126,8 +160,14 @@ std::string context_compress_line(const Press& p, const ContextCompression& c, i
     return strprintf("press %s: context %lld positions %s", p.spec().c_str(), static_cast<long long>(c.n_context),
                      c.note.c_str()) +
            tail;
-  const std::string part = strprintf("context %lld positions%s: ", static_cast<long long>(c.n_context),
-                                     c.saw_question ? " (scored with the question's queries)" : "");
+  std::string guard;  // the attempts --press-max-loss refused before the one kept
+  for (const CompressAttempt& a : c.attempts)
+    if (!a.accepted) guard += strprintf("%s%s (estimate %.4f)", guard.empty() ? "" : ", ", a.press.c_str(), a.loss.rel_err);
+  if (!guard.empty())
+    guard = strprintf(", compressed with %s after --press-max-loss refused %s", c.attempts.back().press.c_str(),
+                      guard.c_str());
+  const std::string part = strprintf("context %lld positions%s%s: ", static_cast<long long>(c.n_context),
+                                     c.saw_question ? " (scored with the question's queries)" : "", guard.c_str());
   return compress_line(p, c.stats, part) + tail;
 }
 
