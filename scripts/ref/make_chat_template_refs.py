@@ -2,7 +2,7 @@
 """Reference renders of chat templates for kvtrim's Jinja interpreter (tests/jinja/).
 
 Renders every template in tests/data/chat_templates/ (the published templates of Llama 3.1 /
-3.2, Qwen2.5, Qwen3, Gemma 2 / 3, Phi-3.5, Mistral, Mistral-Nemo, SmolLM2 / 3, DeepSeek-R1 and
+3.2, Qwen2.5, Qwen3, Gemma 2 / 3, Phi-3.5, Mistral, Mistral-Nemo, Mistral-Small-3.2, Ministral-3-Reasoning, SmolLM2 / 3, DeepSeek-R1 and
 kvtrim's own features.jinja) over a set of conversations with transformers' own renderer
 (transformers.utils.chat_template_utils.render_jinja_template, i.e. what apply_chat_template
 runs: jinja2's ImmutableSandboxedEnvironment with trim_blocks, lstrip_blocks, loopcontrols and
@@ -46,6 +46,8 @@ SPECIAL = {
     "phi3.5": ("<s>", "<|endoftext|>"),
     "mistral-instruct": ("<s>", "</s>"),
     "mistral-nemo": ("<s>", "</s>"),
+    "mistral-small-3.2": ("<s>", "</s>"),
+    "ministral-3-reasoning": ("<s>", "</s>"),
     "smollm2": ("<|im_start|>", "<|im_end|>"),
     "smollm3": (None, "<|im_end|>"),
     "deepseek-r1-qwen": ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"),

@@ -69,7 +69,7 @@ TEST(JinjaRefs, PublishedTemplatesRenderAsTransformers) {
       }
     }
   }
-  EXPECT_EQ(templates.size(), 14u);
+  EXPECT_EQ(templates.size(), 16u);
   EXPECT_GE(n_rendered, 110u);
   EXPECT_GE(n_errors, 15u);
   for (const auto& [name, n] : per_template) EXPECT_GE(n, 9) << name;
