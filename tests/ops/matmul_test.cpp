@@ -33,119 +33,17 @@
 #include "ops/dequant.h"
 #include "ops/matmul_internal.h"
 #include "ops/weight_pack.h"
+#include "matmul_test_util.h"
 
 namespace kvtrim {
 namespace {
+
+using namespace testing_matmul;
 
 const GgmlType kTypes[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, GgmlType::Q4_0,
                            GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
                            GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q2_K,
                            GgmlType::Q3_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS};
-
-// The types multiplied with 8-bit activations per 256 (BlockQ8_K): 256-element super-blocks.
-bool is_kquant(GgmlType t) {
-  return t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K || t == GgmlType::Q2_K ||
-         t == GgmlType::Q3_K || t == GgmlType::IQ4_XS;
-}
-bool is_float(GgmlType t) {
-  return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16;
-}
-
-std::string type_name(GgmlType t) {
-  return std::string(ggml_type_name(t));
-}
-
-// A weight matrix with its storage and its dequantized values.
-struct TestWeight {
-  std::vector<uint8_t> data;
-  std::vector<float> deq;  // [n_rows, n_cols]
-  WeightView view;
-};
-
-// Sets the fp16 fields at `offsets` in each block to sane random scales.
-void set_scales(uint8_t* row, size_t n_blocks, size_t block_bytes,
-                std::initializer_list<size_t> offsets, std::mt19937& rng, float lo, float hi) {
-  std::uniform_real_distribution<float> u(lo, hi);
-  for (size_t b = 0; b < n_blocks; ++b) {
-    for (size_t off : offsets) {
-      const uint16_t h = fp32_to_fp16(u(rng));
-      std::memcpy(row + b * block_bytes + off, &h, 2);
-    }
-  }
-}
-
-// random_blocks = false: quantize_row of N(0,1) data (realistic weights);
-// true: random bytes with sane fp16 scales (every bit pattern of q / scales / qh).
-TestWeight make_weight(GgmlType t, int64_t n_rows, int64_t n_cols, bool random_blocks,
-                       uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  TestWeight w;
-  const size_t rb = ggml_row_size(t, n_cols);
-  w.data.resize(rb * static_cast<size_t>(n_rows));
-  std::vector<float> src(static_cast<size_t>(n_cols));
-  const auto& tr = ggml_traits(t);
-  for (int64_t r = 0; r < n_rows; ++r) {
-    uint8_t* row = w.data.data() + rb * static_cast<size_t>(r);
-    if (!random_blocks || is_float(t)) {
-      for (auto& v : src) v = nd(rng);
-      quantize_row(t, src.data(), row, n_cols);
-      continue;
-    }
-    for (size_t i = 0; i < rb; ++i) row[i] = static_cast<uint8_t>(rng());
-    const size_t nb = static_cast<size_t>(n_cols / tr.block_size), bb = tr.type_size;
-    switch (t) {
-      case GgmlType::Q4_0:
-      case GgmlType::Q5_0:
-      case GgmlType::Q8_0:
-        set_scales(row, nb, bb, {0}, rng, -0.05f, 0.05f);
-        break;
-      case GgmlType::Q4_1:
-      case GgmlType::Q5_1:
-        set_scales(row, nb, bb, {0}, rng, 0.0f, 0.05f);
-        set_scales(row, nb, bb, {2}, rng, -1.0f, 0.2f);
-        break;
-      case GgmlType::Q4_K:
-      case GgmlType::Q5_K:
-        set_scales(row, nb, bb, {0, 2}, rng, 0.0f, 0.01f);
-        break;
-      case GgmlType::Q6_K:
-        set_scales(row, nb, bb, {offsetof(BlockQ6_K, d)}, rng, -0.01f, 0.01f);
-        break;
-      case GgmlType::Q2_K:
-        set_scales(row, nb, bb, {offsetof(BlockQ2_K, d), offsetof(BlockQ2_K, dmin)}, rng, 0.0f, 0.01f);
-        break;
-      case GgmlType::Q3_K:
-        set_scales(row, nb, bb, {offsetof(BlockQ3_K, d)}, rng, -0.01f, 0.01f);
-        break;
-      case GgmlType::IQ4_NL:
-        set_scales(row, nb, bb, {0}, rng, -0.005f, 0.005f);
-        break;
-      case GgmlType::IQ4_XS:
-        set_scales(row, nb, bb, {0}, rng, -0.0005f, 0.0005f);
-        break;
-      default:
-        break;
-    }
-  }
-  w.deq.resize(static_cast<size_t>(n_rows * n_cols));
-  for (int64_t r = 0; r < n_rows; ++r) {
-    dequantize_row(t, w.data.data() + rb * static_cast<size_t>(r), w.deq.data() + r * n_cols,
-                   n_cols);
-  }
-  w.view = WeightView{t, w.data.data(), n_rows, n_cols, rb};
-  return w;
-}
-
-std::vector<float> make_x(int64_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<float> x(static_cast<size_t>(n));
-  for (auto& v : x) v = nd(rng);
-  // A few outliers, as real activations have.
-  for (int64_t i = 0; i < n; i += 97) x[static_cast<size_t>(i)] *= 20.0f;
-  return x;
-}
 
 // The error bound of the header comment for row r against activation x.
 double error_bound(const TestWeight& w, int64_t r, const float* x) {
@@ -326,91 +224,6 @@ TEST(Matmul, SmallBatchesEqualMatvecBitForBit) {
 }
 
 // Each token of matmul equals ref::matvec of that token (ref::matmul's layout).
-// matmul_many (q/k/v and gate/up in one pool job) equals matmul per weight bit for bit: weights
-// of mixed types (so mixed activation formats: f32, 8-bit per 32, 8-bit per 256) and row
-// counts that do not fall on the row grain, for a single token, small batches and the sgemm path.
-TEST(Matmul, ManyWeightsEqualMatmulPerWeightBitForBit) {
-  ThreadPool pool2(2), pool3(3);
-  const int64_t n_cols = 512;
-  const std::vector<GgmlType> mix = {GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::F16, GgmlType::Q6_K,
-                                     GgmlType::Q4_0};
-  std::vector<TestWeight> w;
-  for (size_t i = 0; i < mix.size(); ++i)
-    w.push_back(make_weight(mix[i], 17 + 29 * static_cast<int64_t>(i), n_cols, false, 40 + static_cast<uint32_t>(i)));
-  for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &pool2, &pool3}) {
-    for (int64_t n_tok : {int64_t{1}, int64_t{3}, kMatmulGemmMinTokens - 1, kMatmulGemmMinTokens}) {
-      const auto x = make_x(n_tok * n_cols, 70 + static_cast<uint32_t>(n_tok));
-      for (int n : {1, 2, 5}) {
-        std::vector<const WeightView*> ws;
-        std::vector<std::vector<float>> ys, want;
-        for (int i = 0; i < n; ++i) {
-          ws.push_back(&w[static_cast<size_t>(i)].view);
-          ys.emplace_back(static_cast<size_t>(n_tok * ws.back()->n_rows), -1.f);
-          want.emplace_back(static_cast<size_t>(n_tok * ws.back()->n_rows));
-          matmul(*ws.back(), x.data(), n_tok, want.back().data(), pool);
-        }
-        std::vector<float*> yp;
-        for (auto& y : ys) yp.push_back(y.data());
-        matmul_many(ws.data(), yp.data(), n, x.data(), n_tok, pool);
-        for (int i = 0; i < n; ++i)
-          ASSERT_EQ(ys[static_cast<size_t>(i)], want[static_cast<size_t>(i)])
-              << "weight " << i << " (" << type_name(mix[static_cast<size_t>(i)]) << "), " << n << " weights, n_tok "
-              << n_tok << ", threads " << (pool ? pool->n_threads() : 1);
-      }
-    }
-  }
-  const TestWeight narrow = make_weight(GgmlType::Q8_0, 8, 256, false, 3);
-  const WeightView* bad[2] = {&w[0].view, &narrow.view};
-  std::vector<float> y0(64 * 1000), y1(64 * 1000);
-  float* yb[2] = {y0.data(), y1.data()};
-  const auto x = make_x(n_cols, 1);
-  EXPECT_THROW(matmul_many(bad, yb, 2, x.data(), 1, &pool2), Error);
-}
-
-// matmul_jobs (a MoE layer's experts: each product its own input and token count) equals matmul
-// per job bit for bit: mixed types and widths, inputs shared by several jobs (quantized once) or
-// not, token counts on both sides of the sgemm threshold (those jobs run on their own), a job
-// with no tokens.
-TEST(Matmul, JobsEqualMatmulPerJobBitForBit) {
-  ThreadPool pool2(2), pool3(3);
-  const std::vector<std::pair<GgmlType, int64_t>> mix = {{GgmlType::Q4_K, 512}, {GgmlType::Q6_K, 512},
-                                                         {GgmlType::Q8_0, 256}, {GgmlType::F16, 256},
-                                                         {GgmlType::Q4_0, 512}, {GgmlType::IQ4_XS, 256}};
-  std::vector<TestWeight> w;
-  for (size_t i = 0; i < mix.size(); ++i)
-    w.push_back(make_weight(mix[i].first, 9 + 23 * static_cast<int64_t>(i), mix[i].second, false,
-                            90 + static_cast<uint32_t>(i)));
-  const int64_t counts[] = {1, 2, 5, 0, kMatmulGemmMinTokens, 3};
-  for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &pool2, &pool3}) {
-    std::vector<std::vector<float>> xs, ys, want;
-    std::vector<MatmulJob> jobs;
-    for (size_t i = 0; i < w.size(); ++i) {
-      const int64_t n_tok = counts[i];
-      const int64_t n_cols = w[i].view.n_cols;
-      // jobs 1 and 4 read job 0's input (same width and count: quantized once)
-      const bool shared = (i == 1 || i == 4);
-      xs.push_back(make_x(std::max<int64_t>(n_tok, 1) * n_cols, 200 + static_cast<uint32_t>(i)));
-      ys.emplace_back(static_cast<size_t>(std::max<int64_t>(n_tok, 1) * w[i].view.n_rows), -1.f);
-      want.push_back(ys.back());
-      jobs.push_back(MatmulJob{&w[i].view, shared ? nullptr : xs.back().data(), n_tok, nullptr});
-    }
-    for (size_t i = 0; i < jobs.size(); ++i) {
-      if (!jobs[i].x) {
-        jobs[i].x = xs[0].data();
-        jobs[i].n_tok = jobs[0].n_tok;
-        ys[i].assign(static_cast<size_t>(jobs[i].n_tok * w[i].view.n_rows), -1.f);
-        want[i] = ys[i];
-      }
-      jobs[i].y = ys[i].data();
-      matmul(w[i].view, jobs[i].x, jobs[i].n_tok, want[i].data(), pool);
-    }
-    matmul_jobs(jobs.data(), static_cast<int>(jobs.size()), pool);
-    for (size_t i = 0; i < jobs.size(); ++i)
-      ASSERT_EQ(ys[i], want[i]) << "job " << i << " (" << type_name(mix[i].first) << ", " << jobs[i].n_tok
-                                << " tokens), threads " << (pool ? pool->n_threads() : 1);
-  }
-}
-
 // The legacy types' kernels (the 8-row strips of ops/legacy_strips-inl.h where the type and
 // target have them, the row kernels otherwise) against a scalar reference of the same arithmetic
 // in double: the activation quantized exactly as the kernels quantize it (quantize_act), then
