@@ -192,14 +192,19 @@ void moe_ffn(const HParams& hp, const LayerWeights& w, const float* xn, const Ro
     ws.eg.resize(static_cast<size_t>(n_pairs * dff));
     ws.eu.resize(ws.eg.size());
     ws.ed.resize(ws.ex.size());
-    for (int64_t i = 0; i < n_pairs; ++i)
-      std::copy_n(xn + ws.ex_rows[static_cast<size_t>(i)] * n_embd, n_embd, ws.ex.data() + i * n_embd);
     ws.ex_jobs.clear();
     for (int e = 0; e < n_exp; ++e) {
       const int64_t e0 = ws.ex_start[static_cast<size_t>(e)];
       const int64_t m = ws.ex_start[static_cast<size_t>(e) + 1] - e0;
       if (m == 0) continue;
-      const float* x = ws.ex.data() + e0 * n_embd;
+      // one row: read in place (a decode step's experts then share one input, quantized once);
+      // several: gathered
+      const float* x = xn + ws.ex_rows[static_cast<size_t>(e0)] * n_embd;
+      if (m > 1) {
+        for (int64_t i = e0; i < e0 + m; ++i)
+          std::copy_n(xn + ws.ex_rows[static_cast<size_t>(i)] * n_embd, n_embd, ws.ex.data() + i * n_embd);
+        x = ws.ex.data() + e0 * n_embd;
+      }
       ws.ex_jobs.push_back(MatmulJob{&w.gate_exps[static_cast<size_t>(e)], x, m, ws.eg.data() + e0 * dff});
       ws.ex_jobs.push_back(MatmulJob{&w.up_exps[static_cast<size_t>(e)], x, m, ws.eu.data() + e0 * dff});
     }
