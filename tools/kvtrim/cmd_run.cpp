@@ -14,6 +14,7 @@
 #include "cli.h"
 #include "core/error.h"
 #include "core/timer.h"
+#include "engine/document_qa.h"
 
 namespace kvtrim::cli {
 
@@ -46,56 +47,6 @@ std::string trim(const std::string& s) {
   return s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1);
 }
 
-// The prompts of a run: one context (compressed) shared by every question (protected).
-struct RunPrompts {
-  std::vector<int32_t> context;
-  std::vector<std::vector<int32_t>> questions;
-  std::string protected_what;  // what the protected tail is, for the report
-};
-
-// How the prompt is laid out (docs/presses.md "Context and question"):
-//  --chat: one user turn, content = context + "\n\n" + question (the context trimmed of spaces at
-//    its ends); cut where the question starts (split_chat_prompt): the context part = the
-//    template's beginning (system prompt, the user turn's header) + the context; the protected
-//    part = "\n\n" + the question + the end of the user turn + the generation prompt. Without
-//    --context the cut is where the user message starts.
-//  raw with --context: the context, then "\n\n" + the question.
-//  raw without --context: the prompt's last --press-protect tokens are protected (default 0:
-//    the whole prompt is the context, as kvpress's pipeline does with no question).
-RunPrompts build_prompts(const RunOptions& o, const Model& model, const std::vector<std::string>& questions,
-                         const std::string& context) {
-  const Tokenizer& tok = model.tokenizer();
-  RunPrompts r;
-  const bool has_context = !o.context.empty();
-  const std::string ctx = trim(context);
-  if (o.chat) {
-    for (const std::string& q : questions) {
-      std::vector<ChatMessage> msgs;
-      if (!o.system.empty()) msgs.push_back({"system", o.system});
-      msgs.push_back({"user", has_context ? ctx + "\n\n" + q : q});
-      const SplitPrompt sp =
-          tokenize_chat_split(tok, split_chat_prompt(model.chat_template(), msgs, true, has_context ? ctx.size() : 0));
-      if (r.questions.empty()) r.context = sp.context;
-      KVTRIM_CHECK(sp.context == r.context, "the chat template renders the document differently for each question");
-      r.questions.push_back(sp.question);
-    }
-    r.protected_what = "the question, the end of the user turn and the generation prompt";
-  } else if (has_context) {
-    r.context = tok.encode(ctx, tok.add_bos(), false);
-    for (const std::string& q : questions) r.questions.push_back(tok.encode("\n\n" + q, false, false));
-    r.protected_what = "the question";
-  } else {
-    KVTRIM_CHECK(questions.size() == 1, "several prompts need --context or --chat (one context, many questions)");
-    std::vector<int32_t> all = tok.encode(questions[0], tok.add_bos(), false);
-    KVTRIM_CHECK(!all.empty(), "the prompt is empty");
-    const size_t n_protect = static_cast<size_t>(std::min<int64_t>(o.protect, static_cast<int64_t>(all.size())));
-    r.context.assign(all.begin(), all.end() - static_cast<std::ptrdiff_t>(n_protect));
-    r.questions.emplace_back(all.end() - static_cast<std::ptrdiff_t>(n_protect), all.end());
-    r.protected_what = strprintf("the prompt's last %lld tokens, --press-protect", static_cast<long long>(n_protect));
-  }
-  return r;
-}
-
 void print_piece(const std::string& piece) {
   std::fwrite(piece.data(), 1, piece.size(), stdout);
   std::fflush(stdout);
@@ -118,69 +69,68 @@ void run(const RunOptions& o) {
   }
   if (!o.press.spec.empty()) make_press(o.press.spec);  // a bad --press fails before the model loads
   auto model = load_model(o.common);
-  const RunPrompts rp = build_prompts(o, *model, questions, context);
-  for (const auto& q : rp.questions) KVTRIM_CHECK(!q.empty() || !rp.context.empty(), "the prompt is empty");
+  KVTRIM_CHECK(questions.size() == 1 || o.chat || !context.empty(),
+               "several prompts need --context or --chat (one context, many questions)");
+  PromptRequest req;
+  req.questions = questions;
+  req.context = context;
+  req.chat = o.chat;
+  req.system = o.system;
+  req.protect = o.protect;
+  PromptLayout rp = layout_prompts(*model, req);
+  if (!o.chat && context.empty()) rp.protected_what += ", --press-protect";
 
   SessionParams params = session_params(o.common);
   params.press_loss = press_loss_on(o.press);
   Session s(*model, params);
-  install_press(s, o.press, /*after_prefill=*/false);  // the context is compressed here, before the question
+  install_press(s, o.press, /*after_prefill=*/false);  // the context is compressed before the question
   const bool query_aware = s.press() && s.press()->needs().question;
   KVTRIM_CHECK(!query_aware || !rp.questions[0].empty(),
                "press %s is query-aware: it needs a question (--context DOC -p QUESTION, --chat, or --press-protect N)",
                o.press.spec.c_str());
-  ContextCompressOptions co;
-  co.min_tokens = o.press.min_tokens;
-  co.max_loss = o.press.max_loss;
-
-  if (o.echo) {
-    if (!context.empty()) std::fputs((context + "\n\n").c_str(), stdout);
-    if (questions.size() == 1) std::fputs(questions[0].c_str(), stdout);
-  }
-  const double t0 = now_seconds();
-  if (!rp.context.empty()) s.prefill(rp.context);
-  const double context_s = now_seconds() - t0;
-  ContextCompression cc;
-  if (s.press() && !query_aware) cc = compress_context(s, {}, co);  // once, for every question
-  // Each question starts from the document as compressed (query-aware: as prefilled, compressed
-  // again with that question's queries): a copy of the cache, not a second prefill.
-  std::unique_ptr<Session::State> saved;
-  if (rp.questions.size() > 1) saved = std::make_unique<Session::State>(s.save_state());
-
-  for (size_t qi = 0; qi < rp.questions.size(); ++qi) {
-    const std::vector<int32_t>& q = rp.questions[qi];
-    if (qi > 0) s.restore_state(*saved);
-    if (s.press() && query_aware) cc = compress_context(s, q, co);
+  QaOptions qo;
+  qo.compress.min_tokens = o.press.min_tokens;
+  qo.compress.max_loss = o.press.max_loss;
+  qo.gen.max_new_tokens = o.n_predict;
+  qo.gen.sampling = o.sampling;
+  qo.on_question = [&](size_t qi) {
     if (rp.questions.size() > 1) {
       std::printf("%sQ%zu: %s\nA%zu:", qi ? "\n" : "", qi + 1, trim(questions[qi]).c_str(), qi + 1);
       std::fflush(stdout);
     }
-    GenerateParams gp;
-    gp.max_new_tokens = o.n_predict;
-    gp.sampling = o.sampling;
-    const size_t n_log = s.compress_log().size();
-    auto r = s.generate(q, gp, [](int32_t, const std::string& piece) {
-      print_piece(piece);
-      return true;
-    });
+  };
+  // The report of question qi, as soon as its answer is complete.
+  const auto report = [&](size_t qi, const QaAnswer& a, double context_s) {
     std::fputc('\n', stdout);
     std::fflush(stdout);
-    const int64_t n_prompt = static_cast<int64_t>(rp.context.size() + q.size());
+    const GenerateResult& r = a.result;
+    const size_t nq = rp.questions[qi].size();
+    const int64_t n_prompt = static_cast<int64_t>(rp.context.size() + nq);
     const double prefill_s = r.prefill_s + (qi == 0 ? context_s : 0);
     std::fprintf(stderr,
                  "%sprompt: %lld tokens (context %zu%s + question %zu), prefill %.1f tokens/s | generated %zu tokens, "
                  "decode %.1f tokens/s | stop: %s\n",
                  rp.questions.size() > 1 ? strprintf("[Q%zu] ", qi + 1).c_str() : "", static_cast<long long>(n_prompt),
-                 rp.context.size(), qi > 0 ? ", prefilled once" : "", q.size(),
-                 prefill_s > 0 ? static_cast<double>(qi == 0 ? n_prompt : static_cast<int64_t>(q.size())) / prefill_s : 0,
+                 rp.context.size(), qi > 0 ? ", prefilled once" : "", nq,
+                 prefill_s > 0 ? static_cast<double>(qi == 0 ? n_prompt : static_cast<int64_t>(nq)) / prefill_s : 0,
                  r.tokens.size(), r.decode_tps(), stop_reason_name(r.stop));
     if (s.press() && (qi == 0 || query_aware))
       std::fprintf(stderr, "%s\n",
-                   context_compress_line(*s.press(), cc, static_cast<int64_t>(q.size()), rp.protected_what).c_str());
-    for (size_t i = n_log; i < s.compress_log().size(); ++i)  // --press-every, while decoding
+                   context_compress_line(*s.press(), a.compression, static_cast<int64_t>(nq), rp.protected_what).c_str());
+    for (size_t i = a.first_compress_log; i < a.end_compress_log; ++i)  // --press-every, while decoding
       std::fprintf(stderr, "%s\n", compress_line(*s.press(), s.compress_log()[i], "while decoding: ").c_str());
     std::fprintf(stderr, "%s\n", kv_bytes_line(s.cache()).c_str());
+  };
+  if (o.echo) {
+    if (!context.empty()) std::fputs((context + "\n\n").c_str(), stdout);
+    if (questions.size() == 1) std::fputs(questions[0].c_str(), stdout);
   }
+  qo.on_token = [](size_t, int32_t, const std::string& piece) {
+    print_piece(piece);
+    return true;
+  };
+  qo.on_answer = [&](size_t qi, const QaAnswer& a, const QaRun& r) { report(qi, a, r.context_s); };
+  answer_questions(s, rp, qo);
 }
 }  // namespace
 
