@@ -163,6 +163,21 @@ class KvCache {
     std::vector<float> decoder_k, decoder_v;  // current decoders [d, r] (empty: the encoder)
   };
   virtual HeadLayout head_layout(int il, int ih) const = 0;
+  // A head's values as they lie in memory, for zero-copy views (the Python module): when every
+  // token of (il, ih) is stored dense and row-major (no epoch, values in f32 / f16 / bf16),
+  // data [n, dim] with rows row_bytes apart and pos [n] (int32); else has() is false (keys are
+  // always stored in tiles for the attention kernels, compressed epochs in their encodings:
+  // read_head decodes those). Valid until the cache next changes.
+  struct RawRows {
+    const void* data = nullptr;
+    const int32_t* pos = nullptr;
+    int64_t n = 0;
+    int dim = 0;
+    size_t row_bytes = 0;
+    KvDtype dtype = KvDtype::kF16;
+    bool has() const { return data != nullptr || (n == 0 && pos != nullptr); }
+  };
+  virtual RawRows raw_values(int il, int ih) const { return {}; }
 
   virtual KvBytes bytes() const = 0;
   // Bytes the same tokens would take uncompressed (f16 K and V for all n_past() positions).

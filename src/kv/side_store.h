@@ -71,6 +71,7 @@ class SideStore {
   int64_t n() const { return n_; }
   KvDtype dtype() const { return dtype_; }
   bool sparse() const { return sparse_; }
+  bool tiled() const { return tiled_; }  // keys' dense rows: tiles of kKeyTile rows, not row-major
   int row_elems() const { return s_; }  // dense: elements per row
 
   // Capacity for `rows` rows (and, per-token, `entries` entries); grows geometrically from

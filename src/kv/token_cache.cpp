@@ -365,6 +365,29 @@ KvCache::HeadLayout TokenCache::head_layout(int il, int ih) const {
   return out;
 }
 
+KvCache::RawRows TokenCache::raw_values(int il, int ih) const {
+  KVTRIM_CHECK(il >= 0 && il < cfg_.n_layer && ih >= 0 && ih < cfg_.n_head_kv,
+               "raw_values: (layer %d, kv head %d) out of range", il, ih);
+  const Layer& L = layers_[static_cast<size_t>(il)];
+  const Head& H = L.heads[static_cast<size_t>(ih)];
+  RawRows r;
+  if (!H.plain()) return r;
+  const SideStore& v = H.segs[0].v;
+  const KvDtype t = v.dtype();
+  if (H.segs[0].enc->v.basis || v.sparse() || v.tiled() || v.row_elems() != cfg_.head_dim_v ||
+      (t != KvDtype::kF32 && t != KvDtype::kF16 && t != KvDtype::kBF16))
+    return r;
+  r.n = v.n();
+  r.pos = segment_positions(L, H, 0);
+  static const int32_t kNoPositions = 0;
+  if (r.pos == nullptr) r.pos = &kNoPositions;  // an empty head: a valid empty view
+  r.data = r.n > 0 ? v.data() : nullptr;
+  r.dim = cfg_.head_dim_v;
+  r.row_bytes = v.elem_size() * static_cast<size_t>(cfg_.head_dim_v);
+  r.dtype = t;
+  return r;
+}
+
 std::string TokenCache::describe() const {
   const KvBytes b = bytes();
   int64_t stored = 0;

@@ -77,6 +77,7 @@ class TokenCache final : public KvCache {
   std::string describe() const override;
   std::unique_ptr<KvCache> clone() const override { return std::make_unique<TokenCache>(*this); }
   HeadLayout head_layout(int il, int ih) const override;
+  RawRows raw_values(int il, int ih) const override;
   void reset() override;
 
  private:

@@ -42,6 +42,9 @@ class ChatTemplate {
   // "the file's Jinja template", "built-in gemma (the file has no template)", "file T.jinja".
   const std::string& description() const { return description_; }
   bool is_jinja() const { return jinja_ != nullptr; }
+  // false: render() throws (no template, a parse error); error() says why.
+  bool usable() const { return error_.empty(); }
+  const std::string& error() const { return error_; }
 
  private:
   std::shared_ptr<const jinja::Template> jinja_;

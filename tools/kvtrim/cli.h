@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "engine/context_question.h"
 #include "engine/press_runner.h"
@@ -88,6 +89,11 @@ size_t parse_byte_size(const std::string& s);
 std::string kv_bytes_line(const KvCache& c);
 // Reads a whole file; throws Error naming the path if it cannot be read.
 std::string read_file(const std::string& path);
+
+// Every subcommand on `app` (app.cpp), and the parse of a command line (arguments in order,
+// without the program name) with llama.cpp's -ctk / -ctv / -np spellings.
+void register_commands(CLI::App& app);
+void parse_command_line(CLI::App& app, const std::vector<std::string>& args);
 
 void register_run(CLI::App& app);
 void register_chat(CLI::App& app);

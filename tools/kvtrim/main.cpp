@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <cstring>
 #include <exception>
 #include <string>
 #include <vector>
@@ -35,28 +34,10 @@ int main(int argc, char** argv) {
   sigemptyset(&sa.sa_mask);
   ::sigaction(SIGBUS, &sa, nullptr);
   CLI::App app{"kvtrim: long-context LLM inference with a compressible KV cache"};
-  app.require_subcommand(1);
-  app.set_version_flag("--version", "kvtrim 0.1.0");
-  kvtrim::cli::register_run(app);
-  kvtrim::cli::register_chat(app);
-  kvtrim::cli::register_ppl(app);
-  kvtrim::cli::register_inspect(app);
-  kvtrim::cli::register_bench(app);
-  kvtrim::cli::register_presses(app);
-  kvtrim::cli::register_eval(app);
-  kvtrim::cli::register_calibrate(app);
-  kvtrim::cli::register_serve(app);
-  // llama.cpp's spellings -ctk / -ctv / -np (CLI11 takes only one-letter short options).
-  std::vector<std::string> args;
-  for (int i = argc - 1; i >= 1; --i) {
-    const char* a = argv[i];
-    args.push_back(std::strcmp(a, "-ctk") == 0   ? "--cache-type-k"
-                   : std::strcmp(a, "-ctv") == 0 ? "--cache-type-v"
-                   : std::strcmp(a, "-np") == 0  ? "--parallel"
-                                                 : a);
-  }
+  kvtrim::cli::register_commands(app);
+  const std::vector<std::string> args(argv + 1, argv + argc);
   try {
-    app.parse(args);
+    kvtrim::cli::parse_command_line(app, args);
   } catch (const CLI::ParseError& e) {
     const int rc = app.exit(e);
     return rc == 0 ? 0 : 2;
