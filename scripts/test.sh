@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds and runs every test: quick tests (tiny models made by the tests) and the tests on
-# the real models (label "model"), after installing the Debian packages and the models.
+# the real models (label "model"), after installing the Debian packages and the models; then the
+# Python package's tests (scripts/test_python.sh: pip install . and pytest).
 # Then the quick tests again under AddressSanitizer + UBSan (clang; skip with KVTRIM_NO_ASAN=1),
 # and every libFuzzer target of that build for KVTRIM_FUZZ_SECONDS (default 20) each.
 # Every phase runs even when an earlier one failed (a failed build skips only its own tests), so
@@ -36,12 +37,14 @@ skip() {  # skip NAME WHY
   rows+=("$1|skipped: $2|-")
 }
 
-phase "install deps" scripts/install_deps.sh
+phase "install deps" scripts/install_deps.sh --test
 phase "models" python3 scripts/install_models.py all
 if phase "ci build" scripts/build.sh ci; then
   phase "ci tests" ctest --preset ci -j 2
+  phase "python" scripts/test_python.sh
 else
   skip "ci tests" "the ci build failed"
+  skip "python" "the ci build failed"
 fi
 if [ "${KVTRIM_NO_ASAN:-0}" != "1" ]; then
   if phase "debug build" scripts/build.sh debug; then

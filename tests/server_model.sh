@@ -83,7 +83,7 @@ if [ -n "$browser" ]; then
     bad web_page "DOM after one turn lacks the reply or the heat map: $(grep -o 'id="status"[^<]*<' "$tmp/dom.html" | head -1) $(tail -5 "$tmp/chrome.log")"; fi
   if [ -s "$logdir/serve_page.png" ]; then ok; echo "screenshot: $logdir/serve_page.png"; else bad screenshot "$(tail -3 "$tmp/chrome.log")"; fi
 else
-  echo "skip: chromium not installed (scripts/install_deps.sh installs it)"
+  echo "skip: chromium not installed (scripts/install_deps.sh --test installs it)"
 fi
 # a second server on the port in use fails to start, with the reason (cpp-httplib's default
 # SO_REUSEPORT would let it bind and split the connections between the two)

@@ -7,7 +7,7 @@ import sys
 try:
     import openai
 except ImportError:
-    print("openai client not installed (scripts/install_deps.sh installs it)")
+    print("openai client not installed (scripts/install_deps.sh --test installs it)")
     sys.exit(77)
 
 base = sys.argv[1].rstrip("/") + "/v1"

@@ -126,3 +126,11 @@ def pipeline(task="kv-press-text-generation", model=None, device=None, torch_dty
     if ignored:
         warnings.warn(f"kvtrim ignores {', '.join(ignored)}: it runs the GGUF file on the CPU", stacklevel=2)
     return KVPressTextGenerationPipeline(model, **kwargs)
+
+
+def __getattr__(name):
+    if name.endswith("Press"):
+        raise AttributeError(f"kvtrim.kvpress has no {name}: kvtrim does not implement that kvpress press "
+                             f"(these are here: {', '.join(n for n in __all__ if n.endswith('Press'))}; "
+                             "kvtrim's own presses are in kvtrim.presses)")
+    raise AttributeError(f"module 'kvtrim.kvpress' has no attribute '{name}'")

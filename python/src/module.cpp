@@ -7,6 +7,7 @@
 
 #include "../../tools/kvtrim/cli.h"
 #include "core/error.h"
+#include "ops/matmul.h"
 #include "py_common.h"
 
 namespace kvtrim::py {
@@ -67,6 +68,8 @@ NB_MODULE(_kvtrim, m) {
       PyErr_SetString(PyExc_ValueError, e.what());
     }
   });
+  // The command line's defaults: 8-bit-activation prefill (Model(f32_prefill=True) turns it off).
+  kvtrim::set_int8_prefill(true);
   register_model(m);
   register_session(m);
   register_presses(m);

@@ -12,6 +12,7 @@
 #include "engine/document_qa.h"
 #include "engine/session.h"
 #include "model/chat_template.h"
+#include "ops/matmul.h"
 #include "py_common.h"
 
 namespace kvtrim::py {
@@ -43,7 +44,9 @@ std::vector<std::string> questions_from(nb::handle q) {
   return out;
 }
 
-nb::dict answer_dict(const QaAnswer& a, const PromptLayout& layout, size_t qi, const Session& s) {
+// prefill_tps as `kvtrim run` reports it: the first answer's prefill covers the context and its
+// question, a later one's only its question (the context was prefilled once).
+nb::dict answer_dict(const QaAnswer& a, const PromptLayout& layout, size_t qi, const Session& s, double context_s) {
   nb::dict d;
   const GenerateResult& r = a.result;
   d["text"] = r.text;
@@ -51,7 +54,10 @@ nb::dict answer_dict(const QaAnswer& a, const PromptLayout& layout, size_t qi, c
   d["stop"] = std::string(stop_reason_name(r.stop));
   d["n_context"] = layout.context.size();
   d["n_question"] = layout.questions[qi].size();
-  d["prefill_tps"] = r.prefill_tps();
+  const double prefill_s = r.prefill_s + (qi == 0 ? context_s : 0);
+  const size_t n_prefilled = layout.questions[qi].size() + (qi == 0 ? layout.context.size() : 0);
+  d["prefill_s"] = prefill_s;
+  d["prefill_tps"] = prefill_s > 0 ? static_cast<double>(n_prefilled) / prefill_s : 0.0;
   d["decode_tps"] = r.decode_tps();
   nb::dict c;
   c["ran"] = a.compression.ran;
@@ -125,9 +131,10 @@ nb::object generate(PyModel& pm, std::optional<std::string> prompt, std::optiona
     }
   };
   nb::list answers;
-  qo.on_answer = [&](size_t qi, const QaAnswer& a, const QaRun&) {
+  qo.on_answer = [&](size_t qi, const QaAnswer& a, const QaRun& run) {
     nb::gil_scoped_acquire gil;
-    answers.append(details ? nb::object(answer_dict(a, layout, qi, s)) : nb::object(nb::str(a.result.text.c_str())));
+    answers.append(details ? nb::object(answer_dict(a, layout, qi, s, run.context_s))
+                           : nb::object(nb::str(a.result.text.c_str())));
   };
   try {
     nb::gil_scoped_release nogil;
@@ -149,10 +156,11 @@ void register_model(nb::module_& m) {
       .def(
           "__init__",
           [](PyModel* self, const std::string& name_or_path, int threads, int64_t n_ctx, const std::string& kv_type,
-             std::optional<std::string> chat_template) {
+             std::optional<std::string> chat_template, bool f32_prefill) {
             KVTRIM_CHECK(threads >= 0, "threads must be >= 0 (got %d)", threads);
             KVTRIM_CHECK(n_ctx >= 0, "n_ctx must be >= 0 (got %lld)", static_cast<long long>(n_ctx));
             kv_dtype_from_name(kv_type);  // a bad name fails here
+            set_int8_prefill(!f32_prefill);  // process-wide, as the command line's --f32-prefill
             new (self) PyModel();
             self->path = resolve_model_path(name_or_path);
             self->threads = threads;
@@ -166,7 +174,7 @@ void register_model(nb::module_& m) {
               self->model->set_chat_template(ChatTemplate::from_gguf(self->model->gguf(), *chat_template));
           },
           nb::arg("name_or_path"), nb::arg("threads") = 0, nb::arg("n_ctx") = 0, nb::arg("kv_type") = "f16",
-          nb::arg("chat_template") = nb::none())
+          nb::arg("chat_template") = nb::none(), nb::arg("f32_prefill") = false)
       .def_ro("path", &PyModel::path)
       .def_rw("threads", &PyModel::threads)
       .def_prop_ro("name", [](const PyModel& m) { return m.model->hparams().name; })

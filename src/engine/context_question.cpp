@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <memory>
+#include <optional>
 
 #include "core/error.h"
 #include "press/press_spec.h"
@@ -34,6 +35,17 @@ CompressStats compress_once(Session& s, const Press& press, bool follow_up) {
     return s.compress_with(press, b);
   }
   return s.compress_with(press);
+}
+
+// The press's string parsed, when it is one the registry makes (a press written in Python, or a
+// composition holding one, is not: the guard then has no ratio to halve).
+std::optional<PressSpec> parsed_spec(const Press& p) {
+  if (p.spec().empty()) return std::nullopt;
+  try {
+    return parse_press_spec(p.spec());
+  } catch (const Error&) {
+    return std::nullopt;
+  }
 }
 
 std::string attempts_text(const std::vector<CompressAttempt>& as) {
@@ -72,9 +84,9 @@ ContextCompression compress_context(Session& s, const std::vector<int32_t>& ques
       s.observe_question(question);
       r.saw_question = true;
     }
-    PressSpec spec;  // the press the guard weakens
+    std::optional<PressSpec> spec;  // the press the guard weakens
     if (guard) {
-      spec = parse_press_spec(press.spec());
+      spec = parsed_spec(press);
       s.prepare_compress();  // a re-feed pass once, in the copy: every retry shares it
       before = std::make_unique<Session::State>(s.save_state());
     }
@@ -85,7 +97,9 @@ ContextCompression compress_context(Session& s, const std::vector<int32_t>& ques
       const CompressStats st = compress_once(s, *cur, o.follow_up);
       CompressAttempt a;
       a.press = cur->spec();
-      a.ratio = cur->spec().empty() ? -1.0 : press_spec_ratio(parse_press_spec(cur->spec()));
+      const std::optional<PressSpec> parsed = parsed_spec(*cur);
+      a.ratio = parsed ? press_spec_ratio(*parsed)
+                       : cur->token_budget() && cur->token_budget()->n_keep <= 0 ? cur->token_budget()->ratio : -1.0;
       a.loss = st.loss;
       a.accepted = !guard || !st.loss.measured || st.loss.rel_err <= o.max_loss;
       r.attempts.push_back(a);
@@ -93,7 +107,7 @@ ContextCompression compress_context(Session& s, const std::vector<int32_t>& ques
         r.stats = st;
         break;
       }
-      if (attempt == kMaxLossRetries || !halve_press_ratios(&spec)) {
+      if (attempt == kMaxLossRetries || !spec || !halve_press_ratios(&*spec)) {
         s.restore_state(*before);
         r.refused = true;
         r.saw_question = false;
@@ -102,7 +116,7 @@ ContextCompression compress_context(Session& s, const std::vector<int32_t>& ques
                            attempt < kMaxLossRetries ? "; the press has no ratio to halve" : "");
         return r;
       }
-      weaker = make_press(spec);
+      weaker = make_press(*spec);
       cur = weaker.get();
     }
   } catch (const Error& e) {

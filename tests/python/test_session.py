@@ -155,3 +155,11 @@ def test_a_callback_can_stop_and_ctrl_c_interrupts(model):
         model.generate("Once upon a time", max_tokens=32, on_token=ctrl_c)
     # the model is fine afterwards
     assert model.generate("Once upon a time", max_tokens=4)
+
+
+def test_the_quality_guard_takes_a_python_press(model):
+    a = model.generate(context=TEXT, question="How many ships?", press=PyKnorm(ratio=0.5), chat=True, max_tokens=4,
+                       press_max_loss=0.0, details=True)
+    c = a["compression"]
+    assert not c["ran"] and "no ratio to halve" in c["note"]
+    assert a["kv_bytes"]["total"] >= a["kv_bytes"]["dense_f16"] * 0.99  # left uncompressed
