@@ -18,7 +18,7 @@ import kvtrim
 
 PROMPT = ("The history of the printing press begins with movable type in East Asia and continues in "
           "fifteenth-century Mainz, where Johannes Gutenberg combined a screw press, oil-based ink and "
-          "cast metal type. ") * 12 + "\n\nSummarise the passage above in three sentences."
+          "cast metal type. ") * 12 + "\n\nIn short, the printing press"
 
 
 def cli_run(args, model, prompt, n, threads, press):
@@ -45,7 +45,7 @@ def main():
         d = model.generate(PROMPT, max_tokens=args.n, details=True, press=args.press or None,
                            protect=16 if args.press else 0)
         c = cli_run(args, model.path, PROMPT, args.n, args.threads, args.press)
-        assert len(d["tokens"]) == c[2], (len(d["tokens"]), c[2])
+        assert len(d["tokens"]) == c[2] > 0, (len(d["tokens"]), c[2])
         py["prefill"].append(d["prefill_tps"])
         py["decode"].append(d["decode_tps"])
         cli["prefill"].append(c[0])
