@@ -7,6 +7,7 @@ pkgs=(build-essential cmake ninja-build pkg-config ccache
       libhwy-dev libopenblas-dev libcli11-dev nlohmann-json3-dev libbz2-dev
       libcpp-httplib-dev  # kvtrim serve's HTTP server (as llama-server)
       chromium            # tests/server_model.sh: the web page in a headless browser
+      nginx               # tests/scale_out_model.sh and deploy/nginx/run_local.sh (test-only, like chromium)
       libeigen3-dev  # eigen / Cholesky / SVD of the small per-head matrices (src/calib)
       libgtest-dev libgmock-dev googletest libbenchmark-dev python3
       wordnet-base scowl)  # word lists of the RULER-style tasks (src/eval/words.h)
