@@ -5,12 +5,13 @@
 # turns and finds its cache there; a request without a key gets one back that routes its next
 # turns; a replica whose budget is taken by running requests, then a draining one (SIGTERM), answers /health with 503 while its running request
 # finishes, and nginx sends the new requests of its conversations to the other replica.
-# Skips (exit 77) when nginx is not installed. Every wait is for the state it checks.
+# Skips (exit 77) when nginx is not installed ($NGINX, else nginx on PATH or /usr/sbin/nginx). Every wait is for the state it checks.
 set -u
 bin="${KVTRIM_BIN:?KVTRIM_BIN not set}"
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/wait.sh"
-if ! command -v nginx > /dev/null && [ ! -x /usr/sbin/nginx ]; then
+nginx_bin="${NGINX:-$(command -v nginx || echo /usr/sbin/nginx)}"  # NGINX: another nginx binary
+if [ ! -x "$nginx_bin" ]; then
   echo "SKIP: nginx is not installed (apt-get install nginx; scripts/install_deps.sh installs it)"
   exit 77
 fi

@@ -9,7 +9,8 @@
 # SERVE_ARGS go to every `kvtrim serve` (default: -m smollm2 -t 1 --parallel 2 -c 2048).
 # --round-robin drops the hash line (the comparison in docs/results/scale_out/). DIR/env holds
 # LB_URL, REPLICA_URLS, REPLICA_PIDS, NGINX_PID (shell syntax: `source DIR/env`); replica i logs
-# to DIR/replica_i.log as replica id "r<i>". KVTRIM_BIN picks the binary (default build/ci/kvtrim).
+# to DIR/replica_i.log as replica id "r<i>". KVTRIM_BIN picks the binary (default build/ci/kvtrim),
+# NGINX the nginx binary (default: nginx on PATH, else /usr/sbin/nginx).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
@@ -35,8 +36,8 @@ if [ "$cmd" = stop ]; then
   for p in $REPLICA_PIDS $NGINX_PID; do kill "$p" 2>/dev/null || true; done
   exit 0
 fi
-[ "$cmd" = start ] || { sed -n '2,14p' "$0" >&2; exit 2; }
-nginx_bin=$(command -v nginx || echo /usr/sbin/nginx)
+[ "$cmd" = start ] || { sed -n '2,15p' "$0" >&2; exit 2; }
+nginx_bin="${NGINX:-$(command -v nginx || echo /usr/sbin/nginx)}"
 [ -x "$nginx_bin" ] || { echo "run_local.sh: nginx is not installed (apt-get install nginx)" >&2; exit 3; }
 [ -x "$bin" ] || { echo "run_local.sh: no kvtrim binary at $bin (build it, or set KVTRIM_BIN)" >&2; exit 1; }
 
