@@ -2,8 +2,9 @@
 
 --conversations conversations of 4 to 8 turns each (--concurrency of them at a time) go to --url
 (nginx in front of kvtrim serve replicas, deploy/nginx/run_local.sh). Every turn carries its
-conversation's key (the X-Conversation-Id header; `--key-in body`: prompt_cache_key in the body)
-and resends the whole history, as a chat client does. Every --stream-every'th turn streams.
+conversation's key (the X-Conversation-Id header; `--key-in body`: prompt_cache_key in the body;
+`--key-in derived`: none on the first turn, then the key its reply carried) and resends the
+whole history, as a chat client does. Every --stream-every'th turn streams.
 Reported: the cache hit rate of follow-up turns (cached_tokens / prompt tokens of turns 2+, as
 usage.prompt_tokens_details reports them), throughput (requests/s, completion tokens/s), failed
 turns (non-200, transport errors, streams cut before [DONE]), turns whose replica changed from the
@@ -50,7 +51,7 @@ def one_turn(base, key, key_in, messages, max_tokens, stream, seed):
     headers = {"Content-Type": "application/json"}
     if key_in == "body":
         body["prompt_cache_key"] = key
-    else:
+    elif key:  # "header", or "derived" once the first reply gave the key
         headers["X-Conversation-Id"] = key
     if stream:
         body["stream_options"] = {"include_usage": True}
@@ -61,6 +62,7 @@ def one_turn(base, key, key_in, messages, max_tokens, stream, seed):
         r = c.getresponse()
         res["status"] = r.status
         res["replica"] = r.getheader("X-Kvtrim-Replica", "")
+        res["key"] = r.getheader("X-Conversation-Id", "")
         if not stream or r.status != 200:
             data = r.read()
             if r.status == 200:
@@ -125,16 +127,21 @@ def run(a):
                     return
                 ci = pending.pop(0)
             c = convs[ci]
+            key = "" if a.key_in == "derived" else c["key"]  # derived: the first reply's key from then on
             msgs = [{"role": "system", "content": SYSTEM}]
             prev = ""
             for t in range(c["turns"]):
-                msgs.append({"role": "user", "content": QUESTIONS[(ci + t) % len(QUESTIONS)]})
+                q = QUESTIONS[(ci + t) % len(QUESTIONS)]
+                # the first message names the visitor: conversations differ from their first turn
+                # (as real ones do), so their derived keys differ too
+                msgs.append({"role": "user", "content": f"I am visitor {ci}. {q}" if t == 0 else q})
                 stream = a.stream_every > 0 and (ci + t) % a.stream_every == 0
-                r = one_turn(a.url, c["key"], a.key_in, msgs, a.max_tokens, stream, a.seed * 7919 + ci * 31 + t)
+                r = one_turn(a.url, key, a.key_in, msgs, a.max_tokens, stream, a.seed * 7919 + ci * 31 + t)
                 r.update(conv=ci, turn=t, t=time.time() - t0, moved=bool(prev and r["replica"] and r["replica"] != prev))
                 with lock:
                     turns.append(r)
                 prev = r["replica"] or prev
+                key = key or r.get("key", "")
                 msgs.append({"role": "assistant", "content": r["text"] or "(no answer)"})
 
     t0 = time.time()

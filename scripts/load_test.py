@@ -147,8 +147,9 @@ def main():
     mt.add_argument("--multi-turn", action="store_true", help="conversations of 4-8 turns, each with its key")
     mt.add_argument("--conversations", type=int, default=24)
     mt.add_argument("--concurrency", type=int, default=6, help="conversations in flight")
-    mt.add_argument("--key-in", choices=["header", "body"], default="header",
-                    help="X-Conversation-Id header or prompt_cache_key in the body")
+    mt.add_argument("--key-in", choices=["header", "body", "derived"], default="header",
+                    help="X-Conversation-Id header, prompt_cache_key in the body, or none on the first turn and "
+                         "the reply's derived key after")
     mt.add_argument("--stream-every", type=int, default=3, help="every Nth turn streams (0 = none)")
     mt.add_argument("--replicas", default="", help="comma-separated replica URLs whose /metrics are sampled")
     mt.add_argument("--signal", action="append", default=[], metavar="AT:PID:SIG",

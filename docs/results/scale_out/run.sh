@@ -28,6 +28,8 @@ run() {  # run LABEL [--round-robin] -- LOAD_ARGS...
 }
 run affinity
 run round_robin --round-robin
+# no key sent on a conversation's first turn; its reply's derived key on the next ones
+run affinity_derived_key -- --key-in derived
 # the failures: replica r0 killed 10 s in, replica r1 sent SIGTERM 20 s in (pids from the env
 # file the start writes: read them after it by a wrapper that starts the load with --signal)
 deploy/nginx/run_local.sh start -n 3 -d "$dir" -- "${serve[@]}"
