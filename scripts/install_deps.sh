@@ -3,7 +3,7 @@
 #   scripts/install_deps.sh          what the program needs (scripts/run_default.sh)
 #   scripts/install_deps.sh --test   also what the tests need (scripts/test.sh): GoogleTest,
 #                                    Google Benchmark, clang for the sanitizer / fuzzing build,
-#                                    Chromium for the web page,
+#                                    Chromium for the web page, nginx for the scale-out test,
 #                                    and the openai Python client
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,6 +23,7 @@ if [ "$test_tools" = 1 ]; then
   pkgs+=(binutils  # objdump: tests/isa_encoding.sh (also pulled in by build-essential)
          clang libclang-rt-dev  # the debug preset: ASan + UBSan builds and the libFuzzer targets (fuzz/)
          chromium            # tests/server_model.sh: the web page in a headless browser
+         nginx               # tests/scale_out_model.sh and deploy/nginx/run_local.sh
          libgtest-dev libgmock-dev googletest libbenchmark-dev
          python3-venv)       # scripts/test_python.sh: the Python package in a virtual environment
 fi

@@ -16,6 +16,13 @@ On a machine whose speed drifts within minutes (a shared VM), the levels of one 
 different speeds; repeat them interleaved (--levels 1,4,1,4,1,4 --seconds 20): a level that
 occurs more than once is then also summarised by its median decode tok/s, and the ratio of
 medians to the first level's is printed at the end.
+
+--multi-turn: conversations of 4-8 turns, each carrying its key, against replicas behind a load
+balancer (scripts/load_multiturn.py; docs/results/scale_out/):
+
+  deploy/nginx/run_local.sh start -n 3 -d /tmp/so && source /tmp/so/env
+  python3 scripts/load_test.py --multi-turn --url $LB_URL --replicas ${REPLICA_URLS// /,} \
+      --conversations 24 --concurrency 6
 """
 import argparse
 import json
@@ -136,11 +143,27 @@ def main():
     ap.add_argument("--press", default="", help="kv_press of every request")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default="", help="JSON lines, one per level (appended)")
+    mt = ap.add_argument_group("multi-turn mode (scripts/load_multiturn.py)")
+    mt.add_argument("--multi-turn", action="store_true", help="conversations of 4-8 turns, each with its key")
+    mt.add_argument("--conversations", type=int, default=24)
+    mt.add_argument("--concurrency", type=int, default=6, help="conversations in flight")
+    mt.add_argument("--key-in", choices=["header", "body", "derived"], default="header",
+                    help="X-Conversation-Id header, prompt_cache_key in the body, or none on the first turn and "
+                         "the reply's derived key after")
+    mt.add_argument("--stream-every", type=int, default=3, help="every Nth turn streams (0 = none)")
+    mt.add_argument("--replicas", default="", help="comma-separated replica URLs whose /metrics are sampled")
+    mt.add_argument("--signal", action="append", default=[], metavar="AT:PID:SIG",
+                    help="send SIG (KILL, TERM) to PID AT seconds into the run")
+    mt.add_argument("--label", default="")
     a = ap.parse_args()
     try:
         urllib.request.urlopen(a.url + "/health", timeout=5).read()
     except (urllib.error.URLError, OSError) as e:
         sys.exit(f"load_test: no server at {a.url}: {e}")
+    if a.multi_turn:
+        import load_multiturn  # scripts/, beside this file
+        load_multiturn.run(a)
+        return
     print(f"{'streams':>7} {'done':>5} {'err':>4} {'p50 s':>7} {'p99 s':>7} {'ttft s':>7} {'dec tok/s':>9} "
           f"{'RSS MiB':>15} {'KV held MiB':>13} {'RSS-KV MiB':>15}  (x first level; server: decode-only tok/s, "
           f"prefill share of step time)")

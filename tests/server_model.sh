@@ -95,7 +95,8 @@ if [ $rc -ne 0 ] && grep -q "cannot bind 127.0.0.1:$port" "$tmp/second.log"; the
   bad port_in_use "rc $rc: $(tail -2 "$tmp/second.log")"; fi
 
 # SIGINT stops the server cleanly (exit 0), although bash starts a script's background job with
-# SIGINT ignored (the server installs its own handler): the first signal closes the door and lets a
+# SIGINT ignored (the server installs its own handler): the first signal starts a drain (new requests
+# get a 503, /health says draining) and lets a
 # running stream go on, a second ends it with a 503 error event
 curl -sN -m 300 -H 'Content-Type: application/json' \
   -d '{"prompt":"Once upon a time, in a land far away, there lived","max_tokens":400,"stream":true,"temperature":1}' \
@@ -103,14 +104,14 @@ curl -sN -m 300 -H 'Content-Type: application/json' \
 cpid=$!
 wait_for 300 "the stream's first event" test -s "$tmp/drain.txt"
 kill -INT $pid
-wait_for 300 "the server's log line after the first SIGINT" grep -q "stopping: no new connections" "$tmp/serve.log"
+wait_for 300 "the server's log line after the first SIGINT" grep -q "draining: /health is 503" "$tmp/serve.log"
 kill -INT $pid
 stopped() { ! kill -0 $pid 2>/dev/null; }
 if ! wait_for 300 "the server to exit after two SIGINTs" stopped; then
   bad sigint_stops "still running after two SIGINTs"
 else
   wait $pid; rc=$?
-  if [ $rc -eq 0 ] && grep -q "signal 2 (SIGINT), stopping: no new connections" "$tmp/serve.log" &&
+  if [ $rc -eq 0 ] && grep -q "signal 2 (SIGINT), draining" "$tmp/serve.log" &&
      grep -q "signal 2 (SIGINT) again, ending the running requests" "$tmp/serve.log"; then ok; else
     bad sigint_stops "rc $rc: $(tail -3 "$tmp/serve.log")"; fi
 fi

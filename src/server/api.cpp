@@ -1,6 +1,8 @@
 #include "server/api.h"
 
+#include <cctype>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include <nlohmann/json.hpp>
@@ -85,7 +87,61 @@ KvDtype parse_cache_type(const json& j, const char* name) {
   }
 }
 
+// A routing key travels in an HTTP header and an nginx hash key: printable, no spaces or quotes.
+void check_conversation_key(const std::string& key, const char* param) {
+  if (key.empty()) bad(param, strprintf("'%s' must not be empty", param));
+  if (key.size() > kMaxConversationKey)
+    bad(param, strprintf("'%s' is %zu characters; at most %zu are allowed", param, key.size(), kMaxConversationKey));
+  for (const char c : key) {
+    const bool ok = std::isalnum(static_cast<unsigned char>(c)) || std::strchr("._:@/+=-", c) != nullptr;
+    if (!ok || c == 0)
+      bad(param, strprintf("'%s' may hold only letters, digits and . _ : @ / + = - (found byte 0x%02x)", param,
+                           static_cast<unsigned>(static_cast<unsigned char>(c))));
+  }
+}
+
+// FNV-1a, 64 bits: the derived key must be the same on every replica and across restarts.
+uint64_t fnv1a(uint64_t h, const std::string& s) {
+  for (const char c : s) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
+  return h;
+}
+
 }  // namespace
+
+ConversationKey resolve_conversation_key(const CompletionRequest& r, const std::string& header) {
+  if (!header.empty()) {
+    check_conversation_key(header, "X-Conversation-Id");
+    if (!r.prompt_cache_key.empty() && r.prompt_cache_key != header)
+      bad("prompt_cache_key", strprintf("'prompt_cache_key' and the X-Conversation-Id header name different "
+                                        "conversations ('%s' and '%s'); send one, or the same in both",
+                                        r.prompt_cache_key.c_str(), header.c_str()));
+    return {header, "header"};
+  }
+  if (!r.prompt_cache_key.empty()) return {r.prompt_cache_key, "body"};
+  // derived: what the conversation's later turns repeat unchanged at their start
+  uint64_t h = 0xcbf29ce484222325ull;
+  h = fnv1a(h, r.endpoint == Endpoint::kChat ? "chat" : "completion");
+  if (r.endpoint == Endpoint::kChat) {
+    for (const ChatMessage& m : r.messages) {
+      if (m.role != "system" && m.role != "user") continue;
+      std::string tag(1, '\0');  // the role, fenced, so that moving text between messages changes the key
+      tag += m.role;
+      tag += '\0';
+      h = fnv1a(h, tag);
+      h = fnv1a(h, m.content);
+      if (m.role == "user") break;  // the first user message ends it
+    }
+  } else if (r.has_prompt_tokens) {
+    for (size_t i = 0; i < r.prompt_tokens.size() && i < 64; ++i) {
+      std::string t = std::to_string(r.prompt_tokens[i]);
+      t += ',';
+      h = fnv1a(h, t);
+    }
+  } else {
+    h = fnv1a(h, r.prompt.substr(0, 64));
+  }
+  return {strprintf("auto-%016llx", static_cast<unsigned long long>(h)), "derived"};
+}
 
 ApiError::ApiError(int status, std::string message, std::string param, std::string code)
     : std::runtime_error(std::move(message)), status_(status), type_(error_type(status)),
@@ -224,6 +280,10 @@ CompletionRequest parse_completion_request(const std::string& body, Endpoint ep,
     }
   }
   if (field(j, "kv_press_max_loss")) r.cache.max_loss = get_number(j, "kv_press_max_loss", 0, 1);
+  if (field(j, "prompt_cache_key")) {
+    r.prompt_cache_key = get_string(j, "prompt_cache_key");
+    check_conversation_key(r.prompt_cache_key, "prompt_cache_key");
+  }
   if (field(j, "kv_cache_type")) r.cache.k = r.cache.v = parse_cache_type(j, "kv_cache_type");
   if (field(j, "kv_cache_type_k")) r.cache.k = parse_cache_type(j, "kv_cache_type_k");
   if (field(j, "kv_cache_type_v")) r.cache.v = parse_cache_type(j, "kv_cache_type_v");
@@ -294,6 +354,11 @@ json kvtrim_json(const CompletionStats& s) {
           {"prefill_tps", s.prefill_tps},
           {"decode_tps", s.decode_tps}};
   if (s.compression.requested) j["compression"] = compression_json(s.compression);
+  if (!s.conversation.key.empty()) {
+    j["conversation_key"] = s.conversation.key;
+    j["conversation_key_source"] = s.conversation.source;
+  }
+  if (!s.replica.empty()) j["replica"] = s.replica;
   return j;
 }
 
@@ -317,6 +382,7 @@ std::string completion_body(Endpoint ep, const std::string& id, int64_t created,
   }
   j["choices"] = json::array({choice});
   j["usage"] = usage_json(st);
+  if (!st.conversation.key.empty()) j["prompt_cache_key"] = st.conversation.key;
   j["kvtrim"] = kvtrim_json(st);
   return dump(j);
 }
@@ -338,6 +404,7 @@ std::string stream_chunk(Endpoint ep, const std::string& id, int64_t created, co
   j["choices"] = json::array({choice});
   if (st) {
     j["usage"] = usage_json(*st);
+    if (!st->conversation.key.empty()) j["prompt_cache_key"] = st->conversation.key;
     j["kvtrim"] = kvtrim_json(*st);
   }
   return "data: " + dump(j) + "\n\n";

@@ -72,7 +72,24 @@ struct CompletionRequest {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   CacheChoice cache;
+  // prompt_cache_key: the conversation's routing key (OpenAI's field; the X-Conversation-Id
+  // header means the same, resolve_conversation_key() reconciles the two); "" = none given
+  std::string prompt_cache_key;
 };
+
+// The routing key a replica serves a request under (docs/server.md "Scale-out"): what a load
+// balancer hashes so that a conversation's turns reach the replica that holds its cache.
+struct ConversationKey {
+  std::string key;     // [A-Za-z0-9._:@/+=-], 1 to kMaxConversationKey characters
+  std::string source;  // "header" (X-Conversation-Id), "body" (prompt_cache_key) or "derived"
+};
+constexpr size_t kMaxConversationKey = 128;
+// The key of a request: the X-Conversation-Id header (`header`, "" = absent) or the body's
+// prompt_cache_key (both given: they must be equal), else one derived from the request's first
+// messages (chat: every system message and the first user message; completions: the prompt's
+// first 64 bytes or tokens), "auto-" + 16 hex digits, stable across the conversation's turns.
+// ApiError 400 for a key that is empty, too long, has other characters, or two keys that differ.
+ConversationKey resolve_conversation_key(const CompletionRequest& r, const std::string& header);
 
 // Parses and validates a request body (400 with the field named for anything wrong). The press
 // spec is checked by building it (an unknown press or option is a 400 with the registry's text).
@@ -109,6 +126,10 @@ struct CompletionStats {
   std::string press, kv_cache_type;
   double prefill_tps = 0, decode_tps = 0;
   CompressionReport compression;
+  // set by the HTTP side: the routing key served (echoed as prompt_cache_key and in the kvtrim
+  // object with its source) and this replica's id
+  ConversationKey conversation;
+  std::string replica;
 };
 nlohmann::json usage_json(const CompletionStats& s);
 nlohmann::json kvtrim_json(const CompletionStats& s);

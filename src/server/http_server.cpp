@@ -26,6 +26,7 @@ struct HttpServer::Impl {
   httplib::Server svr;
   HttpCounters counters;
   std::atomic<uint64_t> next_id{0};
+  std::atomic<bool> draining{false};
   int port = -1;
   int64_t started = 0;
 
@@ -33,6 +34,7 @@ struct HttpServer::Impl {
 
   void send_error(httplib::Response& res, const std::string& endpoint, const ApiError& e) {
     res.status = e.status();
+    if (e.status() == 503) res.set_header("Retry-After", "1");  // full, draining: another replica, or later
     res.set_content(error_body(e), "application/json");
     counters.count(endpoint, e.status());
   }
@@ -46,11 +48,15 @@ struct HttpServer::Impl {
     const std::string endpoint = ep == Endpoint::kChat ? "/v1/chat/completions" : "/v1/completions";
     std::shared_ptr<Job> job;
     CompletionRequest r;
+    ConversationKey key;
     try {
+      if (draining)
+        throw ApiError(503, "this replica is draining (stopping): send the request to another one", {}, "draining");
       RequestLimits lim;
       lim.n_ctx = sched.options().n_ctx;
       lim.default_max_tokens = sched.options().default_max_tokens;
       r = parse_completion_request(req.body, ep, lim);
+      key = resolve_conversation_key(r, req.get_header_value("X-Conversation-Id"));
       job = sched.submit(r);
     } catch (const ApiError& e) {
       return send_error(res, endpoint, e);
@@ -60,6 +66,15 @@ struct HttpServer::Impl {
     const std::string id = new_id(ep);
     const int64_t created = static_cast<int64_t>(std::time(nullptr));
     const std::string model = opt.model_id;
+    // the key served and this replica, in headers (a balancer or client reads them without the
+    // body) and in the final event's kvtrim object
+    res.set_header("X-Conversation-Id", key.key);
+    if (!opt.replica_id.empty()) res.set_header("X-Kvtrim-Replica", opt.replica_id);
+    const std::string replica = opt.replica_id;
+    const auto label = [key, replica](JobEvent& e) {
+      e.stats.conversation = key;
+      e.stats.replica = replica;
+    };
 
     if (!r.stream) {
       std::string text;
@@ -69,6 +84,7 @@ struct HttpServer::Impl {
         if (e.kind == JobEvent::Kind::kText) {
           text += e.text;
         } else if (e.kind == JobEvent::Kind::kDone) {
+          label(e);
           res.set_content(completion_body(ep, id, created, model, text, e.finish_reason, e.stats), "application/json");
           counters.count(endpoint, 200);
           return;
@@ -92,7 +108,7 @@ struct HttpServer::Impl {
     const bool include_usage = r.include_usage;
     res.set_chunked_content_provider(
         "text/event-stream",
-        [job, pending, sent_first, ep, id, created, model, include_usage](size_t, httplib::DataSink& sink) {
+        [job, pending, sent_first, ep, id, created, model, include_usage, label](size_t, httplib::DataSink& sink) {
           double last_write = now_seconds();
           for (;;) {
             JobEvent e;
@@ -116,6 +132,7 @@ struct HttpServer::Impl {
               out = stream_chunk(ep, id, created, model, e.text, !*sent_first, "", nullptr);
               *sent_first = true;
             } else if (e.kind == JobEvent::Kind::kDone) {
+              label(e);
               out = stream_chunk(ep, id, created, model, "", !*sent_first, e.finish_reason, &e.stats);
               if (include_usage) {  // OpenAI's separate usage chunk (empty choices)
                 json u = {{"id", id}, {"object", ep == Endpoint::kChat ? "chat.completion.chunk" : "text_completion"},
@@ -143,6 +160,11 @@ struct HttpServer::Impl {
         [job](bool success) {
           if (!success) job->cancel();  // the connection ended before the stream did
         });
+  }
+
+  void livez(httplib::Response& r, const char* endpoint) {
+    r.set_content(json{{"status", "alive"}, {"draining", draining.load()}}.dump(), "application/json");
+    counters.count(endpoint, 200);
   }
 
   json slots_json() const {
@@ -182,15 +204,34 @@ struct HttpServer::Impl {
       r.set_content(models_body(opt.model_id, started, sched.options().n_ctx), "application/json");
       counters.count("/v1/models", 200);
     });
-    svr.Get("/health", [this](const httplib::Request&, httplib::Response& r) {
+    // Readiness: 200 while a new conversation would be taken; 503 with the reason while draining
+    // or full (a balancer's health check then sends new work elsewhere). Liveness (the process
+    // serves at all): /livez or /health?live=1, 200 even while draining or full.
+    svr.Get("/health", [this](const httplib::Request& q, httplib::Response& r) {
+      if (q.has_param("live")) return livez(r, "/health");
       const SchedulerStats st = sched.stats();
       int idle = 0;
       for (const SlotView& v : st.slots) idle += v.state == "idle" || v.state == "empty";
-      r.set_content(json{{"status", "ok"}, {"slots_idle", idle}, {"slots_processing", static_cast<int>(st.slots.size()) - idle},
-                         {"queue_length", st.queue_length}}.dump(),
-                    "application/json");
-      counters.count("/health", 200);
+      std::string reason;
+      const bool draining_now = draining;
+      const bool ready = !draining_now && sched.can_admit_new(&reason);
+      if (draining_now) reason = "draining: the server is stopping; running requests finish";
+      json body = {{"status", ready ? "ok" : draining_now ? "draining" : "full"},
+                   {"slots_idle", idle},
+                   {"slots_processing", static_cast<int>(st.slots.size()) - idle},
+                   {"queue_length", st.queue_length},
+                   {"kv_bytes_reserved_active", st.kv_bytes_reserved_active},
+                   {"kv_budget_bytes", sched.options().kv_budget}};
+      if (!opt.replica_id.empty()) body["replica"] = opt.replica_id;
+      if (!ready) {
+        body["reason"] = reason;
+        r.status = 503;
+        r.set_header("Retry-After", "1");
+      }
+      r.set_content(body.dump(), "application/json");
+      counters.count("/health", r.status);
     });
+    svr.Get("/livez", [this](const httplib::Request&, httplib::Response& r) { livez(r, "/livez"); });
     svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& r) {
       r.set_content(render_metrics(sched.stats(), sched.options(), counters.snapshot()), "text/plain; version=0.0.4");
       counters.count("/metrics", 200);
@@ -266,6 +307,12 @@ void HttpServer::bind() {
 int HttpServer::bound_port() const { return impl_->port; }
 
 void HttpServer::serve() { impl_->svr.listen_after_bind(); }
+
+void HttpServer::drain() { impl_->draining = true; }
+
+void HttpServer::set_replica_id(const std::string& id) { impl_->opt.replica_id = id; }  // before serve()
+
+bool HttpServer::draining() const { return impl_->draining; }
 
 void HttpServer::stop() {
   if (impl_->svr.is_running()) impl_->svr.stop();

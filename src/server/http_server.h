@@ -1,5 +1,6 @@
 // kvtrim serve's HTTP front: the OpenAI-compatible routes (POST /v1/chat/completions,
-// /v1/completions with SSE streaming; GET /v1/models), /health, /metrics (Prometheus),
+// /v1/completions with SSE streaming; GET /v1/models), /health (readiness: 503 while draining or
+// full) and /livez (liveness), /metrics (Prometheus),
 // /v1/kvtrim/slots (the caches, per layer and head) and the web page at /. Requests become
 // scheduler jobs; an HTTP thread only waits on its job's events, so a slow or vanished client
 // never holds up the others (a stream whose client is gone cancels its job).
@@ -18,6 +19,7 @@ struct HttpOptions {
   int n_http_threads = 0;    // 0 = 2 * slots + 8 (each streaming client holds one)
   size_t max_body = 8 << 20;  // request bodies past this get a 413
   int write_timeout_s = 10;   // a client that does not read its stream for this long is dropped
+  std::string replica_id;     // echoed in X-Kvtrim-Replica and the kvtrim object ("" = none)
 };
 
 class HttpServer {
@@ -30,6 +32,12 @@ class HttpServer {
   // ... and serves until stop() (from another thread or a signal watcher).
   void serve();
   void stop();
+  // Draining (the first SIGTERM): /health answers 503 so that a balancer sends no new work here,
+  // and new completion requests get a 503 with Retry-After (a balancer retries them on another
+  // replica); requests already admitted run to their end. /livez still answers 200.
+  void drain();
+  void set_replica_id(const std::string& id);
+  bool draining() const;
 
  private:
   struct Impl;

@@ -89,6 +89,9 @@ std::string render_metrics(const SchedulerStats& st, const ServerOptions& opt,
          dense > st.kv_bytes_held ? static_cast<double>(dense - st.kv_bytes_held) : 0.0);
   single(o, "kvtrim_kv_bytes_reserved", "gauge", "bytes reserved by admitted jobs (held + room for their remaining tokens)",
          static_cast<double>(st.kv_bytes_reserved));
+  single(o, "kvtrim_kv_bytes_reserved_active", "gauge",
+         "of those, the slots running a job (what /health's readiness compares with the budget)",
+         static_cast<double>(st.kv_bytes_reserved_active));
   single(o, "kvtrim_kv_budget_bytes", "gauge", "the --kv-budget (0 = none)",
          static_cast<double>(opt.kv_budget));
   single(o, "kvtrim_slots_busy", "gauge", "slots running a job",

@@ -417,6 +417,7 @@ void Scheduler::publish() {
   std::vector<KvBytes> held;  // the slots' bytes, for the total with shared bases once
   held.reserve(slots_.size());
   size_t room = 0;  // the admitted jobs' room beyond what they hold
+  size_t active = 0;  // the reservations of the slots running a job
   const auto& hp = model_.hparams();
   for (const auto& s : slots_) {
     SlotView v;
@@ -432,6 +433,7 @@ void Scheduler::publish() {
       v.bytes_dense = static_cast<size_t>(v.n_past) * bytes_per_token(s->k, s->v);
       v.reserved = reserved(*s, v.bytes);
       room += v.reserved - v.bytes;
+      if (s->job) active += v.reserved;
       v.layer_bytes = b.per_layer;
       v.head_bytes = b.per_head;
       held.push_back(b);
@@ -447,6 +449,7 @@ void Scheduler::publish() {
   stats_.kv_bytes_held = total;
   stats_.kv_bases_held = bases;
   stats_.kv_bytes_reserved = total + room;
+  stats_.kv_bytes_reserved_active = active;
   while (!recent_.empty() && recent_.front().t < now - 10) recent_.pop_front();
   int64_t p = 0, d = 0;
   for (const Recent& r : recent_) p += r.prefill, d += r.decode;

@@ -128,6 +128,7 @@ struct SchedulerStats {
   // a slot's own `bytes` counts the bases it uses), and of those the bases
   size_t kv_bytes_held = 0, kv_bases_held = 0;
   size_t kv_bytes_reserved = 0;  // held + the admitted jobs' room (what admission compares)
+  size_t kv_bytes_reserved_active = 0;  // of that, the slots running a job (idle ones can be dropped)
   double recent_prefill_tps = 0, recent_decode_tps = 0;  // over the last ~10 s
 };
 
@@ -142,6 +143,12 @@ class Scheduler {
   // 503: it cannot fit the budget even alone, or the queue is full) and queues it.
   std::shared_ptr<Job> submit(const CompletionRequest& r);
   SchedulerStats stats() const;
+  // Whether a new conversation would be taken now (readiness, GET /health): false, with the
+  // reason, when the queue is full or when the budget minus what running jobs reserve has no
+  // room for a new conversation's default max_tokens (idle conversations do not count: they
+  // would be compressed or dropped; with no job running it is ready). Running conversations go
+  // on either way.
+  bool can_admit_new(std::string* reason) const;
   // Ends every job now: running and waiting ones get a 503 error event ("the server is shutting
   // down"), later submits are refused. Idempotent; the destructor calls it.
   void stop();

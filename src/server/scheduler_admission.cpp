@@ -176,6 +176,26 @@ bool Scheduler::admit_front() {
   return true;
 }
 
+bool Scheduler::can_admit_new(std::string* reason) const {
+  const SchedulerStats st = stats();
+  if (st.queue_length >= static_cast<size_t>(std::max(opt_.max_queue, 1))) {
+    if (reason) *reason = strprintf("the queue is full (%zu requests waiting, --queue %d)", st.queue_length, opt_.max_queue);
+    return false;
+  }
+  // nothing running: ready (a request too big for the budget alone gets its own 503 at submit)
+  if (opt_.kv_budget == 0 || st.kv_bytes_reserved_active == 0) return true;
+  const size_t need =
+      std::min(static_cast<size_t>(opt_.default_max_tokens) * bytes_per_token(opt_.kv_k, opt_.kv_v), opt_.kv_budget);
+  if (st.kv_bytes_reserved_active + need > opt_.kv_budget) {
+    if (reason)
+      *reason = strprintf("the KV budget is taken: running requests reserve %zu of %zu bytes, a new conversation "
+                          "needs %zu (its default max_tokens %d)",
+                          st.kv_bytes_reserved_active, opt_.kv_budget, need, opt_.default_max_tokens);
+    return false;
+  }
+  return true;
+}
+
 // Sets the slot up for job j: a session with the job's cache types and press, the cache
 // truncated to the prefix it shares with the prompt (at least one prompt token is run).
 }  // namespace kvtrim::server

@@ -1,6 +1,7 @@
 // kvtrim serve: the OpenAI-compatible server (src/server/): slots with continuous batching, a
 // KV memory budget enforced with compression, conversations that keep their cache, /metrics,
 // and a web page showing the caches. Stops cleanly on SIGINT / SIGTERM.
+#include <poll.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -34,6 +35,7 @@ struct ServeOptions {
   int n_predict = 256;
   int http_threads = 0;
   std::string alias;
+  std::string replica_id;
 };
 
 }  // namespace
@@ -77,9 +79,16 @@ class StopSignals {
   }
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;
-  int wait() {
+  // timeout_ms < 0: until a signal; else -1 when none came within it
+  int wait(int timeout_ms = -1) {
     unsigned char b = 0;
     for (;;) {
+      if (timeout_ms >= 0) {
+        pollfd p{g_stop_pipe[0], POLLIN, 0};
+        const int n = poll(&p, 1, timeout_ms);
+        if (n < 0 && errno == EINTR) continue;
+        if (n == 0) return -1;
+      }
       const ssize_t r = read(g_stop_pipe[0], &b, 1);
       if (r == 1) return b;
       if (r < 0 && errno == EINTR) continue;
@@ -127,8 +136,16 @@ void serve(const ServeOptions& o) {
   ho.port = o.port;
   ho.model_id = o.alias.empty() ? o.common.model : o.alias;
   ho.n_http_threads = o.http_threads;
+  ho.replica_id = o.replica_id;
   server::HttpServer http(sched, ho);
   http.bind();
+  if (o.replica_id.empty()) {  // default: host name and port, unique among replicas on loopback
+    char host[256] = {};
+    gethostname(host, sizeof(host) - 1);
+    ho.replica_id = strprintf("%s:%d", host, http.bound_port());
+  }
+  // (the id is known only once bound, for --port 0; the server object reads it from here)
+  http.set_replica_id(ho.replica_id);
   std::fprintf(stderr,
                "kvtrim serve: http://%s:%d  (%d slots of %lld tokens, %d threads, kv %s, press %s, pressure press %s, "
                "kv budget %s)\n",
@@ -136,21 +153,35 @@ void serve(const ServeOptions& o) {
                kv_tag(o.common).c_str(), so.press.empty() ? "none" : so.press.c_str(),
                so.pressure_press.empty() ? "none" : so.pressure_press.c_str(),
                so.kv_budget ? human_bytes(so.kv_budget).c_str() : "none");
-  // First stop signal: no new connections, the requests in progress run to their end (a drain, as
-  // a service manager's SIGTERM expects). A second one ends them now with a 503 error event.
+  // First stop signal: a drain, as a service manager's SIGTERM expects: /health answers 503 (a
+  // balancer sends no new work here), new requests get a 503 with Retry-After (a balancer retries
+  // them on another replica), the running and waiting ones run to their end; then no new
+  // connections. A second signal ends them now with a 503 error event.
   std::thread watcher([&] {
     const auto name = [](int sig) { return sig == SIGINT ? "SIGINT" : "SIGTERM"; };
+    const auto busy = [&] {
+      const server::SchedulerStats st = sched.stats();
+      int running = 0;
+      for (const auto& v : st.slots) running += v.state == "prefill" || v.state == "decode" ? 1 : 0;
+      return std::make_pair(running, st.queue_length);
+    };
     int sig = stop_signals.wait();
     if (sig == 0) return;
-    const server::SchedulerStats st = sched.stats();
-    int running = 0;
-    for (const auto& v : st.slots) running += v.state == "prefill" || v.state == "decode" ? 1 : 0;
+    const auto [running, waiting] = busy();
     std::fprintf(stderr,
-                 "kvtrim serve: signal %d (%s), stopping: no new connections; %d running and %zu waiting requests "
-                 "finish (signal again to end them now)\n",
-                 sig, name(sig), running, st.queue_length);
+                 "kvtrim serve: signal %d (%s), draining: /health is 503, new requests get 503; %d running and %zu "
+                 "waiting requests finish (signal again to end them now)\n",
+                 sig, name(sig), running, waiting);
+    http.drain();
+    int again = -1;  // a second signal (0: serve() ended) during the drain
+    for (;;) {  // until the admitted jobs are done
+      const auto [r, w] = busy();
+      if (r == 0 && w == 0) break;
+      again = stop_signals.wait(100);
+      if (again >= 0) break;
+    }
     http.stop();
-    sig = stop_signals.wait();
+    sig = again >= 0 ? again : stop_signals.wait();
     if (sig == 0) return;
     std::fprintf(stderr, "kvtrim serve: signal %d (%s) again, ending the running requests\n", sig, name(sig));
     sched.stop();
@@ -192,6 +223,9 @@ void register_serve(CLI::App& app) {
   c->add_option("--http-threads", o->http_threads, "HTTP worker threads (0 = 2 x slots + 8; a stream holds one)")
       ->capture_default_str()->check(CLI::Range(0, 4096));
   c->add_option("--alias", o->alias, "model name reported by /v1/models (default: -m)");
+  c->add_option("--replica-id", o->replica_id,
+                "this replica's name behind a load balancer, echoed in the X-Kvtrim-Replica header and the kvtrim "
+                "object of every completion (default: HOSTNAME:PORT)");
   c->callback([o] { serve(*o); });
 }
 
