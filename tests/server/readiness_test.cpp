@@ -2,69 +2,27 @@
 // reason and Retry-After) while draining, /livez and /health?live=1 stay 200, a completion sent to
 // a draining server is a 503 a balancer retries elsewhere, and every completion echoes its
 // conversation key and the replica id (headers and body).
-#include <httplib.h>
-#include <gtest/gtest.h>
-
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <thread>
 
-#include "core/thread_pool.h"
-#include "server/http_server.h"
-#include "server/scheduler.h"
-#include "test_util.h"
-#include "tiny_model.h"
+#include "tiny_server.h"
 
 namespace kvtrim::server {
 namespace {
 
 using nlohmann::json;
 
-class ReadinessTest : public ::testing::Test {
+class ReadinessTest : public test_server::TinyServerTest {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new std::string(test::temp_dir("readiness"));
-    model_ = Model::load(test::write_tiny_model(test::tiny_spec(Arch::kQwen2, 5), *dir_)).release();
-  }
-  static void TearDownTestSuite() {
-    delete model_;
-    delete dir_;
-  }
   void SetUp() override {
-    ServerOptions so;
-    so.n_ctx = 256;
-    pool_ = std::make_unique<ThreadPool>(1);
-    sched_ = std::make_unique<Scheduler>(*model_, *pool_, so);
     HttpOptions ho;
-    ho.port = 0;
-    ho.model_id = "tiny";
     ho.replica_id = "r7";
-    http_ = std::make_unique<HttpServer>(*sched_, ho);
-    http_->bind();
-    thread_ = std::thread([this] { http_->serve(); });
-    client_ = std::make_unique<httplib::Client>("127.0.0.1", http_->bound_port());
-    client_->set_read_timeout(300, 0);  // a hang, not a slow machine
-  }
-  void TearDown() override {
-    http_->stop();
-    thread_.join();
-    http_.reset();
-    sched_.reset();
+    start_server({}, ho, 1);
   }
   httplib::Result chat(const std::string& body, const httplib::Headers& h = {}) {
     return client_->Post("/v1/chat/completions", h, body, "application/json");
   }
-
-  static Model* model_;
-  static std::string* dir_;
-  std::unique_ptr<ThreadPool> pool_;
-  std::unique_ptr<Scheduler> sched_;
-  std::unique_ptr<HttpServer> http_;
-  std::unique_ptr<httplib::Client> client_;
-  std::thread thread_;
 };
-Model* ReadinessTest::model_ = nullptr;
-std::string* ReadinessTest::dir_ = nullptr;
 
 const char* const kBody = R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":2,"temperature":0})";
 

@@ -17,7 +17,7 @@
 #include "server/http_server.h"
 #include "server/scheduler.h"
 #include "test_util.h"
-#include "tiny_model.h"
+#include "tiny_server.h"
 
 namespace kvtrim::server {
 namespace {
@@ -39,36 +39,13 @@ bool wait_until(Done done, const char* what) {
   return true;
 }
 
-class ServerTest : public ::testing::Test {
+class ServerTest : public test_server::TinyServerTest {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new std::string(test::temp_dir("server"));
-    model_ = Model::load(test::write_tiny_model(test::tiny_spec(Arch::kQwen2, 5), *dir_)).release();
-  }
-  static void TearDownTestSuite() {
-    delete model_;
-    delete dir_;
-  }
   void start(ServerOptions so, size_t max_body = 8 << 20) {
-    so.n_ctx = 256;
-    pool_ = std::make_unique<ThreadPool>(2);
-    sched_ = std::make_unique<Scheduler>(*model_, *pool_, so);
     HttpOptions ho;
-    ho.port = 0;
-    ho.model_id = "tiny";
     ho.max_body = max_body;
-    http_ = std::make_unique<HttpServer>(*sched_, ho);
-    http_->bind();
-    thread_ = std::thread([this] { http_->serve(); });
-    client_ = std::make_unique<httplib::Client>("127.0.0.1", http_->bound_port());
-    client_->set_read_timeout(300, 0);  // a hang, not a slow machine
+    start_server(so, ho, 2);
     wait_until([&] { auto r = client_->Get("/health"); return r && r->status == 200; }, "the server to answer /health");
-  }
-  void TearDown() override {
-    if (http_) http_->stop();
-    if (thread_.joinable()) thread_.join();
-    http_.reset();
-    sched_.reset();
   }
   httplib::Result post(const std::string& path, const std::string& body) {
     return client_->Post(path.c_str(), body, "application/json");
@@ -114,16 +91,7 @@ class ServerTest : public ::testing::Test {
     EXPECT_NE(j["error"]["message"].get<std::string>().find(frag), std::string::npos) << r->body;
   }
 
-  static Model* model_;
-  static std::string* dir_;
-  std::unique_ptr<ThreadPool> pool_;
-  std::unique_ptr<Scheduler> sched_;
-  std::unique_ptr<HttpServer> http_;
-  std::unique_ptr<httplib::Client> client_;
-  std::thread thread_;
 };
-Model* ServerTest::model_ = nullptr;
-std::string* ServerTest::dir_ = nullptr;
 
 TEST_F(ServerTest, HealthModelsMetricsSlotsAndPage) {
   start({});
