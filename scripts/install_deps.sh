@@ -25,7 +25,7 @@ if [ "$test_tools" = 1 ]; then
          chromium            # tests/server_model.sh: the web page in a headless browser
          nginx               # tests/scale_out_model.sh and deploy/nginx/run_local.sh
          libgtest-dev libgmock-dev googletest libbenchmark-dev
-         python3-venv)       # scripts/test_python.sh: the Python package in a virtual environment
+         python3-venv python3-dev)  # scripts/test_python.sh: the Python package in a virtual environment
 fi
 missing=()
 for p in "${pkgs[@]}"; do
