@@ -2,6 +2,8 @@
 press; kvtrim.eval rows."""
 import subprocess
 
+import pytest
+
 import kvtrim
 
 CONTEXT = ("The Ardent Lighthouse stands on the northern cape of Velm Island. It was built in 1874 by the "
@@ -16,7 +18,8 @@ def kvpress_readme_example(model_name):
     from kvtrim.kvpress import pipeline, ExpectedAttentionPress
 
     device = "cpu"
-    pipe = pipeline("kv-press-text-generation", model=model_name, device=device)
+    with pytest.warns(UserWarning, match="ignores device"):  # kvtrim runs the GGUF file on the CPU
+        pipe = pipeline("kv-press-text-generation", model=model_name, device=device)
     context = CONTEXT
     question = QUESTION  # optional
     press = ExpectedAttentionPress(compression_ratio=0.5)
@@ -54,6 +57,5 @@ def test_eval_ruler_rows(model, tmp_path):
 
 
 def test_eval_bad_option_is_a_value_error(model):
-    import pytest
     with pytest.raises(ValueError, match="ctx-lenn|ctx_lenn"):
         kvtrim.eval.ruler(model=model, ctx_lenn=5)
