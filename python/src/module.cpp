@@ -12,14 +12,14 @@
 
 namespace kvtrim::py {
 
-bool InterruptCheck::poll() {
+bool PyInterrupts::poll() {
   if (err_) return true;
   nb::gil_scoped_acquire gil;
   if (PyErr_CheckSignals() != 0) err_ = std::make_unique<nb::python_error>();
   return err_ != nullptr;
 }
 
-void InterruptCheck::rethrow_if_interrupted() {
+void PyInterrupts::rethrow() {
   if (err_) throw nb::python_error(*err_);
 }
 

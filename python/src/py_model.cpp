@@ -17,10 +17,6 @@
 
 namespace kvtrim::py {
 
-SessionParams session_params_for(const PyModel& m, std::optional<int64_t> n_ctx, std::optional<int> threads,
-                                 std::optional<std::string> kv_type);
-nb::dict kv_bytes_dict(const KvCache& c);
-
 namespace {
 
 std::vector<ChatMessage> messages_from(const nb::handle& msgs) {
@@ -59,18 +55,11 @@ nb::dict answer_dict(const QaAnswer& a, const PromptLayout& layout, size_t qi, c
   d["prefill_s"] = prefill_s;
   d["prefill_tps"] = prefill_s > 0 ? static_cast<double>(n_prefilled) / prefill_s : 0.0;
   d["decode_tps"] = r.decode_tps();
-  nb::dict c;
+  // the compression's stats when it ran, with whether and why (not)
+  nb::dict c = a.compression.ran ? compress_stats_dict(a.compression.stats) : nb::dict();
   c["ran"] = a.compression.ran;
   c["note"] = a.compression.note;
   c["protected"] = layout.protected_what;
-  if (a.compression.ran) {
-    const CompressStats& st = a.compression.stats;
-    c["tokens_before"] = st.tokens_before;
-    c["tokens_after"] = st.tokens_after;
-    c["bytes_before"] = st.bytes_before;
-    c["bytes_after"] = st.bytes_after;
-    if (st.loss.measured) c["loss"] = st.loss.rel_err;
-  }
   d["compression"] = c;
   d["kv_bytes"] = kv_bytes_dict(s.cache());
   return d;
@@ -115,20 +104,11 @@ nb::object generate(PyModel& pm, std::optional<std::string> prompt, std::optiona
   qo.gen.stop_strings = stop;
   qo.compress.min_tokens = press_min_tokens;
   qo.compress.max_loss = press_max_loss;
-  InterruptCheck ic;
-  std::unique_ptr<nb::python_error> cb_error;
-  qo.interrupted = [&] { return ic.poll(); };
+  PyInterrupts py;
+  qo.interrupted = [&] { return py.poll(); };
   qo.on_token = [&](size_t qi, int32_t, const std::string& piece) {
-    if (ic.poll() || cb_error) return false;
-    if (on_token.is_none()) return true;
-    nb::gil_scoped_acquire gil;
-    try {
-      nb::object keep = layout.questions.size() > 1 ? on_token(piece, qi) : on_token(piece);
-      return keep.is_none() || nb::cast<bool>(keep);
-    } catch (nb::python_error& e) {
-      cb_error = std::make_unique<nb::python_error>(std::move(e));
-      return false;
-    }
+    if (py.poll()) return false;
+    return layout.questions.size() > 1 ? py.call(on_token, piece, qi) : py.call(on_token, piece);
   };
   nb::list answers;
   qo.on_answer = [&](size_t qi, const QaAnswer& a, const QaRun& run) {
@@ -140,10 +120,9 @@ nb::object generate(PyModel& pm, std::optional<std::string> prompt, std::optiona
     nb::gil_scoped_release nogil;
     answer_questions(s, layout, qo);
   } catch (const Error&) {
-    if (!ic.interrupted()) throw;  // "interrupted" between the context's chunks: KeyboardInterrupt below
+    if (!py.stopped()) throw;  // "interrupted" between the context's chunks: KeyboardInterrupt below
   }
-  ic.rethrow_if_interrupted();
-  if (cb_error) throw nb::python_error(*cb_error);
+  py.rethrow();
   const bool many = !nb::isinstance<nb::str>(question) && !question.is_none();
   if (many) return answers;
   return answers[0];

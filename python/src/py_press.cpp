@@ -17,18 +17,6 @@ namespace kvtrim::py {
 
 namespace {
 
-// f32 data owned by a capsule, as a numpy array of `shape`.
-nb::ndarray<nb::numpy, float> to_numpy(std::vector<float> v, const std::vector<size_t>& shape) {
-  auto* p = new std::vector<float>(std::move(v));
-  nb::capsule owner(p, [](void* x) noexcept { delete static_cast<std::vector<float>*>(x); });
-  return nb::ndarray<nb::numpy, float>(p->data(), shape.size(), shape.data(), owner);
-}
-nb::ndarray<nb::numpy, int32_t> to_numpy_i32(std::vector<int32_t> v, const std::vector<size_t>& shape) {
-  auto* p = new std::vector<int32_t>(std::move(v));
-  nb::capsule owner(p, [](void* x) noexcept { delete static_cast<std::vector<int32_t>*>(x); });
-  return nb::ndarray<nb::numpy, int32_t>(p->data(), shape.size(), shape.data(), owner);
-}
-
 // A kvtrim.ScorerPress instance (python/kvtrim/presses.py) as a C++ ScorerPress. The object's
 // _score_layer(layer, keys, values, queries, positions) calls the user's score and checks what
 // it returns (shape, NaN), giving back float32 scores [n_kv_heads, n_tokens] (a list of
@@ -82,22 +70,22 @@ class PyScorerPress final : public ScorerPress {
         std::copy(h.v.begin(), h.v.end(), v.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(ih) * n * static_cast<size_t>(dv)));
         std::copy(h.pos.begin(), h.pos.end(), p.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(ih) * n));
       }
-      keys = nb::cast(to_numpy(std::move(k), {static_cast<size_t>(nkv), n, static_cast<size_t>(dk)}));
-      values = nb::cast(to_numpy(std::move(v), {static_cast<size_t>(nkv), n, static_cast<size_t>(dv)}));
-      pos = nb::cast(to_numpy_i32(std::move(p), {static_cast<size_t>(nkv), n}));
+      keys = nb::cast(owned_array<float>(std::move(k), {static_cast<size_t>(nkv), n, static_cast<size_t>(dk)}));
+      values = nb::cast(owned_array<float>(std::move(v), {static_cast<size_t>(nkv), n, static_cast<size_t>(dv)}));
+      pos = nb::cast(owned_array<int32_t>(std::move(p), {static_cast<size_t>(nkv), n}));
     } else {
       nb::list kl, vl, pl;
       for (HeadData& h : heads) {
         const size_t n = static_cast<size_t>(h.n);
-        kl.append(to_numpy(std::move(h.k), {n, static_cast<size_t>(dk)}));
-        vl.append(to_numpy(std::move(h.v), {n, static_cast<size_t>(dv)}));
-        pl.append(to_numpy_i32(std::move(h.pos), {n}));
+        kl.append(owned_array<float>(std::move(h.k), {n, static_cast<size_t>(dk)}));
+        vl.append(owned_array<float>(std::move(h.v), {n, static_cast<size_t>(dv)}));
+        pl.append(owned_array<int32_t>(std::move(h.pos), {n}));
       }
       keys = kl;
       values = vl;
       pos = pl;
     }
-    nb::object queries = nb::cast(to_numpy(std::move(q), {static_cast<size_t>(ctx.n_head()), static_cast<size_t>(w), static_cast<size_t>(dk)}));
+    nb::object queries = nb::cast(owned_array<float>(std::move(q), {static_cast<size_t>(ctx.n_head()), static_cast<size_t>(w), static_cast<size_t>(dk)}));
     // A Python exception (the user's, or the shape / NaN checks) propagates as nb::python_error;
     // the plan is not applied, so the cache is unchanged.
     nb::object res = obj_.attr("_score_layer")(il, keys, values, queries, pos);

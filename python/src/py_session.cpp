@@ -12,28 +12,13 @@
 #include <optional>
 
 #include "core/error.h"
-#include "engine/press_runner.h"
-#include "engine/session.h"
+#include "engine/document_qa.h"
 #include "kv/kv_types.h"
 #include "py_common.h"
 
 namespace kvtrim::py {
 
-namespace {
-
-nb::ndarray<nb::numpy, float> f32_array(std::vector<float> v, std::vector<size_t> shape) {
-  auto* p = new std::vector<float>(std::move(v));
-  nb::capsule owner(p, [](void* x) noexcept { delete static_cast<std::vector<float>*>(x); });
-  return nb::ndarray<nb::numpy, float>(p->data(), shape.size(), shape.data(), owner);
-}
-nb::ndarray<nb::numpy, int32_t> i32_array(std::vector<int32_t> v) {
-  auto* p = new std::vector<int32_t>(std::move(v));
-  const size_t n = p->size();
-  nb::capsule owner(p, [](void* x) noexcept { delete static_cast<std::vector<int32_t>*>(x); });
-  return nb::ndarray<nb::numpy, int32_t>(p->data(), {n}, owner);
-}
-
-nb::dict stats_dict(const CompressStats& st) {
+nb::dict compress_stats_dict(const CompressStats& st) {
   nb::dict d;
   d["tokens_before"] = st.tokens_before;
   d["tokens_after"] = st.tokens_after;
@@ -46,8 +31,6 @@ nb::dict stats_dict(const CompressStats& st) {
   }
   return d;
 }
-
-}  // namespace
 
 nb::dict kv_bytes_dict(const KvCache& c) {
   const KvBytes b = c.bytes();
@@ -116,21 +99,12 @@ class PySession {
   nb::ndarray<nb::numpy, float> prefill(const std::vector<int32_t>& tokens) {
     check_no_views("prefill");
     KVTRIM_CHECK(!tokens.empty(), "prefill: no tokens");
-    InterruptCheck ic;
+    PyInterrupts py;
     {
       nb::gil_scoped_release nogil;
-      const size_t chunk = static_cast<size_t>(std::max(1, s_->params().n_batch));
-      // The whole prompt is checked before any work (Session::prefill checks each call alone).
-      const int64_t need = s_->n_past() + static_cast<int64_t>(tokens.size());
-      KVTRIM_CHECK(need <= s_->n_ctx(), "the prompt of %zu tokens after %d held exceeds the context limit of %lld tokens",
-                   tokens.size(), s_->n_past(), static_cast<long long>(s_->n_ctx()));
-      for (size_t at = 0; at < tokens.size() && !ic.poll(); at += chunk) {
-        const size_t end = std::min(tokens.size(), at + chunk);
-        s_->prefill(std::vector<int32_t>(tokens.begin() + static_cast<std::ptrdiff_t>(at),
-                                         tokens.begin() + static_cast<std::ptrdiff_t>(end)));
-      }
+      prefill_chunks(*s_, tokens, [&] { return py.poll(); });
     }
-    ic.rethrow_if_interrupted();
+    py.rethrow();
     return logits();
   }
 
@@ -143,7 +117,7 @@ class PySession {
     return logits();
   }
 
-  nb::ndarray<nb::numpy, float> logits() const { return f32_array(s_->logits(), {s_->logits().size()}); }
+  nb::ndarray<nb::numpy, float> logits() const { return owned_array<float>(s_->logits(), {s_->logits().size()}); }
 
   nb::dict generate(const std::vector<int32_t>& prompt, int max_tokens, float temperature, int top_k, float top_p,
                     uint64_t seed, bool stop_at_eog, const std::vector<std::string>& stop, nb::object on_token) {
@@ -155,26 +129,13 @@ class PySession {
     gp.sampling = {temperature, top_k, top_p, seed};
     gp.stop_at_eog = stop_at_eog;
     gp.stop_strings = stop;
-    InterruptCheck ic;
-    std::unique_ptr<nb::python_error> cb_error;
+    PyInterrupts py;
     GenerateResult r;
     {
       nb::gil_scoped_release nogil;
-      r = s_->generate(prompt, gp, [&](int32_t id, const std::string& piece) {
-        if (ic.poll()) return false;
-        if (on_token.is_none()) return true;
-        nb::gil_scoped_acquire gil;
-        try {
-          nb::object keep = on_token(piece);
-          return keep.is_none() || nb::cast<bool>(keep);
-        } catch (nb::python_error& e) {
-          cb_error = std::make_unique<nb::python_error>(std::move(e));
-          return false;
-        }
-      });
+      r = s_->generate(prompt, gp, [&](int32_t, const std::string& piece) { return !py.poll() && py.call(on_token, piece); });
     }
-    ic.rethrow_if_interrupted();
-    if (cb_error) throw nb::python_error(*cb_error);
+    py.rethrow();
     nb::dict d;
     d["text"] = r.text;
     d["tokens"] = r.tokens;
@@ -200,7 +161,7 @@ class PySession {
       else if (budget > 0) st = s_->compress(b);
       else st = s_->compress();
     }
-    return stats_dict(st);
+    return compress_stats_dict(st);
   }
 
   nb::ndarray<nb::numpy, float> keys(int il, int ih) const { return head_array(il, ih, true); }
@@ -236,7 +197,8 @@ class PySession {
     check_head(il, ih);
     std::vector<int32_t> pos;
     s_->cache().read_head(il, ih, nullptr, nullptr, &pos);
-    return i32_array(std::move(pos));
+    const size_t n = pos.size();
+    return owned_array<int32_t>(std::move(pos), {n});
   }
   int64_t n_tokens(int il, int ih) const {
     check_head(il, ih);
@@ -268,7 +230,7 @@ class PySession {
     s_->cache().read_head(il, ih, want_k ? &x : nullptr, want_k ? nullptr : &x, nullptr);
     const KvCacheConfig& c = s_->cache().config();
     const size_t d = static_cast<size_t>(want_k ? c.head_dim_k : c.head_dim_v);
-    return f32_array(std::move(x), {static_cast<size_t>(s_->cache().n_tokens(il, ih)), d});
+    return owned_array<float>(std::move(x), {static_cast<size_t>(s_->cache().n_tokens(il, ih)), d});
   }
   void check_no_views(const char* what) const {
     if (*views_ > 0)

@@ -4,24 +4,17 @@
 #include <memory>
 
 #include "core/error.h"
+#include "core/strings.h"
 #include "core/timer.h"
 
 namespace kvtrim {
-
-namespace {
-std::string trim(const std::string& s) {
-  const size_t b = s.find_first_not_of(" \t\r\n");
-  if (b == std::string::npos) return {};
-  return s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1);
-}
-}  // namespace
 
 PromptLayout layout_prompts(const Model& model, const PromptRequest& req) {
   const Tokenizer& tok = model.tokenizer();
   KVTRIM_CHECK(!req.questions.empty(), "no prompt or question given");
   PromptLayout r;
   const bool has_context = !req.context.empty();
-  const std::string ctx = trim(req.context);
+  const std::string ctx = trim_space(req.context);
   KVTRIM_CHECK(!has_context || !ctx.empty(), "the context is empty");
   if (req.chat) {
     for (const std::string& q : req.questions) {
@@ -53,6 +46,20 @@ PromptLayout layout_prompts(const Model& model, const PromptRequest& req) {
   return r;
 }
 
+bool prefill_chunks(Session& s, const std::vector<int32_t>& tokens, const std::function<bool()>& interrupted) {
+  const int64_t need = s.n_past() + static_cast<int64_t>(tokens.size());
+  KVTRIM_CHECK(need <= s.n_ctx(), "the prompt of %zu tokens after %d held exceeds the context limit of %lld tokens",
+               tokens.size(), s.n_past(), static_cast<long long>(s.n_ctx()));
+  const size_t chunk = static_cast<size_t>(std::max(1, s.params().n_batch));
+  for (size_t at = 0; at < tokens.size(); at += chunk) {
+    if (interrupted && interrupted()) return false;
+    const size_t end = std::min(tokens.size(), at + chunk);
+    s.prefill(std::vector<int32_t>(tokens.begin() + static_cast<std::ptrdiff_t>(at),
+                                   tokens.begin() + static_cast<std::ptrdiff_t>(end)));
+  }
+  return true;
+}
+
 QaRun answer_questions(Session& s, const PromptLayout& layout, const QaOptions& o) {
   KVTRIM_CHECK(!layout.questions.empty(), "no question to answer");
   const bool query_aware = s.press() && s.press()->needs().question;
@@ -60,7 +67,7 @@ QaRun answer_questions(Session& s, const PromptLayout& layout, const QaOptions& 
                "press %s is query-aware: it needs a question (a context and a question, the chat template, or a "
                "protected tail)",
                s.press()->spec().c_str());
-  // The whole prompt must fit before anything runs (Session::prefill checks each call alone).
+  // The whole prompt must fit before anything runs (prefill_chunks checks the context alone).
   size_t longest = 0;
   for (const auto& q : layout.questions) longest = std::max(longest, q.size());
   const int64_t need = static_cast<int64_t>(layout.context.size() + longest);
@@ -69,14 +76,7 @@ QaRun answer_questions(Session& s, const PromptLayout& layout, const QaOptions& 
   if (s.n_past() > 0) s.reset();
   QaRun run;
   const double t0 = now_seconds();
-  // The context in chunks, so that an interrupt is seen between them.
-  const size_t chunk = static_cast<size_t>(std::max(1, s.params().n_batch));
-  for (size_t at = 0; at < layout.context.size(); at += chunk) {
-    if (o.interrupted && o.interrupted()) throw Error("interrupted");
-    const size_t end = std::min(layout.context.size(), at + chunk);
-    s.prefill(std::vector<int32_t>(layout.context.begin() + static_cast<std::ptrdiff_t>(at),
-                                   layout.context.begin() + static_cast<std::ptrdiff_t>(end)));
-  }
+  if (!prefill_chunks(s, layout.context, o.interrupted)) throw Error("interrupted");
   run.context_s = now_seconds() - t0;
   ContextCompression cc;
   if (s.press() && !query_aware) cc = compress_context(s, {}, o.compress);  // once, for every question

@@ -69,6 +69,11 @@ struct QaOptions {
   std::function<bool()> interrupted;
 };
 
+// Prefills `tokens` chunk by chunk (n_batch), polling `interrupted` (may be empty) before each
+// chunk: false when it stopped there (the chunks before stay in the cache). The whole prompt is
+// checked against the context limit before anything runs (Error naming the numbers).
+bool prefill_chunks(Session& s, const std::vector<int32_t>& tokens, const std::function<bool()>& interrupted);
+
 // Runs the layout on a session holding nothing (reset first when it does). With a press on the
 // session it must have been installed with after_prefill = false (the context is compressed
 // here). A query-aware press needs a non-empty question.

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/strings.h"
 #include "core/log.h"
 #include "core/timer.h"
 #include "engine/perplexity.h"
@@ -49,13 +50,6 @@ std::string with_space(const std::string& s) {
 
 bool blank(const std::string& s) { return s.find_first_not_of(" \t\r") == std::string::npos; }
 
-std::string trim(const std::string& s) {
-  const size_t b = s.find_first_not_of(" \t\r\n");
-  if (b == std::string::npos) return "";
-  const size_t e = s.find_last_not_of(" \t\r\n");
-  return s.substr(b, e - b + 1);
-}
-
 }  // namespace
 
 std::string McItem::hash() const {
@@ -74,7 +68,7 @@ std::string McItem::hash() const {
 // ---------------------------------------------------------------- HellaSwag
 
 std::string hellaswag_preprocess(const std::string& text) {
-  std::string t = trim(text);
+  std::string t = trim_space(text);
   // " [title]" -> ". "
   for (size_t p; (p = t.find(" [title]")) != std::string::npos;) t.replace(p, 8, ". ");
   // re.sub("\\[.*?\\]", "", t)
@@ -114,7 +108,7 @@ std::vector<McItem> parse_hellaswag(const std::string& text, const std::string& 
     it.index = static_cast<int64_t>(i / 6);
     KVTRIM_CHECK(!blank(lines[i]), "%s:%zu: empty context line (item %zu)", source.c_str(), i + 1, i / 6);
     it.context = hellaswag_preprocess(lines[i]);
-    const std::string g = trim(lines[i + 1]);
+    const std::string g = trim_space(lines[i + 1]);
     if (g.size() != 1 || g[0] < '0' || g[0] > '3') {
       fail("%s:%zu: expected the gold index 0-3, got '%.40s' (6 lines per item: context, gold, 4 endings)",
            source.c_str(), i + 2, lines[i + 1].c_str());
@@ -186,7 +180,7 @@ std::vector<McItem> parse_piqa(const std::string& jsonl, const std::string& json
     if (li >= ll.size()) {
       fail("%s: has more items than labels in %s (%zu labels)", where.c_str(), labels_source.c_str(), li);
     }
-    const std::string lab = trim(ll[li]);
+    const std::string lab = trim_space(ll[li]);
     if (lab != "0" && lab != "1") fail("%s:%zu: expected a label 0 or 1, got '%.40s'", labels_source.c_str(), li + 1, lab.c_str());
     ++li;
     McItem it;
@@ -277,7 +271,7 @@ std::vector<MmluQuestion> parse_mmlu_csv(const std::string& text, const std::str
     MmluQuestion q;
     q.question = r.fields[0];
     for (int k = 0; k < 4; ++k) q.options[k] = r.fields[static_cast<size_t>(k) + 1];
-    const std::string a = trim(r.fields[5]);
+    const std::string a = trim_space(r.fields[5]);
     if (a.size() != 1 || a[0] < 'A' || a[0] > 'D') {
       fail("%s:%lld: the answer must be A, B, C or D, got '%.40s'", source.c_str(), static_cast<long long>(r.line),
            r.fields[5].c_str());
@@ -291,7 +285,7 @@ std::vector<MmluQuestion> parse_mmlu_csv(const std::string& text, const std::str
 
 namespace {
 std::string mmlu_block(const MmluQuestion& q) {
-  std::string s = trim(q.question);
+  std::string s = trim_space(q.question);
   for (int k = 0; k < 4; ++k) s += strprintf("\n%c. %s", 'A' + k, q.options[k].c_str());
   return s + "\nAnswer:";
 }

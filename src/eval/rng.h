@@ -7,6 +7,8 @@
 #include <utility>
 #include <vector>
 
+#include "core/strings.h"  // fnv1a64
+
 namespace kvtrim::eval {
 
 // splitmix64 step: also used to derive independent seeds.
@@ -15,15 +17,6 @@ inline uint64_t splitmix64(uint64_t& x) {
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
   return z ^ (z >> 31);
-}
-
-// FNV-1a 64-bit hash of bytes (stable across platforms; used for seeds and config hashes).
-inline uint64_t fnv1a64(std::string_view s, uint64_t h = 0xcbf29ce484222325ULL) {
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 0x100000001b3ULL;
-  }
-  return h;
 }
 
 class Rng {

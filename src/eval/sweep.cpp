@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/strings.h"
 #include "core/timer.h"
 #include "engine/context_question.h"
 #include "engine/press_runner.h"
@@ -27,12 +28,6 @@ using nlohmann::json;
 // The grid
 
 namespace {
-
-std::string trim(const std::string& s) {
-  const size_t b = s.find_first_not_of(" \t\r\n");
-  if (b == std::string::npos) return "";
-  return s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1);
-}
 
 // Splits at `sep` outside parentheses.
 std::vector<std::string> split_top(const std::string& s, char sep) {
@@ -67,7 +62,7 @@ bool is_option_piece(const std::string& piece) {
 std::vector<std::string> split_press_list(const std::string& list) {
   std::vector<std::string> out;
   for (const std::string& raw : split_top(list, ',')) {
-    const std::string piece = trim(raw);
+    const std::string piece = trim_space(raw);
     KVTRIM_CHECK(!piece.empty(), "--presses '%s': empty entry (a stray ','?)", list.c_str());
     if (is_option_piece(piece)) {
       KVTRIM_CHECK(!out.empty(), "--presses '%s': option '%s' before any press", list.c_str(),
@@ -83,7 +78,7 @@ std::vector<std::string> split_press_list(const std::string& list) {
 std::vector<double> parse_ratio_list(const std::string& list) {
   std::vector<double> out;
   for (const std::string& raw : split_top(list, ',')) {
-    const std::string item = trim(raw);
+    const std::string item = trim_space(raw);
     char* end = nullptr;
     errno = 0;
     const double r = item.empty() ? NAN : std::strtod(item.c_str(), &end);

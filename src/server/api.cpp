@@ -7,6 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/strings.h"
+
 #include "core/error.h"
 #include "press/press.h"
 
@@ -100,12 +102,6 @@ void check_conversation_key(const std::string& key, const char* param) {
   }
 }
 
-// FNV-1a, 64 bits: the derived key must be the same on every replica and across restarts.
-uint64_t fnv1a(uint64_t h, const std::string& s) {
-  for (const char c : s) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
-  return h;
-}
-
 }  // namespace
 
 ConversationKey resolve_conversation_key(const CompletionRequest& r, const std::string& header) {
@@ -119,26 +115,26 @@ ConversationKey resolve_conversation_key(const CompletionRequest& r, const std::
   }
   if (!r.prompt_cache_key.empty()) return {r.prompt_cache_key, "body"};
   // derived: what the conversation's later turns repeat unchanged at their start
-  uint64_t h = 0xcbf29ce484222325ull;
-  h = fnv1a(h, r.endpoint == Endpoint::kChat ? "chat" : "completion");
+  // FNV-1a (core/strings.h): the derived key must be the same on every replica and across restarts
+  uint64_t h = fnv1a64(r.endpoint == Endpoint::kChat ? "chat" : "completion");
   if (r.endpoint == Endpoint::kChat) {
     for (const ChatMessage& m : r.messages) {
       if (m.role != "system" && m.role != "user") continue;
       std::string tag(1, '\0');  // the role, fenced, so that moving text between messages changes the key
       tag += m.role;
       tag += '\0';
-      h = fnv1a(h, tag);
-      h = fnv1a(h, m.content);
+      h = fnv1a64(tag, h);
+      h = fnv1a64(m.content, h);
       if (m.role == "user") break;  // the first user message ends it
     }
   } else if (r.has_prompt_tokens) {
     for (size_t i = 0; i < r.prompt_tokens.size() && i < 64; ++i) {
       std::string t = std::to_string(r.prompt_tokens[i]);
       t += ',';
-      h = fnv1a(h, t);
+      h = fnv1a64(t, h);
     }
   } else {
-    h = fnv1a(h, r.prompt.substr(0, 64));
+    h = fnv1a64(r.prompt.substr(0, 64), h);
   }
   return {strprintf("auto-%016llx", static_cast<unsigned long long>(h)), "derived"};
 }

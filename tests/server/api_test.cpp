@@ -6,16 +6,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "request_limits.h"
+
 namespace kvtrim::server {
 namespace {
 
 using nlohmann::json;
 
-RequestLimits limits() {
-  RequestLimits l;
-  l.n_ctx = 256;
-  return l;
-}
+using test_api::limits;
 
 // The ApiError a body raises (status, param, message fragment).
 void expect_bad(const std::string& body, Endpoint ep, int status, const std::string& param, const std::string& frag) {

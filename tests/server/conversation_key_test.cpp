@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "request_limits.h"
 #include "server/api.h"
 
 namespace kvtrim::server {
@@ -12,11 +13,7 @@ namespace {
 
 using nlohmann::json;
 
-RequestLimits limits() {
-  RequestLimits l;
-  l.n_ctx = 256;
-  return l;
-}
+using test_api::limits;
 
 CompletionRequest chat(const std::string& messages, const std::string& extra = "") {
   return parse_completion_request("{\"messages\":" + messages + extra + "}", Endpoint::kChat, limits());

@@ -13,6 +13,7 @@
 
 #include "cli.h"
 #include "core/error.h"
+#include "core/strings.h"
 #include "core/timer.h"
 #include "engine/document_qa.h"
 
@@ -41,12 +42,6 @@ void add_sampling_options(CLI::App* c, SamplerParams& s) {
   c->add_option("--seed", s.seed, "random seed")->capture_default_str();
 }
 
-std::string trim(const std::string& s) {
-  const size_t b = s.find_first_not_of(" \t\r\n");
-  if (b == std::string::npos) return {};
-  return s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1);
-}
-
 void print_piece(const std::string& piece) {
   std::fwrite(piece.data(), 1, piece.size(), stdout);
   std::fflush(stdout);
@@ -65,7 +60,7 @@ void run(const RunOptions& o) {
     context = std::filesystem::is_regular_file(o.context, ec) ? read_file(o.context) : o.context;
     if (context == o.context && o.context.find_first_of(" \n") == std::string::npos)
       std::fprintf(stderr, "note: there is no file '%s': --context is that text\n", o.context.c_str());
-    KVTRIM_CHECK(!trim(context).empty(), "the --context is empty");
+    KVTRIM_CHECK(!trim_space(context).empty(), "the --context is empty");
   }
   if (!o.press.spec.empty()) make_press(o.press.spec);  // a bad --press fails before the model loads
   auto model = load_model(o.common);
@@ -95,7 +90,7 @@ void run(const RunOptions& o) {
   qo.gen.sampling = o.sampling;
   qo.on_question = [&](size_t qi) {
     if (rp.questions.size() > 1) {
-      std::printf("%sQ%zu: %s\nA%zu:", qi ? "\n" : "", qi + 1, trim(questions[qi]).c_str(), qi + 1);
+      std::printf("%sQ%zu: %s\nA%zu:", qi ? "\n" : "", qi + 1, trim_space(questions[qi]).c_str(), qi + 1);
       std::fflush(stdout);
     }
   };
