@@ -265,50 +265,101 @@ TEST_F(ChannelPress, QueryAwareWindowIsTheQuestion) {
   EXPECT_THROW(plan_of(*s), Error);
 }
 
-TEST_F(ChannelPress, SparkValuesAndRecoveryModes) {
+// Values: each token's top channels by |v|; the pruned ones removed (value_recovery=zero, the
+// default: the paper's Appendix D) or filled with the token's mean pruned value (mean), checked
+// in the plan and in the values the cache reads back after compression.
+TEST_F(ChannelPress, SparkValuePruning) {
   const auto c = capture(tokens(kN));
-  {
-    auto s = prefilled("spark:ratio=0.5,value_ratio=0.75", tokens(kN));
+  const int T = c.d - static_cast<int>(0.75 * c.d);
+  for (const char* vr : {"", ",value_recovery=zero", ",value_recovery=mean"}) {
+    SCOPED_TRACE(vr);
+    const bool mean = std::string(vr).find("mean") != std::string::npos;
+    auto s = prefilled(std::string("spark:ratio=0.5,value_ratio=0.75") + vr, tokens(kN));
     const CompressionPlan p = plan_of(*s);
-    const int T = c.d - static_cast<int>(0.75 * c.d);
+    s->compress();
     for (int il = 0; il < p.n_layer; ++il)
       for (int ih = 0; ih < p.n_head_kv; ++ih) {
         const ChannelSpec& v = p.at(il, ih).value.channels;
         ASSERT_EQ(v.topk, T);
         EXPECT_TRUE(v.recovery_scale.empty());
+        ASSERT_EQ(v.token_fill.size(), mean ? static_cast<size_t>(kN) : size_t{0});
+        std::vector<float> vs;
+        s->cache().read_head(il, ih, nullptr, &vs, nullptr);
+        ASSERT_EQ(vs.size(), static_cast<size_t>(kN * c.d));
         for (int t = 0; t < kN; ++t) {
+          const float* vt = c.vrow(il, t, ih);
           std::vector<double> mag(c.d);
-          for (int j = 0; j < c.d; ++j) mag[j] = std::abs(c.vrow(il, t, ih)[j]);
+          for (int j = 0; j < c.d; ++j) mag[j] = std::abs(vt[j]);
           const auto want = bf_top(mag, T);
           EXPECT_EQ(row_of(v, static_cast<size_t>(t)), want);
           double sum = 0;
           for (int j = 0; j < c.d; ++j)
-            if (!std::binary_search(want.begin(), want.end(), j)) sum += c.vrow(il, t, ih)[j];
-          EXPECT_NEAR(v.token_fill[static_cast<size_t>(t)], sum / (c.d - T), 1e-5);
+            if (!std::binary_search(want.begin(), want.end(), j)) sum += vt[j];
+          const double fill = mean ? sum / (c.d - T) : 0.0;
+          if (mean) {
+            EXPECT_NEAR(v.token_fill[static_cast<size_t>(t)], fill, 1e-5);
+          }
+          for (int j = 0; j < c.d; ++j) {  // kept: exact; pruned: 0 (removed) or the fill
+            const bool kept = std::binary_search(want.begin(), want.end(), j);
+            ASSERT_NEAR(vs[static_cast<size_t>(t * c.d + j)], kept ? vt[j] : fill, 1e-5)
+                << "layer " << il << " head " << ih << " token " << t << " channel " << j;
+          }
         }
       }
   }
-  // zero: no payload; gaussian / exponential: the pruned saliencies' mean (and spread)
+}
+
+// Recovery modes: zero stores nothing; gaussian / exponential store per token μ_t (and σ_t for
+// gaussian), over all d saliencies (recovery_stats=all, the default: eqs. 12-13 and the code's
+// normal_attn / exponential_attn) or over the pruned ones (recovery_stats=pruned), brute force.
+TEST_F(ChannelPress, SparkRecoveryModes) {
+  const auto c = capture(tokens(kN));
+  const HParams& hp = model_->hparams();
+  const int group = hp.n_head / hp.n_head_kv;
   auto z = prefilled("spark:ratio=0.5,recovery=zero", tokens(kN));
   const ChannelSpec zc = plan_of(*z).at(1, 0).key.channels;  // a copy: the plan is a temporary
   EXPECT_TRUE(zc.recovery_scale.empty());
   EXPECT_TRUE(zc.token_fill.empty());
-  auto d = prefilled("spark:ratio=0.5", tokens(kN));
-  auto g = prefilled("spark:ratio=0.5,recovery=gaussian,seed=3", tokens(kN));
-  auto e = prefilled("spark:ratio=0.5,recovery=exponential", tokens(kN));
-  const ChannelSpec dc = plan_of(*d).at(1, 0).key.channels;
-  const ChannelSpec gc = plan_of(*g).at(1, 0).key.channels;
-  const ChannelSpec ec = plan_of(*e).at(1, 0).key.channels;
-  EXPECT_EQ(gc.recovery_dist, RecoveryDist::kGaussian);
-  EXPECT_EQ(gc.recovery_seed, 3u);
-  EXPECT_TRUE(gc.recovery_sqrt);
-  EXPECT_EQ(ec.recovery_dist, RecoveryDist::kExponential);
-  ASSERT_EQ(gc.token_spread.size(), static_cast<size_t>(kN));
-  EXPECT_TRUE(ec.token_spread.empty());
-  for (int t = 0; t < kN; ++t) {
-    EXPECT_NEAR(gc.token_fill[t], dc.token_fill[t] * dc.token_fill[t], 1e-5 * (1 + gc.token_fill[t]));  // μ vs sqrt(μ)
-    EXPECT_EQ(ec.token_fill[t], gc.token_fill[t]);
-    EXPECT_GE(gc.token_spread[t], 0.f);
+  const SparkCase sc{"ratio=0.8", true, 'r', 0.8, 4};
+  struct Mode {
+    std::string opts;
+    bool gauss, all;
+  };
+  const Mode modes[] = {{"recovery=gaussian,seed=3", true, true},
+                        {"recovery=gaussian,seed=3,recovery_stats=all", true, true},
+                        {"recovery=gaussian,seed=3,recovery_stats=pruned", true, false},
+                        {"recovery=exponential", false, true},
+                        {"recovery=exponential,recovery_stats=pruned", false, false}};
+  for (const Mode& m : modes) {
+    SCOPED_TRACE(m.opts);
+    auto s = prefilled("spark:ratio=0.8," + m.opts, tokens(kN));
+    const CompressionPlan p = plan_of(*s);
+    for (int il = 0; il < p.n_layer; ++il)
+      for (int ih = 0; ih < p.n_head_kv; ++ih) {
+        const ChannelSpec& ch = p.at(il, ih).key.channels;
+        EXPECT_EQ(ch.recovery_dist, m.gauss ? RecoveryDist::kGaussian : RecoveryDist::kExponential);
+        EXPECT_EQ(ch.recovery_seed, m.gauss ? 3u : 0u);
+        EXPECT_TRUE(ch.recovery_sqrt);
+        ASSERT_EQ(ch.token_fill.size(), static_cast<size_t>(kN));
+        ASSERT_EQ(ch.token_spread.size(), m.gauss ? static_cast<size_t>(kN) : size_t{0});
+        const BfWindow w = bf_window(c, il, ih, group);
+        for (int t = 0; t < kN; ++t) {
+          std::vector<double> sal(c.d);
+          for (int j = 0; j < c.d; ++j) sal[j] = double(c.krow(il, t, ih)[j]) * c.krow(il, t, ih)[j] * w.l2[j];
+          const std::vector<int32_t> kept = bf_spark_row(sal, sc, c.d);
+          ASSERT_EQ(row_of(ch, static_cast<size_t>(t)), kept);
+          std::vector<double> set;  // the saliencies the statistics run over
+          for (int j = 0; j < c.d; ++j)
+            if (m.all || !std::binary_search(kept.begin(), kept.end(), j)) set.push_back(sal[j]);
+          double mu = 0, var = 0;
+          for (double x : set) mu += x / static_cast<double>(set.size());
+          for (double x : set) var += (x - mu) * (x - mu) / static_cast<double>(set.size());
+          EXPECT_NEAR(ch.token_fill[static_cast<size_t>(t)], mu, 1e-4 * std::max(1e-3, mu));
+          if (m.gauss) {
+            EXPECT_NEAR(ch.token_spread[static_cast<size_t>(t)], std::sqrt(var), 1e-3 * std::max(1e-3, std::sqrt(var)));
+          }
+        }
+      }
   }
 }
 
@@ -344,7 +395,12 @@ TEST_F(ChannelPress, AppliedBytesAndComposition) {
   EXPECT_EQ(n_both, nh * kN / 2);
   EXPECT_EQ(b_both.keys, static_cast<size_t>(nh) * (kN / 2) * T * 4);
   EXPECT_EQ(b_both.values, static_cast<size_t>(nh) * (kN / 2) * (d / 2) * 4);
-  EXPECT_EQ(b_both.fills, static_cast<size_t>(nh) * (kN / 2) * 2 * 4);  // key recovery + value fill
+  // key recovery only: pruned values are removed (value_recovery=zero, the default) ...
+  EXPECT_EQ(b_both.fills, static_cast<size_t>(nh) * (kN / 2) * 4);
+  // ... or read the token's mean pruned value, one more f32 per row
+  auto [b_mean, n_mean] = run("snapkv:0.5+spark:ratio=0.8,value_ratio=0.5,value_recovery=mean");
+  EXPECT_EQ(b_mean.values, b_both.values);
+  EXPECT_EQ(b_mean.fills, static_cast<size_t>(nh) * (kN / 2) * 2 * 4);  // key recovery + value fill
   // two channel choices on the keys do not compose
   auto s = prefilled("spark:0.5+think:0.5", tokens(kN));
   test::expect_error([&] { s->compress(); }, "do not compose");
@@ -357,20 +413,23 @@ TEST_F(ChannelPress, IndexLayoutsAttendAlike) {
   const HParams& hp = model_->hparams();
   const size_t nh = static_cast<size_t>(hp.n_layer * hp.n_head_kv), d = static_cast<size_t>(hp.head_dim_k);
   const size_t T = d - static_cast<size_t>(0.5 * static_cast<double>(d)), Tv = T, mb = (d + 7) / 8;
-  std::vector<std::vector<float>> logits;
-  for (const char* layout : {"list", "bitmask"}) {
-    auto s = prefilled(std::string("spark:ratio=0.5,value_ratio=0.5,index=") + layout, tokens(kN));
-    s->compress();
-    const KvBytes b = s->cache().bytes();
-    EXPECT_EQ(b.indices, nh * kN * (layout[0] == 'l' ? T + Tv : 2 * mb)) << layout;
-    logits.push_back(s->decode(7));
-    logits.push_back(s->decode(9));
-  }
-  for (size_t k = 0; k < 2; ++k) {
-    const std::vector<float>& a = logits[k];
-    const std::vector<float>& bm = logits[k + 2];
-    ASSERT_EQ(a.size(), bm.size());
-    for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], bm[i], 1e-4f * (1.f + std::fabs(a[i]))) << "step " << k;
+  for (const char* vr : {"zero", "mean"}) {  // values removed, or filled (the fill's column)
+    SCOPED_TRACE(vr);
+    std::vector<std::vector<float>> logits;
+    for (const char* layout : {"list", "bitmask"}) {
+      auto s = prefilled(strprintf("spark:ratio=0.5,value_ratio=0.5,value_recovery=%s,index=%s", vr, layout), tokens(kN));
+      s->compress();
+      const KvBytes b = s->cache().bytes();
+      EXPECT_EQ(b.indices, nh * kN * (layout[0] == 'l' ? T + Tv : 2 * mb)) << layout;
+      logits.push_back(s->decode(7));
+      logits.push_back(s->decode(9));
+    }
+    for (size_t k = 0; k < 2; ++k) {
+      const std::vector<float>& a = logits[k];
+      const std::vector<float>& bm = logits[k + 2];
+      ASSERT_EQ(a.size(), bm.size());
+      for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], bm[i], 1e-4f * (1.f + std::fabs(a[i]))) << "step " << k;
+    }
   }
   test::expect_error([&] { make_press("spark:index=tree"); }, "index");
 }
@@ -379,7 +438,8 @@ TEST_F(ChannelPress, IndexLayoutsAttendAlike) {
 TEST_F(ChannelPress, BadOptions) {
   for (const char* bad : {"spark:ratio=1", "spark:variant=q", "spark:groups=3", "spark:recovery=uniform",
                           "spark:saliency=x", "spark:p=0", "spark:seed=-1", "think:ratio=-0.1", "think:count=x",
-                          "spark:value_ratio=1.5", "think:window=0"}) {
+                          "spark:value_ratio=1.5", "think:window=0", "spark:recovery_stats=some",
+                          "spark:value_recovery=gaussian"}) {
     EXPECT_THROW(make_press(bad), Error) << bad;
   }
 }

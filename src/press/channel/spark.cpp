@@ -25,18 +25,29 @@
 //                     token's pruned channels, F = sqrt for the code's metric (k̃² ‖q‖ = μ) and the
 //                     identity for the paper's (|q̄| |k̃| = μ);
 //    gaussian / exponential: each pruned (t, c) draws its own saliency from N(μ_t, σ_t²)
-//                     (negative draws clamp to 0) / Exp(mean μ_t), μ_t and σ_t the mean and
-//                     standard deviation of the token's pruned saliencies (Appendix A.2), the draw
-//                     a seeded hash of (seed, μ_t, σ_t, c): the same at every step, nothing
-//                     stored per coordinate. (The code additionally rank-matches draws to the
-//                     saliency order and caps them at the threshold; not reproduced.)
+//                     (negative draws clamp to 0) / Exp(mean μ_t), the draw a seeded hash of
+//                     (seed, μ_t, σ_t, c): the same at every step, nothing stored per coordinate.
+//                     μ_t, σ_t (recovery_stats):
+//      all (default): the mean and (population) standard deviation of the saliencies of all d
+//                     channels of the token, Appendix A.2 eqs. 12–13 and the code's normal_attn /
+//                     exponential_attn (scores.mean / scores.std over the channel axis; torch's
+//                     std is the n−1 one, a factor sqrt(d/(d−1)) we do not copy);
+//      pruned:        over the token's pruned channels only (eq. 11's set; kvtrim's first
+//                     version, kept as an option).
+//                     (The code additionally rank-matches draws to the saliency order and caps
+//                     them at the threshold; not reproduced.)
 //    zero:            pruned channels read 0 (the ablation; no sign bits, no fill).
 //  values (optional, value_ratio > 0; Appendix D): per token, the top channels by |v_tc|; the
-//    pruned ones read the token's mean pruned value.
+//    pruned ones (value_recovery):
+//      zero (default): are removed, i.e. read 0 (Appendix D: "pruned channels are removed from the
+//                     cache", no value recovery);
+//      mean:          read the token's mean pruned value (one float per token; kvtrim's first
+//                     version, kept as an option).
 // Hyper-parameters (defaults): ratio = 0.5, window = 32, saliency = code, variant = ratio,
-// p = 0.99, groups = 4, grouping = code, recovery = degenerate, seed = 0, value_ratio = 0,
-// count = code, query_aware = false (true: the question's queries are the window). Tokens
-// appended later (decode) stay dense, as in the paper (prefill pruning).
+// p = 0.99, groups = 4, grouping = code, recovery = degenerate, recovery_stats = all, seed = 0,
+// value_ratio = 0, value_recovery = zero, count = code, query_aware = false (true: the
+// question's queries are the window). Tokens appended later (decode) stay dense, as in the paper
+// (prefill pruning).
 #include <algorithm>
 #include <cmath>
 
@@ -52,6 +63,8 @@ enum class Saliency { kCode, kPaper };
 enum class Variant { kRatio, kTopP, kGroups };
 enum class Grouping { kCode, kPaper };
 enum class Recovery { kDegenerate, kGaussian, kExponential, kZero };
+enum class RecoveryStats { kAll, kPruned };  // the channels μ_t, σ_t of a sampled recovery run over
+enum class ValueRecovery { kZero, kMean };
 
 struct SparkOptions {
   double ratio = 0.5;
@@ -62,8 +75,10 @@ struct SparkOptions {
   int groups = 4;
   Grouping grouping = Grouping::kCode;
   Recovery recovery = Recovery::kDegenerate;
+  RecoveryStats recovery_stats = RecoveryStats::kAll;
   uint32_t seed = 0;
   double value_ratio = 0;
+  ValueRecovery value_recovery = ValueRecovery::kZero;
   channel::CountRule count = channel::CountRule::kCode;
   bool query_aware = false;
   IndexLayout index = IndexLayout::kAuto;
@@ -208,9 +223,12 @@ class SparkPress : public Press {
       out->token_channels.insert(out->token_channels.end(), kept.begin(), kept.end());
       if (out->topk == 0) out->token_counts.push_back(static_cast<int32_t>(kept.size()));
       if (!rec) continue;
-      // The statistics of the pruned saliencies.
+      // The statistics of the saliencies: the pruned ones (degenerate; sampled with
+      // recovery_stats=pruned) or all d of the token (sampled, recovery_stats=all: eqs. 12–13).
+      const bool all = o_.recovery != Recovery::kDegenerate && o_.recovery_stats == RecoveryStats::kAll;
       std::fill(in.begin(), in.end(), 0);
-      for (int32_t c : kept) in[static_cast<size_t>(c)] = 1;
+      if (!all)
+        for (int32_t c : kept) in[static_cast<size_t>(c)] = 1;
       double sum = 0, sq = 0;
       int np = 0;
       for (int c = 0; c < d; ++c) {
@@ -243,6 +261,7 @@ class SparkPress : public Press {
       for (int c = 0; c < d; ++c) mag[static_cast<size_t>(c)] = std::abs(v[c]);
       channel::top_channels(mag.data(), d, T, &order, kept.data());
       out->token_channels.insert(out->token_channels.end(), kept.begin(), kept.end());
+      if (o_.value_recovery == ValueRecovery::kZero) continue;  // removed: no fill, the cache reads 0
       std::fill(in.begin(), in.end(), 0);
       for (int32_t c : kept) in[static_cast<size_t>(c)] = 1;
       double sum = 0;
@@ -271,8 +290,13 @@ PressInfo spark_press_info() {
                {"groups", "4", "SPARK-g: 4 or 5 groups"},
                {"grouping", "code", "SPARK-g: code (token grouped by its SPARK-p count) or paper (sorted segments)"},
                {"recovery", "degenerate", "pruned key channels read: degenerate (mean), gaussian, exponential, zero"},
+               {"recovery_stats", "all",
+                "gaussian / exponential: mean and deviation over all (the paper's eqs. 12-13, the code) "
+                "or pruned channels of the token"},
                {"seed", "0", "seed of the gaussian / exponential draws"},
                {"value_ratio", "0", "fraction of value channels pruned per token by magnitude (0 = keys only)"},
+               {"value_recovery", "zero",
+                "pruned value channels read: zero (removed, as the paper) or mean (the token's mean pruned value)"},
                {"index", "auto", "kept channels: list (a uint8 index per kept channel), bitmask (d/8 bytes per token), "
                                  "auto (the smaller)"},
                channel::count_rule_option(), query_aware_option()};
@@ -291,8 +315,12 @@ PressInfo spark_press_info() {
     o.grouping = a.get_choice<Grouping>("grouping", {{"code", Grouping::kCode}, {"paper", Grouping::kPaper}});
     o.recovery = a.get_choice<Recovery>("recovery", {{"degenerate", Recovery::kDegenerate}, {"gaussian", Recovery::kGaussian},
                                                 {"exponential", Recovery::kExponential}, {"zero", Recovery::kZero}});
+    o.recovery_stats =
+        a.get_choice<RecoveryStats>("recovery_stats", {{"all", RecoveryStats::kAll}, {"pruned", RecoveryStats::kPruned}});
     o.seed = a.get_uint32("seed");
     o.value_ratio = a.get_double_in("value_ratio", 0.0, 1.0, false);
+    o.value_recovery =
+        a.get_choice<ValueRecovery>("value_recovery", {{"zero", ValueRecovery::kZero}, {"mean", ValueRecovery::kMean}});
     o.count = channel::parse_count_rule(a);
     o.query_aware = a.get_bool("query_aware");
     o.index = a.get_choice<IndexLayout>("index", {{"auto", IndexLayout::kAuto},
