@@ -35,6 +35,10 @@ struct StiefLayerFit {
   // Training record per candidate (validation error at the best epoch, epochs run).
   std::vector<double> key_err, value_err;
   std::vector<int> key_epochs, value_epochs;
+  // Validation error of the starting basis (before any step; the warm start or the random
+  // predictor's first output). Set by train_stief only: not in the calibration file (empty
+  // when read back).
+  std::vector<double> key_start_err, value_start_err;
 };
 
 struct StiefFits {

@@ -10,21 +10,18 @@
 #include <cmath>
 #include <cstdio>
 #include <exception>
-#include <filesystem>
 #include <mutex>
 #include <numeric>
 #include <random>
 
 #include "calib/calibration.h"
-#include "calib/hash.h"
 #include "calib/lowrank.h"
+#include "calib/stief_checkpoint.h"
 #include "calib/stief_layer.h"
 #include "calib/stief_predictor.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "core/timer.h"
-#include "model/gguf.h"
-#include "model/gguf_writer.h"
 #include "ops/matmul.h"
 
 namespace kvtrim {
@@ -32,11 +29,13 @@ namespace kvtrim {
 std::string StiefTrainConfig::describe() const {
   std::string f;
   for (double x : fracs) f += strprintf("%s%g", f.empty() ? "" : ",", x);
+  // init_noise only when set, so that the checkpoints of earlier runs keep their identity
   return strprintf("ranks=%s epochs=%d patience=%d delta=%g rows=%d val=%dx%d lr=%g wd=%g "
                    "hidden=%d init=%s eig_step=%g layers=%d seed=%llu",
                    f.c_str(), max_epochs, patience, min_delta, rows, val_seqs, val_rows, lr,
                    weight_decay, hidden, warm_start ? "eigen" : "random", eig_step, layers,
-                   static_cast<unsigned long long>(seed));
+                   static_cast<unsigned long long>(seed)) +
+         (init_noise > 0 ? strprintf(" init_noise=%g", init_noise) : std::string());
 }
 
 namespace {
@@ -139,6 +138,7 @@ std::vector<int32_t> sample_rows(int64_t n, int R, std::mt19937_64& rng) {
 struct SideResult {
   std::vector<std::vector<float>> U;  // one basis (keys) or one per kv head (values), [d, d]
   double val_err = 0;
+  double start_err = 0;  // held-out error of the predictors' first output (before any step)
   int epochs = 0;
   int64_t steps = 0;
   double bwd_seconds = 0;
@@ -173,7 +173,7 @@ SideResult train_side(const LayerData& ld, bool keys, int r,
   predict();
   SideResult res;
   res.U = U;
-  res.val_err = evaluate(ld, projs(), false).err;
+  res.val_err = res.start_err = evaluate(ld, projs(), false).err;
   std::mt19937_64 rng(seed);
   const int64_t total = static_cast<int64_t>(cfg.max_epochs) * ld.n_train;
   int bad = 0;
@@ -254,95 +254,17 @@ std::vector<float> pooled_key_init(const Calibration& cal, int il, int dk) {
   return U;
 }
 
-// ---- checkpoint -------------------------------------------------------------------------
-
-constexpr const char* kCk = "kvtrim.stief_checkpoint.";
-
-
-// Everything the result depends on: the model, the configuration, the sequences (lengths and
-// token ids) and the calibration's EigenAttention fits and statistics (warm start, walk).
-std::string ck_identity(const Model& model, const Calibration& cal, const StiefTrainConfig& cfg,
-                        const std::vector<std::vector<int32_t>>& seqs) {
-  const ModelFingerprint fp = model_fingerprint(model);
-  Hasher tok, fit;
-  for (const auto& s : seqs) {
-    const uint64_t n = s.size();
-    tok.bytes(&n, sizeof n);
-    tok.bytes(s.data(), s.size() * sizeof(int32_t));
-  }
-  for (int il = 0; il < cal.n_layer(); ++il)
-    for (int h = 0; h < cal.n_head_kv(); ++h) {
-      const HeadFit& f = cal.fit(BasisMethod::kEigenAttention, il, h);
-      fit.bytes(f.k.enc.data(), f.k.enc.size() * sizeof(float));
-      fit.bytes(f.v.enc.data(), f.v.enc.size() * sizeof(float));
-      fit.bytes(f.k.energy.data(), f.k.energy.size() * sizeof(double));
-      fit.bytes(f.v.energy.data(), f.v.energy.size() * sizeof(double));
-      const HeadStats& st = cal.stats(il, h);
-      fit.bytes(st.gram_k.data(), st.gram_k.size() * sizeof(double));
-      fit.bytes(st.gram_q.data(), st.gram_q.size() * sizeof(double));
-    }
-  return fp.describe() +
-         strprintf(" weights=%016llx seqs=%zu tokens=%016llx calib=%016llx ",
-                   static_cast<unsigned long long>(fp.weights_hash), seqs.size(),
-                   static_cast<unsigned long long>(tok.finish()), static_cast<unsigned long long>(fit.finish())) +
-         cfg.describe();
+// A perturbed warm start (StiefTrainConfig::init_noise): Q of QR(U + noise·G), G [d, d] with
+// standard normal entries drawn from `seed`; orthonormal again, `noise` away from U.
+std::vector<float> perturbed_basis(const std::vector<float>& U, int d, double noise, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> g(0.0, 1.0);
+  std::vector<double> A(U.begin(), U.end()), Q, R;
+  for (double& a : A) a += noise * g(rng);
+  qr_positive(A, d, &Q, &R);
+  return std::vector<float>(Q.begin(), Q.end());
 }
 
-void save_checkpoint(const std::string& path, const std::string& identity, const StiefFits& f,
-                     const std::vector<std::vector<float>>& X, int64_t n_embd) {
-  GgufWriter w;
-  w.set_string("general.architecture", "kvtrim-stief-checkpoint");
-  w.set_string(std::string(kCk) + "identity", identity);
-  w.set_u32(std::string(kCk) + "layers_done", static_cast<uint32_t>(f.n_layer()));
-  std::vector<CalibTensor> ts;
-  if (f.n_layer() > 0) stief_write(f, w, &ts);
-  for (size_t i = 0; i < X.size(); ++i)
-    ts.push_back({"x." + std::to_string(i), {n_embd, static_cast<int64_t>(X[i].size()) / n_embd}, X[i]});
-  for (const CalibTensor& t : ts)
-    w.add_tensor(t.name, GgmlType::F32, t.ne, t.data.data(), t.data.size() * sizeof(float));
-  w.write_atomic(path, "StiefAttention checkpoint");
-}
-
-// Loads a matching checkpoint into *f and *X; false when there is none or it does not match
-// (a mismatch is reported and the run starts over).
-bool load_checkpoint(const std::string& path, const std::string& identity, int n_layer,
-                     int n_head_kv, int dk, int dv, int64_t n_embd,
-                     const std::vector<std::vector<int32_t>>& seqs, StiefFits* f,
-                     std::vector<std::vector<float>>* X) {
-  const size_t n_seqs = seqs.size();
-  std::error_code ec;
-  if (path.empty() || !std::filesystem::exists(path, ec)) return false;
-  try {
-    const std::unique_ptr<GgufFile> g = GgufFile::open(path);
-    if (g->get_string(std::string(kCk) + "identity", "") != identity) {
-      std::fprintf(stderr, "stief: checkpoint %s is for another model or configuration; starting over\n",
-                   path.c_str());
-      return false;
-    }
-    const int done = static_cast<int>(g->get_int(std::string(kCk) + "layers_done"));
-    KVTRIM_CHECK(done >= 0 && done <= n_layer, "layers_done = %d out of range", done);
-    StiefFits got;
-    if (done > 0) {
-      got = stief_read(*g, path, done, n_head_kv, dk, dv);
-    }
-    std::vector<std::vector<float>> xs(n_seqs);
-    for (size_t i = 0; i < n_seqs; ++i) {
-      const GgufTensor& t = g->tensor("x." + std::to_string(i));
-      KVTRIM_CHECK(t.type == GgmlType::F32 && t.ne.size() == 2 && t.ne[0] == n_embd &&
-                       t.ne[1] == static_cast<int64_t>(seqs[i].size()),
-                   "tensor x.%zu is mis-shaped", i);
-      const float* p = reinterpret_cast<const float*>(t.data);
-      xs[i].assign(p, p + t.ne[0] * t.ne[1]);
-    }
-    *f = std::move(got);
-    *X = std::move(xs);
-    return true;
-  } catch (const Error& e) {
-    std::fprintf(stderr, "stief: checkpoint %s is unreadable (%s); starting over\n", path.c_str(),
-                 e.what());
-    return false;
-  }
-}
 
 }  // namespace
 
@@ -362,6 +284,9 @@ StiefFits train_stief(const Model& model, const Calibration& cal,
   KVTRIM_CHECK(cfg.max_epochs >= 1 && cfg.patience >= 1 && cfg.hidden >= 1 && cfg.val_rows >= 1 &&
                    cfg.eig_step > 0 && cfg.eig_step <= 0.5 && cfg.lr > 0,
                "StiefAttention calibration: invalid settings (%s)", cfg.describe().c_str());
+  KVTRIM_CHECK(std::isfinite(cfg.init_noise) && cfg.init_noise >= 0 && (cfg.warm_start || cfg.init_noise == 0),
+               "StiefAttention calibration: init_noise = %g must be >= 0 and perturbs the warm start "
+               "(it needs warm_start)", cfg.init_noise);
   for (const auto& s : seqs)
     KVTRIM_CHECK(!s.empty(), "StiefAttention calibration: an empty calibration sequence");
   openblas_set_num_threads(1);  // the jobs below run on the pool's threads
@@ -443,6 +368,12 @@ StiefFits train_stief(const Model& model, const Calibration& cal,
     }
     std::vector<std::vector<float>> kinit{pooled_key_init(cal, il, dk)}, vinit;
     for (int h = 0; h < Hk; ++h) vinit.push_back(cal.fit(BasisMethod::kEigenAttention, il, h).v.enc);
+    if (cfg.init_noise > 0) {
+      const uint64_t ps = cfg.seed * 7919ULL + static_cast<uint64_t>(il) * 104729ULL;
+      kinit[0] = perturbed_basis(kinit[0], dk, cfg.init_noise, ps);
+      for (int h = 0; h < Hk; ++h)
+        vinit[static_cast<size_t>(h)] = perturbed_basis(vinit[static_cast<size_t>(h)], dv, cfg.init_noise, ps + 1 + h);
+    }
 
     // Train: one job per (side, candidate).
     StiefLayerFit L;
@@ -452,6 +383,8 @@ StiefFits train_stief(const Model& model, const Calibration& cal,
     L.value_err.resize(static_cast<size_t>(nc));
     L.key_epochs.resize(static_cast<size_t>(nc));
     L.value_epochs.resize(static_cast<size_t>(nc));
+    L.key_start_err.resize(static_cast<size_t>(nc));
+    L.value_start_err.resize(static_cast<size_t>(nc));
     std::mutex mu;
     run_jobs(pool, 2 * nc, [&](int job) {
       const bool keys = job % 2 == 0;
@@ -465,10 +398,12 @@ StiefFits train_stief(const Model& model, const Calibration& cal,
       if (keys) {
         L.key[i] = std::move(r.U[0]);
         L.key_err[i] = r.val_err;
+        L.key_start_err[i] = r.start_err;
         L.key_epochs[i] = r.epochs;
       } else {
         L.value[i] = std::move(r.U);
         L.value_err[i] = r.val_err;
+        L.value_start_err[i] = r.start_err;
         L.value_epochs[i] = r.epochs;
       }
     });

@@ -31,6 +31,9 @@ struct StiefTrainConfig {
   double lr = 5e-3, weight_decay = 1e-2;  // AdamW (paper: lr 5e-3), cosine-annealed to 0
   int hidden = 128;         // predictor width
   bool warm_start = true;   // start from EigenAttention's bases (false: random, the paper's)
+  // > 0: perturb the warm start, U0 = Q of QR(U_eigen + init_noise·G), G standard normal (tests:
+  // a start the optimizer must improve on; needs warm_start)
+  double init_noise = 0;
   double eig_step = 0.01;   // EigenAttention's threshold step
   int layers = 0;           // > 0: only the first `layers` layers (tests, quick runs)
   uint64_t seed = 42;
