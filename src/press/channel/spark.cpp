@@ -33,7 +33,9 @@
 //                     exponential_attn (scores.mean / scores.std over the channel axis; torch's
 //                     std is the n−1 one, a factor sqrt(d/(d−1)) we do not copy);
 //      pruned:        over the token's pruned channels only (eq. 11's set; kvtrim's first
-//                     version, kept as an option).
+//                     version, kept as an option). Without the code's rank matching (below)
+//                     `all` draws fills far above the pruned entries: SmolLM2 PPL 20.6 -> 1176
+//                     (docs/results/spark_think §3b); `pruned` is the working choice.
 //                     (The code additionally rank-matches draws to the saliency order and caps
 //                     them at the threshold; not reproduced.)
 //    zero:            pruned channels read 0 (the ablation; no sign bits, no fill).
