@@ -255,7 +255,8 @@ std::vector<float> pooled_key_init(const Calibration& cal, int il, int dk) {
 }
 
 // A perturbed warm start (StiefTrainConfig::init_noise): Q of QR(U + noise·G), G [d, d] with
-// standard normal entries drawn from `seed`; orthonormal again, `noise` away from U.
+// standard normal entries drawn from `seed` (each entry of U moved by noise·N(0, 1)), then
+// orthonormal again.
 std::vector<float> perturbed_basis(const std::vector<float>& U, int d, double noise, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<double> g(0.0, 1.0);

@@ -33,11 +33,12 @@
 //                     exponential_attn (scores.mean / scores.std over the channel axis; torch's
 //                     std is the n−1 one, a factor sqrt(d/(d−1)) we do not copy);
 //      pruned:        over the token's pruned channels only (eq. 11's set; kvtrim's first
-//                     version, kept as an option). Without the code's rank matching (below)
-//                     `all` draws fills far above the pruned entries: SmolLM2 PPL 20.6 -> 1176
-//                     (docs/results/spark_think §3b); `pruned` is the working choice.
-//                     (The code additionally rank-matches draws to the saliency order and caps
-//                     them at the threshold; not reproduced.)
+//                     version, kept as an option).
+//                     The code additionally rank-matches its draws to the saliency order and caps
+//                     them at the kept threshold; not reproduced (it needs each pruned channel's
+//                     rank at read time). Without it `all` draws fills far above the pruned
+//                     entries (SmolLM2, λ = 0.8: PPL 20.6 -> 1176, docs/results/spark_think §3b):
+//                     `pruned` is the working choice.
 //    zero:            pruned channels read 0 (the ablation; no sign bits, no fill).
 //  values (optional, value_ratio > 0; Appendix D): per token, the top channels by |v_tc|; the
 //    pruned ones (value_recovery):
