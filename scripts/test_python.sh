@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The Python package's tests: `pip install .` into a virtual environment (build/pyvenv, made
-# once; the wheel's CMake build directory build/python/ is kept, so a rebuild compiles only what
+# once; the wheel's CMake build directory build/py-<tag>/ is kept, so a rebuild compiles only what
 # changed) with numpy and pytest from PyPI, then pytest tests/python against the installed
 # package (run from the repository root, so the evaluation finds ../shared/data), with the
 # kvtrim program of the ci build for the command-line comparisons (KVTRIM_BIN).
@@ -18,8 +18,9 @@ if ! "${pip[@]}" download --no-deps -q -d "$(mktemp -d)" pytest >/dev/null 2>&1 
 fi
 "${pip[@]}" install -q "numpy" "pytest" "scikit-build-core>=0.10" "nanobind>=2.0"
 # No build isolation: the build tools come from the environment above (installed once), not
-# fetched again for every build.
-"${pip[@]}" install -q --no-build-isolation -C cmake.define.KVTRIM_PYTHON_WERROR=ON .
+# fetched again for every build. Warnings are errors, as in the ci preset (whose flags these then
+# equal: -Werror, position-independent code), so ccache serves the libraries from the ci build.
+"${pip[@]}" install -q --no-build-isolation -C cmake.define.KVTRIM_WERROR=ON .
 export KVTRIM_BIN="${KVTRIM_BIN:-$PWD/build/ci/kvtrim}"
 export KVTRIM_MODELS_DIR="${KVTRIM_MODELS_DIR:-$PWD/models}"
 # the installed package, not the source tree's python/ (which has no compiled module)

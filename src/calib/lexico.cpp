@@ -18,9 +18,9 @@ namespace kvtrim {
 
 namespace {
 
-constexpr const char* kKey = "kvtrim.calib.lexico.";
+constexpr const char* kLexicoKey = "kvtrim.calib.lexico.";
 
-std::string tn(int il, const char* what) { return "blk." + std::to_string(il) + ".lexico." + what; }
+std::string lexico_tensor(int il, const char* what) { return "blk." + std::to_string(il) + ".lexico." + what; }
 
 // Normalises column j of D [d, N]; false when it is zero or not finite.
 bool normalise_col(std::vector<float>& D, int d, int N, int j) {
@@ -204,25 +204,25 @@ LexicoDicts train_lexico(const std::vector<std::vector<float>>& k_rows, const st
 
 void lexico_write(const LexicoDicts& d, GgufWriter& w, std::vector<CalibTensor>* ts) {
   d.validate(d.n_layer());
-  w.set_u32(std::string(kKey) + "n_atoms", static_cast<uint32_t>(d.n_atoms));
-  w.set_u32(std::string(kKey) + "sparsity_k", static_cast<uint32_t>(d.sparsity_k));
-  w.set_u32(std::string(kKey) + "sparsity_v", static_cast<uint32_t>(d.sparsity_v));
+  w.set_u32(std::string(kLexicoKey) + "n_atoms", static_cast<uint32_t>(d.n_atoms));
+  w.set_u32(std::string(kLexicoKey) + "sparsity_k", static_cast<uint32_t>(d.sparsity_k));
+  w.set_u32(std::string(kLexicoKey) + "sparsity_v", static_cast<uint32_t>(d.sparsity_v));
   for (int il = 0; il < d.n_layer(); ++il) {
-    ts->push_back({tn(il, "k"), {d.n_atoms, d.dk}, d.k[static_cast<size_t>(il)]});
-    ts->push_back({tn(il, "v"), {d.n_atoms, d.dv}, d.v[static_cast<size_t>(il)]});
-    ts->push_back({tn(il, "err"), {2},
+    ts->push_back({lexico_tensor(il, "k"), {d.n_atoms, d.dk}, d.k[static_cast<size_t>(il)]});
+    ts->push_back({lexico_tensor(il, "v"), {d.n_atoms, d.dv}, d.v[static_cast<size_t>(il)]});
+    ts->push_back({lexico_tensor(il, "err"), {2},
                    {static_cast<float>(d.k_err[static_cast<size_t>(il)]), static_cast<float>(d.v_err[static_cast<size_t>(il)])}});
   }
 }
 
-bool lexico_present(const GgufFile& f) { return f.get_int(std::string(kKey) + "n_atoms", 0) > 0; }
+bool lexico_present(const GgufFile& f) { return f.get_int(std::string(kLexicoKey) + "n_atoms", 0) > 0; }
 
 LexicoDicts lexico_read(const GgufFile& f, const std::string& path, int n_layer, int dk, int dv) {
   LexicoDicts d;
   d.dk = dk;
   d.dv = dv;
-  const int64_t na = f.get_int(std::string(kKey) + "n_atoms");
-  const int64_t sk = f.get_int(std::string(kKey) + "sparsity_k"), sv = f.get_int(std::string(kKey) + "sparsity_v");
+  const int64_t na = f.get_int(std::string(kLexicoKey) + "n_atoms");
+  const int64_t sk = f.get_int(std::string(kLexicoKey) + "sparsity_k"), sv = f.get_int(std::string(kLexicoKey) + "sparsity_v");
   KVTRIM_CHECK(na >= 1 && na <= 65535 && sk >= 1 && sk <= std::min<int64_t>(dk, na) && sv >= 1 &&
                    sv <= std::min<int64_t>(dv, na),
                "calibration file '%s': Lexico section has %lld atoms and training sparsities %lld / %lld "
@@ -239,9 +239,9 @@ LexicoDicts lexico_read(const GgufFile& f, const std::string& path, int n_layer,
     return reinterpret_cast<const float*>(t->data);
   };
   for (int il = 0; il < n_layer; ++il) {
-    const float* k = get(tn(il, "k"), {na, dk});
-    const float* v = get(tn(il, "v"), {na, dv});
-    const float* e = get(tn(il, "err"), {2});
+    const float* k = get(lexico_tensor(il, "k"), {na, dk});
+    const float* v = get(lexico_tensor(il, "v"), {na, dv});
+    const float* e = get(lexico_tensor(il, "err"), {2});
     d.k.emplace_back(k, k + static_cast<size_t>(na) * dk);
     d.v.emplace_back(v, v + static_cast<size_t>(na) * dv);
     d.k_err.push_back(e[0]);

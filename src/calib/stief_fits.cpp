@@ -14,9 +14,9 @@ namespace kvtrim {
 
 namespace {
 
-constexpr const char* kKey = "kvtrim.calib.stief.";
+constexpr const char* kStiefKey = "kvtrim.calib.stief.";
 
-std::string tn(int il, const char* what) { return "blk." + std::to_string(il) + ".stief." + what; }
+std::string stief_tensor(int il, const char* what) { return "blk." + std::to_string(il) + ".stief." + what; }
 
 }  // namespace
 
@@ -211,28 +211,28 @@ std::vector<double> eigen_thresholds(const StiefFits& f, double eps) {
 
 void stief_write(const StiefFits& f, GgufWriter& w, std::vector<CalibTensor>* ts) {
   f.validate(f.n_layer());
-  w.set_u32(std::string(kKey) + "n_cand", static_cast<uint32_t>(f.n_cand()));
-  w.set_array_i32(std::string(kKey) + "ranks_k", std::vector<int32_t>(f.ranks_k.begin(), f.ranks_k.end()));
-  w.set_array_i32(std::string(kKey) + "ranks_v", std::vector<int32_t>(f.ranks_v.begin(), f.ranks_v.end()));
+  w.set_u32(std::string(kStiefKey) + "n_cand", static_cast<uint32_t>(f.n_cand()));
+  w.set_array_i32(std::string(kStiefKey) + "ranks_k", std::vector<int32_t>(f.ranks_k.begin(), f.ranks_k.end()));
+  w.set_array_i32(std::string(kStiefKey) + "ranks_v", std::vector<int32_t>(f.ranks_v.begin(), f.ranks_v.end()));
   const int nc = f.n_cand(), H = f.n_head_kv;
   auto flt = [](const std::vector<double>& v) { return std::vector<float>(v.begin(), v.end()); };
   for (int il = 0; il < f.n_layer(); ++il) {
     const StiefLayerFit& L = f.layers[static_cast<size_t>(il)];
-    CalibTensor k{tn(il, "k"), {f.dk, f.dk, nc}, {}}, v{tn(il, "v"), {f.dv, f.dv, H, nc}, {}};
+    CalibTensor k{stief_tensor(il, "k"), {f.dk, f.dk, nc}, {}}, v{stief_tensor(il, "v"), {f.dv, f.dv, H, nc}, {}};
     for (int i = 0; i < nc; ++i) {
       k.data.insert(k.data.end(), L.key[i].begin(), L.key[i].end());
       for (int h = 0; h < H; ++h) v.data.insert(v.data.end(), L.value[i][h].begin(), L.value[i][h].end());
     }
     ts->push_back(std::move(k));
     ts->push_back(std::move(v));
-    ts->push_back({tn(il, "surface"), {nc + 1, nc + 1}, flt(L.surface)});
+    ts->push_back({stief_tensor(il, "surface"), {nc + 1, nc + 1}, flt(L.surface)});
     std::vector<float> walk;
     for (size_t s = 0; s < L.eig_tau.size(); ++s) {
       walk.push_back(static_cast<float>(L.eig_tau[s]));
       walk.push_back(static_cast<float>(L.eig_err[s]));
     }
-    if (!walk.empty()) ts->push_back({tn(il, "eig_walk"), {2, static_cast<int64_t>(L.eig_tau.size())}, walk});
-    ts->push_back({tn(il, "diag"), {kDiagCount}, flt(L.diag)});
+    if (!walk.empty()) ts->push_back({stief_tensor(il, "eig_walk"), {2, static_cast<int64_t>(L.eig_tau.size())}, walk});
+    ts->push_back({stief_tensor(il, "diag"), {kDiagCount}, flt(L.diag)});
     std::vector<float> train;
     for (int i = 0; i < nc; ++i) {
       train.push_back(static_cast<float>(i < static_cast<int>(L.key_err.size()) ? L.key_err[i] : -1));
@@ -240,12 +240,12 @@ void stief_write(const StiefFits& f, GgufWriter& w, std::vector<CalibTensor>* ts
       train.push_back(static_cast<float>(i < static_cast<int>(L.key_epochs.size()) ? L.key_epochs[i] : -1));
       train.push_back(static_cast<float>(i < static_cast<int>(L.value_epochs.size()) ? L.value_epochs[i] : -1));
     }
-    ts->push_back({tn(il, "train"), {4, nc}, train});
+    ts->push_back({stief_tensor(il, "train"), {4, nc}, train});
   }
 }
 
 bool stief_present(const GgufFile& f) {
-  return f.get_int(std::string(kKey) + "n_cand", 0) > 0;
+  return f.get_int(std::string(kStiefKey) + "n_cand", 0) > 0;
 }
 
 StiefFits stief_read(const GgufFile& f, const std::string& path, int n_layer, int n_head_kv,
@@ -254,12 +254,12 @@ StiefFits stief_read(const GgufFile& f, const std::string& path, int n_layer, in
   s.dk = dk;
   s.dv = dv;
   s.n_head_kv = n_head_kv;
-  const int64_t nc = f.get_int(std::string(kKey) + "n_cand");
+  const int64_t nc = f.get_int(std::string(kStiefKey) + "n_cand");
   KVTRIM_CHECK(nc >= 1 && nc <= std::max(dk, dv), "calibration file '%s': StiefAttention has "
                "%lld candidate ranks", path.c_str(), static_cast<long long>(nc));
-  for (const GgufValue& v : f.get_array(std::string(kKey) + "ranks_k").values)
+  for (const GgufValue& v : f.get_array(std::string(kStiefKey) + "ranks_k").values)
     s.ranks_k.push_back(static_cast<int>(v.as_int()));
-  for (const GgufValue& v : f.get_array(std::string(kKey) + "ranks_v").values)
+  for (const GgufValue& v : f.get_array(std::string(kStiefKey) + "ranks_v").values)
     s.ranks_v.push_back(static_cast<int>(v.as_int()));
   KVTRIM_CHECK(static_cast<int64_t>(s.ranks_k.size()) == nc, "calibration file '%s': StiefAttention "
                "lists %zu key ranks for %lld candidates", path.c_str(), s.ranks_k.size(),
@@ -276,8 +276,8 @@ StiefFits stief_read(const GgufFile& f, const std::string& path, int n_layer, in
   s.layers.resize(static_cast<size_t>(n_layer));
   for (int il = 0; il < n_layer; ++il) {
     StiefLayerFit& L = s.layers[static_cast<size_t>(il)];
-    const float* k = get(tn(il, "k"), {dk, dk, nc}, true);
-    const float* v = get(tn(il, "v"), {dv, dv, n_head_kv, nc}, true);
+    const float* k = get(stief_tensor(il, "k"), {dk, dk, nc}, true);
+    const float* v = get(stief_tensor(il, "v"), {dv, dv, n_head_kv, nc}, true);
     const size_t kk = static_cast<size_t>(dk) * dk, vv = static_cast<size_t>(dv) * dv;
     L.key.resize(static_cast<size_t>(n));
     L.value.resize(static_cast<size_t>(n));
@@ -288,26 +288,26 @@ StiefFits stief_read(const GgufFile& f, const std::string& path, int n_layer, in
         L.value[i].emplace_back(p, p + vv);
       }
     }
-    const float* sf = get(tn(il, "surface"), {nc + 1, nc + 1}, true);
+    const float* sf = get(stief_tensor(il, "surface"), {nc + 1, nc + 1}, true);
     L.surface.assign(sf, sf + (n + 1) * (n + 1));
     {
-      const GgufTensor* t = f.find_tensor(tn(il, "eig_walk"));
+      const GgufTensor* t = f.find_tensor(stief_tensor(il, "eig_walk"));
       KVTRIM_CHECK(t, "calibration file '%s' is incomplete: missing tensor '%s'", path.c_str(),
-                   tn(il, "eig_walk").c_str());
+                   stief_tensor(il, "eig_walk").c_str());
       KVTRIM_CHECK(t->ne.size() == 2 && t->ne[0] == 2 && t->ne[1] >= 1 && t->ne[1] <= 100000,
-                   "calibration file '%s': tensor '%s' is mis-shaped", path.c_str(), tn(il, "eig_walk").c_str());
-      const float* w = get(tn(il, "eig_walk"), t->ne, true);
+                   "calibration file '%s': tensor '%s' is mis-shaped", path.c_str(), stief_tensor(il, "eig_walk").c_str());
+      const float* w = get(stief_tensor(il, "eig_walk"), t->ne, true);
       for (int64_t i = 0; i < t->ne[1]; ++i) {
         L.eig_tau.push_back(tau_round(w[2 * i]));
         L.eig_err.push_back(w[2 * i + 1]);
       }
     }
-    const float* dg = get(tn(il, "diag"), {kDiagCount}, true);
+    const float* dg = get(stief_tensor(il, "diag"), {kDiagCount}, true);
     L.diag.assign(dg, dg + kDiagCount);
-    if (const float* tr = get(tn(il, "train"), {4, nc}, false)) {
+    if (const float* tr = get(stief_tensor(il, "train"), {4, nc}, false)) {
       auto epochs = [&](float x) {
         KVTRIM_CHECK(std::isfinite(x) && x >= -1 && x <= 1e6, "calibration file '%s': tensor "
-                     "'%s' holds an epoch count out of range", path.c_str(), tn(il, "train").c_str());
+                     "'%s' holds an epoch count out of range", path.c_str(), stief_tensor(il, "train").c_str());
         return static_cast<int>(x);
       };
       for (int i = 0; i < n; ++i) {

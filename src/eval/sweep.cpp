@@ -179,7 +179,7 @@ json row_to_json(const SweepRow& r) {
   return j;
 }
 
-SweepRow row_from_json(const json& j) {
+SweepRow sweep_row_from_json(const json& j) {
   SweepRow r;
   r.config = j.at("config").get<std::string>();
   r.model = j.at("model").get<std::string>();
@@ -216,7 +216,7 @@ SweepResultsFile::SweepResultsFile(std::string path, std::set<std::string> confi
       path_, "row", "sweep results line", "--out-dir",
       [&](const std::string& c) { return every_config || configs_.count(c) != 0; },
       [&](const json& j) {
-        SweepRow r = row_from_json(j);
+        SweepRow r = sweep_row_from_json(j);
         done_[{r.config, r.id, r.q}] = r.unit_hash;
         rows_.push_back(std::move(r));
       },

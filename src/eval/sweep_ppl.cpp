@@ -34,7 +34,7 @@ json row_to_json(const PplSweepRow& r) {
   return j;
 }
 
-PplSweepRow row_from_json(const json& j) {
+PplSweepRow ppl_row_from_json(const json& j) {
   PplSweepRow r;
   r.config = j.at("config").get<std::string>();
   r.model = j.at("model").get<std::string>();
@@ -53,7 +53,7 @@ PplSweepResultsFile::PplSweepResultsFile(std::string path, std::set<std::string>
       path_, "window", "ppl sweep results line", "--out-dir",
       [&](const std::string& c) { return every_config || configs_.count(c) != 0; },
       [&](const json& j) {
-        PplSweepRow r = row_from_json(j);
+        PplSweepRow r = ppl_row_from_json(j);
         if (done_.count({r.config, r.w.index})) return;  // a duplicate line: the first one counts
         done_[{r.config, r.w.index}] = r.w.tokens_hash;
         rows_.push_back(std::move(r));

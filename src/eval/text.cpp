@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/strings.h"
 
 namespace kvtrim::eval {
 
@@ -80,11 +81,7 @@ std::string replace_all(std::string s, std::string_view from, std::string_view t
   return s;
 }
 
-std::string to_lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
-}
+std::string to_lower(std::string_view s) { return ascii_lower(std::string(s)); }
 
 bool contains_ci(std::string_view haystack, std::string_view needle) {
   return to_lower(haystack).find(to_lower(needle)) != std::string::npos;

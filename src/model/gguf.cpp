@@ -45,7 +45,6 @@ namespace kvtrim {
 namespace {
 
 constexpr uint32_t kMagic = 0x46554747;  // "GGUF" read as a little-endian u32
-constexpr uint64_t kDefaultAlignment = 32;
 constexpr int kMaxDims = 4;
 constexpr int kMaxDepth = 8;                      // nesting of metadata arrays
 constexpr uint64_t kMaxArrayElems = 1ull << 24;   // all metadata array elements together
@@ -371,7 +370,7 @@ void GgufFile::parse() {
     if (al == 0 || (al & (al - 1)) != 0) fail("%s: general.alignment = %" PRIu64 " is not a power of two", p, al);
     f->alignment_ = al;
   } else {
-    f->alignment_ = kDefaultAlignment;
+    f->alignment_ = kGgufDefaultAlignment;
   }
   const uint64_t align = f->alignment_;
 

@@ -24,6 +24,9 @@ enum class GgufValueType : uint32_t {
 // "u8", "string", "array", ... ("unknown" for a value outside the enum).
 const char* gguf_value_type_name(GgufValueType t);
 
+// general.alignment when a file does not set it (the format's default).
+inline constexpr uint64_t kGgufDefaultAlignment = 32;
+
 struct GgufValue;
 struct GgufArray {
   GgufValueType elem_type;
@@ -96,7 +99,7 @@ class GgufFile {
   void parse();  // reads the header, metadata and tensor table of map_[0, size_)
   std::string path_;
   uint32_t version_ = 0;
-  uint64_t alignment_ = 32;
+  uint64_t alignment_ = kGgufDefaultAlignment;
   int fd_ = -1;
   void* map_ = nullptr;       // the file's mapping (open) ...
   void* owned_ = nullptr;     // ... or the copy from from_memory (std::free)

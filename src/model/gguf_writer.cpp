@@ -24,7 +24,6 @@ namespace kvtrim {
 namespace {
 
 constexpr uint32_t kGgufVersion = 3;
-constexpr uint64_t kDefaultAlignment = 32;
 
 
 // Checks that v holds the variant alternative its type calls for, with an in-range value.
@@ -235,7 +234,7 @@ void GgufWriter::write(const std::string& path, uint32_t alignment) const {
                  "%s: metadata general.alignment disagrees with the alignment %u passed to write()", path.c_str(),
                  alignment);
   }
-  const bool add_alignment_key = !has_alignment_key && alignment != kDefaultAlignment;
+  const bool add_alignment_key = !has_alignment_key && alignment != kGgufDefaultAlignment;
 
   Out out(path);
   out.bytes("GGUF", 4);

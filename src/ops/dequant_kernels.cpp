@@ -266,6 +266,11 @@ HWY_AFTER_NAMESPACE();
 namespace kvtrim {
 namespace detail {
 HWY_EXPORT(DequantRows);
+// Dispatched here, beside HWY_EXPORT: a build for one target (KVTRIM_NATIVE) resolves the call to
+// N_<target>::DequantRows, which exists only in this namespace.
+void dequant_rows(GgmlType type, const uint8_t* src, size_t row_bytes, float* dst, int64_t n_rows, int64_t n_cols) {
+  HWY_DYNAMIC_DISPATCH(DequantRows)(type, src, row_bytes, dst, n_rows, n_cols);
+}
 }  // namespace detail
 
 void dequantize_rows_simd(GgmlType type, const void* src, size_t row_bytes, float* dst, int64_t n_rows,
@@ -284,8 +289,7 @@ void dequantize_rows_simd(GgmlType type, const void* src, size_t row_bytes, floa
     case GgmlType::IQ4_XS:
       // validates the row length (block multiple) the way the reference does
       if (n_cols % ggml_traits(type).block_size == 0) {
-        HWY_DYNAMIC_DISPATCH(detail::DequantRows)(type, static_cast<const uint8_t*>(src), row_bytes, dst, n_rows,
-                                                  n_cols);
+        detail::dequant_rows(type, static_cast<const uint8_t*>(src), row_bytes, dst, n_rows, n_cols);
         return;
       }
       break;

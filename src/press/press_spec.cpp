@@ -6,23 +6,12 @@
 #include <cstdlib>
 
 #include "core/error.h"
+#include "core/strings.h"
 #include "press/press.h"
 
 namespace kvtrim {
 
 namespace {
-
-std::string trim(const std::string& s) {
-  size_t a = 0, b = s.size();
-  while (a < b && std::isspace(static_cast<unsigned char>(s[a]))) ++a;
-  while (b > a && std::isspace(static_cast<unsigned char>(s[b - 1]))) --b;
-  return s.substr(a, b - a);
-}
-
-std::string lower(std::string s) {
-  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
 
 std::string known_names() {
   std::string s;
@@ -60,13 +49,13 @@ std::vector<std::string> split_top(const std::string& s, char sep, const std::st
 PressSpec parse_spec(const std::string& text, const std::string& whole);
 
 PressSpecItem parse_item(const std::string& item_raw, const std::string& whole) {
-  const std::string item = trim(item_raw);
+  const std::string item = trim_space(item_raw);
   KVTRIM_CHECK(!item.empty(), "press string '%s': empty press (a stray '+'?)", whole.c_str());
   // name [ '(' inner ')' ] [ ':' options ]
   size_t i = 0;
   while (i < item.size() && item[i] != '(' && item[i] != ':') ++i;
   PressSpecItem out;
-  out.name = lower(trim(item.substr(0, i)));
+  out.name = ascii_lower(trim_space(item.substr(0, i)));
   KVTRIM_CHECK(!out.name.empty(), "press string '%s': missing press name in '%s'", whole.c_str(), item.c_str());
   out.info = find_press(out.name);
   KVTRIM_CHECK(out.info != nullptr,
@@ -95,7 +84,7 @@ PressSpecItem parse_item(const std::string& item_raw, const std::string& whole) 
     const std::string opts = item.substr(i + 1);
     const auto parts = split_top(opts, ',', whole);
     for (size_t k = 0; k < parts.size(); ++k) {
-      const std::string part = trim(parts[k]);
+      const std::string part = trim_space(parts[k]);
       KVTRIM_CHECK(!part.empty(), "press '%s': empty option in '%s'", name.c_str(), opts.c_str());
       const size_t eq = part.find('=');
       PressSpecOption o;
@@ -107,8 +96,8 @@ PressSpecItem parse_item(const std::string& item_raw, const std::string& whole) 
         o.value = part;
         o.bare = true;
       } else {
-        o.name = lower(trim(part.substr(0, eq)));
-        o.value = trim(part.substr(eq + 1));
+        o.name = ascii_lower(trim_space(part.substr(0, eq)));
+        o.value = trim_space(part.substr(eq + 1));
       }
       if (!out.declares(o.name) && info.wrapper && o.name == "press" && out.inner.empty()) {
         out.inner.push_back(parse_spec(o.value, whole));  // adakv:press=snapkv
@@ -130,7 +119,7 @@ PressSpecItem parse_item(const std::string& item_raw, const std::string& whole) 
 }
 
 PressSpec parse_spec(const std::string& text, const std::string& whole) {
-  const std::string s = trim(text);
+  const std::string s = trim_space(text);
   KVTRIM_CHECK(!whole.empty(), "empty press string (e.g. --press snapkv:ratio=0.5; `kvtrim presses` lists them)");
   KVTRIM_CHECK(!s.empty(), "press string '%s': a wrapper's inner press is empty", whole.c_str());
   PressSpec spec;
@@ -200,7 +189,7 @@ void PressSpecItem::erase(const std::string& option) {
                 options.end());
 }
 
-PressSpec parse_press_spec(const std::string& text) { return parse_spec(text, trim(text)); }
+PressSpec parse_press_spec(const std::string& text) { return parse_spec(text, trim_space(text)); }
 
 std::string canonical_press_spec(const PressSpec& spec) { return print(spec, true); }
 

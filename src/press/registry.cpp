@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "core/error.h"
+#include "core/strings.h"
 #include "press/builtin_presses.h"
 #include "press/press.h"
 #include "press/press_spec.h"
@@ -14,11 +15,6 @@
 namespace kvtrim {
 
 namespace {
-
-std::string lower(std::string s) {
-  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
 
 std::vector<PressInfo>& registry_storage() {
   static std::vector<PressInfo> r;
@@ -92,7 +88,7 @@ int64_t PressArgs::get_int(const std::string& name) const {
 }
 
 bool PressArgs::get_bool(const std::string& name) const {
-  const std::string s = lower(raw(name));
+  const std::string s = ascii_lower(raw(name));
   if (s == "1" || s == "true" || s == "yes" || s == "on") return true;
   if (s == "0" || s == "false" || s == "no" || s == "off") return false;
   fail("press '%s': option '%s' = '%s' is not a boolean (true/false/1/0)", press_.c_str(), name.c_str(),
@@ -154,7 +150,7 @@ const std::vector<PressInfo>& press_registry() {
 
 const PressInfo* find_press(const std::string& name) {
   ensure_builtins();
-  const std::string n = lower(name);
+  const std::string n = ascii_lower(name);
   for (const auto& p : registry_storage())
     if (p.name == n) return &p;
   return nullptr;
@@ -162,7 +158,7 @@ const PressInfo* find_press(const std::string& name) {
 
 void register_press(PressInfo info) {
   KVTRIM_CHECK(!info.name.empty() && info.make, "register_press: a press needs a name and a factory");
-  info.name = lower(info.name);
+  info.name = ascii_lower(info.name);
   for (const auto& p : registry_storage())
     KVTRIM_CHECK(p.name != info.name, "register_press: press '%s' is already registered", info.name.c_str());
   registry_storage().push_back(std::move(info));

@@ -7,6 +7,7 @@
 
 #include "cli.h"
 #include "core/error.h"
+#include "core/strings.h"
 #include "core/memory.h"
 #include "core/thread_pool.h"
 #include "core/timer.h"
@@ -222,8 +223,7 @@ size_t parse_byte_size(const std::string& s) {
   } catch (...) {
     throw Error(strprintf("'%s' is not a size (e.g. 512MiB, 2GiB, 1000000)", s.c_str()));
   }
-  std::string unit = s.substr(i);
-  for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const std::string unit = ascii_lower(s.substr(i));
   double mul = 1;
   if (unit.empty() || unit == "b") mul = 1;
   else if (unit == "k" || unit == "kb" || unit == "kib") mul = 1024.0;
