@@ -180,8 +180,8 @@ void register_presses(nb::module_& m) {
         }
         return out;
       },
-      "Every registered press: name, description, paper, options (name, default, help), wrapper, axis "
-      "(token, basis, channel, precision), per_layer_budget.");
+      "Every registered press: name, description, paper, options (name, default, help), wrapper, "
+      "axis (token, basis, channel, precision), per_layer_budget.");
   m.def(
       "check_press",
       [](nb::handle press) {

@@ -149,10 +149,14 @@ PressOption query_aware_option() {
 
 const char* press_axis_name(PressAxis axis) {
   switch (axis) {
-    case PressAxis::kToken: return "token";
-    case PressAxis::kBasis: return "basis";
-    case PressAxis::kChannel: return "channel";
-    case PressAxis::kPrecision: return "precision";
+    case PressAxis::kToken:
+      return "token";
+    case PressAxis::kBasis:
+      return "basis";
+    case PressAxis::kChannel:
+      return "channel";
+    case PressAxis::kPrecision:
+      return "precision";
   }
   return "?";
 }

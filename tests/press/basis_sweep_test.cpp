@@ -22,7 +22,8 @@ TEST_F(BasisSweep, EveryLowRankPressEveryRatioEveryVariant) {
   EXPECT_FALSE(presses.empty());  // which presses must be there: press_registry_test
   for (const PressInfo* info : presses) {
     // easy, hard x (as given, after snapkv, before streamingllm): at least 6 runs per press
-    EXPECT_GE(test::sweep_basis_press(*info, *model_, tokens(test::kSweepTokens), params()), 6) << info->name;
+    EXPECT_GE(test::sweep_basis_press(*info, *model_, tokens(test::kSweepTokens), params()), 6)
+        << info->name;
   }
 }
 

@@ -8,8 +8,8 @@
 #include <cmath>
 #include <numeric>
 
-#include "core/thread_pool.h"
 #include "basis_test_util.h"
+#include "core/thread_pool.h"
 #include "press_fixture.h"
 #include "press_sweeps.h"
 

@@ -16,7 +16,8 @@ class ToyTokenPress : public ScorerPress {
  public:
   explicit ToyTokenPress(Budget b) : ScorerPress(b) {}
   std::string name() const override { return "toy_token"; }
-  void score_layer(const PressContext& ctx, int il, std::vector<std::vector<float>>* scores) const override {
+  void score_layer(const PressContext& ctx, int il,
+                   std::vector<std::vector<float>>* scores) const override {
     for (int ih = 0; ih < ctx.n_head_kv(); ++ih) {
       auto& sc = (*scores)[static_cast<size_t>(ih)];
       sc.resize(static_cast<size_t>(ctx.n_tokens(il, ih)));
@@ -67,17 +68,20 @@ class ToyBasisPress : public Press {
     const int r = LowRankPress::rank_for_removed_ratio(ratio_, d);
     side->rank = r;
     side->basis.assign(static_cast<size_t>(d) * static_cast<size_t>(r), 0.f);  // [d, r] row-major
-    for (int i = 0; i < r; ++i) side->basis[static_cast<size_t>(i) * static_cast<size_t>(r) + static_cast<size_t>(i)] = 1.f;
+    for (int i = 0; i < r; ++i)
+      side->basis[static_cast<size_t>(i) * static_cast<size_t>(r) + static_cast<size_t>(i)] = 1.f;
   }
   double ratio_;
 };
 
-PressInfo toy_info(const char* name, PressAxis axis, std::function<std::unique_ptr<Press>(const PressArgs&)> make) {
+PressInfo toy_info(const char* name, PressAxis axis,
+                   std::function<std::unique_ptr<Press>(const PressArgs&)> make) {
   PressInfo i;
   i.name = name;
   i.description = "a toy press of the HOWTO (tests/press/press_axes_test.cpp)";
   i.paper = "none";
-  i.options = budget_options();  // ratio, budget: test_easy / test_hard take register_press's defaults
+  i.options =
+      budget_options();  // ratio, budget: test_easy / test_hard take register_press's defaults
   i.axis = axis;
   i.make = std::move(make);
   return i;
@@ -85,12 +89,15 @@ PressInfo toy_info(const char* name, PressAxis axis, std::function<std::unique_p
 
 void register_toys() {
   if (find_press("toy_token")) return;
-  register_press(toy_info("toy_token", PressAxis::kToken,
-                          [](const PressArgs& a) { return std::make_unique<ToyTokenPress>(a.get_budget()); }));
-  register_press(toy_info("toy_channel", PressAxis::kChannel,
-                          [](const PressArgs& a) { return std::make_unique<ToyChannelPress>(a.get_budget().ratio); }));
-  register_press(toy_info("toy_basis", PressAxis::kBasis,
-                          [](const PressArgs& a) { return std::make_unique<ToyBasisPress>(a.get_budget().ratio); }));
+  register_press(toy_info("toy_token", PressAxis::kToken, [](const PressArgs& a) {
+    return std::make_unique<ToyTokenPress>(a.get_budget());
+  }));
+  register_press(toy_info("toy_channel", PressAxis::kChannel, [](const PressArgs& a) {
+    return std::make_unique<ToyChannelPress>(a.get_budget().ratio);
+  }));
+  register_press(toy_info("toy_basis", PressAxis::kBasis, [](const PressArgs& a) {
+    return std::make_unique<ToyBasisPress>(a.get_budget().ratio);
+  }));
 }
 
 class PressAxes : public test::PressFixture {};
@@ -103,11 +110,13 @@ bool listed(PressAxis axis, const std::string& name) {
 
 TEST_F(PressAxes, ToyPressOfEachAxisIsPickedUpBySweeps) {
   register_toys();
-  const std::vector<std::pair<PressAxis, const char*>> toys = {
-      {PressAxis::kToken, "toy_token"}, {PressAxis::kChannel, "toy_channel"}, {PressAxis::kBasis, "toy_basis"}};
+  const std::vector<std::pair<PressAxis, const char*>> toys = {{PressAxis::kToken, "toy_token"},
+                                                               {PressAxis::kChannel, "toy_channel"},
+                                                               {PressAxis::kBasis, "toy_basis"}};
   for (const auto& [axis, name] : toys) {
     SCOPED_TRACE(name);
-    for (PressAxis other : {PressAxis::kToken, PressAxis::kBasis, PressAxis::kChannel, PressAxis::kPrecision})
+    for (PressAxis other :
+         {PressAxis::kToken, PressAxis::kBasis, PressAxis::kChannel, PressAxis::kPrecision})
       EXPECT_EQ(listed(other, name), other == axis) << press_axis_name(other);
     const PressInfo* info = find_press(name);
     ASSERT_NE(info, nullptr);
@@ -116,7 +125,8 @@ TEST_F(PressAxes, ToyPressOfEachAxisIsPickedUpBySweeps) {
   }
   const auto prompt = tokens(test::kSweepTokens);
   EXPECT_EQ(test::sweep_token_press(*find_press("toy_token"), *model_, prompt, params()), 3 * 3);
-  EXPECT_EQ(test::sweep_channel_press(*find_press("toy_channel"), *model_, prompt, params()), 3 * 4 * 2);
+  EXPECT_EQ(test::sweep_channel_press(*find_press("toy_channel"), *model_, prompt, params()),
+            3 * 4 * 2);
   EXPECT_EQ(test::sweep_basis_press(*find_press("toy_basis"), *model_, prompt, params()), 2 * 3);
 }
 

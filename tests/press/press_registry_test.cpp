@@ -43,9 +43,11 @@ TEST(PressRegistry, ListsEveryBuiltinWithOptions) {
 // under another axis, fails here.
 TEST(PressRegistry, HoldsThePressesThePapersNeedByAxis) {
   const std::vector<std::pair<PressAxis, std::vector<const char*>>> need = {
-      {PressAxis::kToken, {"streamingllm", "snapkv", "pyramidkv", "tova", "h2o", "expected_attention", "knorm",
-                           "random", "kvcompose", "kvzip"}},
-      {PressAxis::kBasis, {"ksvd", "eigenattention", "kqsvd", "staticpca", "stiefattention", "ojakv", "palu"}},
+      {PressAxis::kToken,
+       {"streamingllm", "snapkv", "pyramidkv", "tova", "h2o", "expected_attention", "knorm",
+        "random", "kvcompose", "kvzip"}},
+      {PressAxis::kBasis,
+       {"ksvd", "eigenattention", "kqsvd", "staticpca", "stiefattention", "ojakv", "palu"}},
       {PressAxis::kChannel, {"think", "spark", "swan", "lexico"}},
       {PressAxis::kPrecision, {}},
   };
@@ -66,7 +68,8 @@ TEST(PressRegistry, HoldsThePressesThePapersNeedByAxis) {
   EXPECT_TRUE(adakv->wrapper);
   for (const char* name : {"pyramidkv", "kvcompose", "kvzip", "stiefattention"})
     EXPECT_TRUE(find_press(name)->per_layer_budget) << name;
-  for (const char* name : {"snapkv", "streamingllm", "ksvd", "think"}) EXPECT_FALSE(find_press(name)->per_layer_budget) << name;
+  for (const char* name : {"snapkv", "streamingllm", "ksvd", "think"})
+    EXPECT_FALSE(find_press(name)->per_layer_budget) << name;
 }
 
 // Every press the sweeps run has its easy and hard settings: press strings of that press alone

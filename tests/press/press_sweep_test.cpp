@@ -66,13 +66,14 @@ TEST(PressSweepArchs, EveryTokenPressRunsOnEveryArchitecture) {
   }
 }
 
-// Every token press with a query_aware option scores with the question's queries, alone and in adakv.
+// Every token press with a query_aware option scores with the question's queries (and in adakv).
 TEST_F(PressSweep, QueryAwareVariantsRun) {
   int n = 0;
   for (const PressInfo* info : test::presses_of(PressAxis::kToken)) {
     if (!test::declares(*info, "query_aware")) continue;
     const std::string spec = test::with_option(info->name + ":ratio=0.5", "query_aware=true");
-    const test::TokenCount count = info->per_layer_budget ? test::TokenCount::kWithinOne : test::TokenCount::kExact;
+    const test::TokenCount count =
+        info->per_layer_budget ? test::TokenCount::kWithinOne : test::TokenCount::kExact;
     test::sweep_token_run(spec, 0.5, count, *model_, tokens(kN), params(), true);
     if (dynamic_cast<ScorerPress*>(make_press(spec).get()))
       test::sweep_token_run("adakv(" + spec + ")", 0.5, count, *model_, tokens(kN), params(), true);

@@ -31,7 +31,9 @@ inline bool declares(const PressInfo& info, const std::string& option) {
 }
 
 // The ratio a press string compresses with (its ratio option, as given or by default; -1: none).
-inline double spec_ratio(const std::string& spec) { return press_spec_ratio(parse_press_spec(spec)); }
+inline double spec_ratio(const std::string& spec) {
+  return press_spec_ratio(parse_press_spec(spec));
+}
 
 // `spec` with one more option: "snapkv:ratio=0.5" + "window=8" -> "snapkv:ratio=0.5,window=8".
 inline std::string with_option(const std::string& spec, const std::string& option) {
@@ -43,7 +45,8 @@ inline std::string with_option(const std::string& spec, const std::string& optio
 inline std::vector<std::string> sweep_specs(const PressInfo& info, bool with_noop) {
   std::vector<std::string> v;
   if (with_noop && declares(info, "ratio")) v.push_back(info.name + ":ratio=0");
-  EXPECT_FALSE(info.test_easy.empty() || info.test_hard.empty()) << info.name << ": no test settings";
+  EXPECT_FALSE(info.test_easy.empty() || info.test_hard.empty())
+      << info.name << ": no test settings";
   if (!info.test_easy.empty()) v.push_back(info.test_easy);
   if (!info.test_hard.empty()) v.push_back(info.test_hard);
   return v;
@@ -56,9 +59,10 @@ constexpr int kSweepTokens = 40;  // prompt length of every sweep
 // drop accordingly, n_past stays the uncompressed length and generation continues.
 
 enum class TokenCount {
-  kExact,        // every head keeps int(n (1 - ratio)) (adakv: the same total over a layer's heads)
-  kWithinOne,    // per-layer budgets (PressInfo::per_layer_budget) are rounded: within a token per head
-  kAtMost,       // a composition: at most the last press's count
+  kExact,      // every head keeps int(n (1 - ratio)) (adakv: the same total over a layer's heads)
+  kWithinOne,  // per-layer budgets (PressInfo::per_layer_budget) are rounded: within a token per
+               // head
+  kAtMost,     // a composition: at most the last press's count
 };
 
 inline int64_t keep_of(double ratio) {
@@ -68,7 +72,8 @@ inline int64_t keep_of(double ratio) {
 }
 
 inline void sweep_token_run(const std::string& spec, double ratio, TokenCount count, Model& model,
-                            const std::vector<int32_t>& prompt, const SessionParams& sp, bool with_question) {
+                            const std::vector<int32_t>& prompt, const SessionParams& sp,
+                            bool with_question) {
   SCOPED_TRACE(spec);
   Session s(model, sp);
   s.set_press(make_press(spec));
@@ -83,7 +88,8 @@ inline void sweep_token_run(const std::string& spec, double ratio, TokenCount co
     PressContext ctx(s.cache(), s.model().hparams(), s.observations(), nullptr);
     const CompressionPlan plan = s.press()->plan(ctx);
     for (int il = 0; il < plan.n_layer; ++il)
-      for (int ih = 0; ih < plan.n_head_kv; ++ih) planned += plan_kept(plan.at(il, ih), s.cache().n_tokens(il, ih));
+      for (int ih = 0; ih < plan.n_head_kv; ++ih)
+        planned += plan_kept(plan.at(il, ih), s.cache().n_tokens(il, ih));
   }
   const CompressStats st = s.compress();
   EXPECT_EQ(st.tokens_before, before);
@@ -121,8 +127,8 @@ inline void sweep_token_run(const std::string& spec, double ratio, TokenCount co
 
 // Every setting of a token press x (alone, wrapped in adakv when it scores, composed with
 // streamingllm). Returns the runs made.
-inline int sweep_token_press(const PressInfo& info, Model& model, const std::vector<int32_t>& prompt,
-                             const SessionParams& sp) {
+inline int sweep_token_press(const PressInfo& info, Model& model,
+                             const std::vector<int32_t>& prompt, const SessionParams& sp) {
   SCOPED_TRACE(info.name);
   int n = 0;
   const TokenCount count = info.per_layer_budget ? TokenCount::kWithinOne : TokenCount::kExact;
@@ -135,7 +141,8 @@ inline int sweep_token_press(const PressInfo& info, Model& model, const std::vec
       sweep_token_run("adakv(" + spec + ")", ratio, count, model, prompt, sp, false);
       ++n;
     }
-    sweep_token_run(spec + "+streamingllm:ratio=0.5", 0.5, TokenCount::kAtMost, model, prompt, sp, false);
+    sweep_token_run(spec + "+streamingllm:ratio=0.5", 0.5, TokenCount::kAtMost, model, prompt, sp,
+                    false);
     n += 2;
   }
   return n;
@@ -145,8 +152,8 @@ inline int sweep_token_press(const PressInfo& info, Model& model, const std::vec
 // Channel axis: every setting x (alone, after snapkv, before streamingllm, after adakv(snapkv))
 // x (f32, q8 cache) runs prefill, compression, decode and generation.
 
-inline int sweep_channel_press(const PressInfo& info, Model& model, const std::vector<int32_t>& prompt,
-                               SessionParams sp) {
+inline int sweep_channel_press(const PressInfo& info, Model& model,
+                               const std::vector<int32_t>& prompt, SessionParams sp) {
   SCOPED_TRACE(info.name);
   int n = 0;
   for (const std::string& base : sweep_specs(info, true)) {
@@ -182,8 +189,9 @@ inline int sweep_channel_press(const PressInfo& info, Model& model, const std::v
 // (per_layer_budget, no ratio): every layer takes the smallest trained pair (4, 4) of 16.
 constexpr double kSmallestTrainedRatio = 0.75;
 
-inline void sweep_basis_run(const std::string& spec, double ratio, bool anchors, bool evicts, Model& model,
-                            const SessionParams& sp, const std::vector<int32_t>& prompt) {
+inline void sweep_basis_run(const std::string& spec, double ratio, bool anchors, bool evicts,
+                            Model& model, const SessionParams& sp,
+                            const std::vector<int32_t>& prompt) {
   SCOPED_TRACE(spec);
   const int n_tok = static_cast<int>(prompt.size());
   Session s(model, sp);
@@ -222,8 +230,8 @@ inline void sweep_basis_run(const std::string& spec, double ratio, bool anchors,
   }
 }
 
-inline int sweep_basis_press(const PressInfo& info, Model& model, const std::vector<int32_t>& prompt,
-                             const SessionParams& sp) {
+inline int sweep_basis_press(const PressInfo& info, Model& model,
+                             const std::vector<int32_t>& prompt, const SessionParams& sp) {
   SCOPED_TRACE(info.name);
   int n = 0;
   for (const std::string& base : sweep_specs(info, false)) {
@@ -234,7 +242,8 @@ inline int sweep_basis_press(const PressInfo& info, Model& model, const std::vec
     }
     const std::unique_ptr<Press> press = make_press(base);
     const auto* lowrank = dynamic_cast<const LowRankPress*>(press.get());
-    const bool anchors = lowrank != nullptr && lowrank->config().has_anchors();  // OjaKV's by default
+    const bool anchors =
+        lowrank != nullptr && lowrank->config().has_anchors();  // OjaKV's by default
     sweep_basis_run(base, ratio, anchors, false, model, sp, prompt);
     if (declares(info, "prefill")) {
       sweep_basis_run(with_option(base, "prefill=full"), ratio, anchors, false, model, sp, prompt);
