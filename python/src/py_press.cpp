@@ -172,13 +172,16 @@ void register_presses(nb::module_& m) {
           d["paper"] = p.paper;
           d["options"] = opts;
           d["wrapper"] = p.wrapper;
-          d["feature_axis"] = p.feature_axis;
-          d["channel_axis"] = p.channel_axis;
+          d["axis"] = press_axis_name(p.axis);
+          d["per_layer_budget"] = p.per_layer_budget;
+          d["feature_axis"] = p.axis == PressAxis::kBasis;  // the keys before PressInfo::axis
+          d["channel_axis"] = p.axis == PressAxis::kChannel;
           out.append(d);
         }
         return out;
       },
-      "Every registered press: name, description, paper, options (name, default, help), wrapper.");
+      "Every registered press: name, description, paper, options (name, default, help), wrapper, "
+      "axis (token, basis, channel, precision), per_layer_budget.");
   m.def(
       "check_press",
       [](nb::handle press) {

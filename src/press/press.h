@@ -22,9 +22,10 @@
 // Errors (Error, message names press / option / value and lists what is valid): unknown
 // press, unknown option, bad value, ratio outside [0, 1), a wrapper without an inner press.
 //
-// Adding a press: one file in src/press/token/ defining the Press (usually a ScorerPress:
-// score every token, the base keeps the top-k) and a `PressInfo xxx_press_info()`; one line
-// in src/press/builtin_presses.cpp. The registry sweep test then covers it (docs/HOWTO-add-press.md).
+// Adding a press: one file in src/press/<axis>/ (token, basis, channel) defining the Press (a
+// token press is usually a ScorerPress: score every token, the base keeps the top-k) and a
+// `PressInfo xxx_press_info()` naming its axis; one line in src/press/builtin_presses.cpp. The
+// sweep of its axis then covers it (docs/HOWTO-add-press.md).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -402,18 +403,39 @@ class PressArgs {
   mutable std::unique_ptr<Press> inner_;
 };
 
+// The axis a press compresses along (DESIGN.md §3): what the generic sweeps check it on.
+//  kToken: drops tokens (src/press/token/): the cache holds exactly the planned tokens, its
+//    bytes drop with them (press_sweep_test).
+//  kBasis: keeps every token, stores it as coefficients in a rank-r basis (src/press/basis/: the
+//    low-rank presses, Palu); the K/V elements shrink with the rank (basis_sweep_test).
+//  kChannel: keeps every token, stores fewer of its coordinates (src/press/channel/: ThinK, SPARK,
+//    SWAN's per-token top-k after its rotation, Lexico's s atoms of a dictionary) (channel sweep in
+//    channel_press_test).
+//  kPrecision: keeps every token and coordinate, stores them in fewer bits (SideSpec::dtype). No
+//    built-in press is one (a cache's type is --kv-cache-type); the generic sweeps skip it.
+// A press that touches several axes (SWAN: rotation, top-k, fp8) takes the one its folder names.
+enum class PressAxis { kToken, kBasis, kChannel, kPrecision };
+const char* press_axis_name(PressAxis axis);  // "token", "basis", "channel", "precision"
+
 struct PressInfo {
   std::string name;         // registry name (lower case): "snapkv"
   std::string description;  // one line
   std::string paper;        // "Li et al. 2024, SnapKV: LLM Knows What You are Looking for Before Generation"
   std::vector<PressOption> options;  // first option = the one a bare value sets (normally ratio)
   bool wrapper = false;     // takes an inner press: name(inner):opts
-  // Feature-axis press (low-rank bases, src/press/basis/): keeps every token and changes how
-  // they are stored; the token-count sweep (press_sweep_test) leaves it to basis_sweep_test.
-  bool feature_axis = false;
-  // Channel-axis press (src/press/channel/: ThinK, SPARK): keeps every token and stores fewer
-  // coordinates of each; swept by channel_sweep_test instead of the token-count sweep.
-  bool channel_axis = false;
+  PressAxis axis = PressAxis::kToken;
+  // Spreads one budget unevenly over layers (PyramidKV's pyramid, KVCompose's and KVzip's global
+  // top-k, StiefAttention's ranks under eps): a layer's heads keep a count of their own, so the
+  // sweeps expect the ratio's count within a token per head (token axis) or ranks they do not
+  // compute (basis axis) rather than exactly.
+  bool per_layer_budget = false;
+  // What the generic sweeps run (kvpress's tests/default_presses.py): two press strings of this
+  // press alone, an easy setting (mild compression) and a hard one (strong compression, the
+  // options that exercise the most code), which must run on the tests' tiny model (and its
+  // in-memory calibration). The sweeps read the ratio from the string (press_spec_ratio). Left
+  // empty, register_press sets "<name>:ratio=0.25" and "<name>:ratio=0.9" for a press with a
+  // `ratio` option (none for a wrapper: the sweeps wrap every scoring press in it).
+  std::string test_easy, test_hard;
   std::function<std::unique_ptr<Press>(const PressArgs&)> make;
 };
 

@@ -143,6 +143,20 @@ PressOption query_aware_option() {
 // ---------------------------------------------------------------------------------------
 // Registry
 
+const char* press_axis_name(PressAxis axis) {
+  switch (axis) {
+    case PressAxis::kToken:
+      return "token";
+    case PressAxis::kBasis:
+      return "basis";
+    case PressAxis::kChannel:
+      return "channel";
+    case PressAxis::kPrecision:
+      return "precision";
+  }
+  return "?";
+}
+
 const std::vector<PressInfo>& press_registry() {
   ensure_builtins();
   return registry_storage();
@@ -161,6 +175,12 @@ void register_press(PressInfo info) {
   info.name = ascii_lower(info.name);
   for (const auto& p : registry_storage())
     KVTRIM_CHECK(p.name != info.name, "register_press: press '%s' is already registered", info.name.c_str());
+  const bool has_ratio = std::any_of(info.options.begin(), info.options.end(),
+                                     [](const PressOption& o) { return o.name == "ratio"; });
+  if (!info.wrapper && has_ratio) {  // the sweeps' default settings (PressInfo::test_easy)
+    if (info.test_easy.empty()) info.test_easy = info.name + ":ratio=0.25";
+    if (info.test_hard.empty()) info.test_hard = info.name + ":ratio=0.9";
+  }
   registry_storage().push_back(std::move(info));
 }
 

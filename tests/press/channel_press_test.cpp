@@ -8,9 +8,10 @@
 #include <cmath>
 #include <numeric>
 
-#include "core/thread_pool.h"
 #include "basis_test_util.h"
+#include "core/thread_pool.h"
 #include "press_fixture.h"
+#include "press_sweeps.h"
 
 namespace kvtrim {
 namespace {
@@ -444,37 +445,17 @@ TEST_F(ChannelPress, BadOptions) {
   }
 }
 
-// Every channel press x ratios x (alone, after snapkv, before streamingllm, after adakv(snapkv),
-// with a q8 cache) runs prefill, compression, decode and generation.
+// Every channel press x its settings (ratio 0, PressInfo::test_easy, test_hard) x (alone, after
+// snapkv, before streamingllm, after adakv(snapkv)) x (f32, q8 cache) runs prefill, compression,
+// decode and generation (press_sweeps.h).
 TEST_F(ChannelPress, SweepEveryChannelPress) {
   test::CalibrationScope scope(test::tiny_calibration(*model_, capture(test::calib_tokens())));  // swan
-  int n = 0;
-  for (const auto& info : press_registry()) {
-    if (!info.channel_axis) continue;
-    for (double ratio : {0.0, 0.25, 0.5, 0.9}) {
-      const std::string base = info.name + strprintf(":ratio=%g", ratio);
-      for (const std::string& spec : {base, "snapkv:0.5+" + base, base + "+streamingllm:ratio=0.5",
-                                      "adakv(snapkv:ratio=0.5)+" + base}) {
-        for (KvDtype t : {KvDtype::kF32, KvDtype::kQ8}) {
-          SCOPED_TRACE(spec + " " + kv_dtype_name(t));
-          SessionParams sp = params();
-          sp.kv_dtype = t;
-          Session s(*model_, sp);
-          s.set_press(make_press(spec));
-          s.prefill(tokens(40));
-          s.compress();
-          EXPECT_EQ(s.n_past(), 40);
-          GenerateParams gp;
-          gp.max_new_tokens = 4;
-          gp.stop_at_eog = false;
-          auto r = s.generate({}, gp);
-          EXPECT_EQ(r.tokens.size(), 4u);
-          ++n;
-        }
-      }
-    }
-  }
-  EXPECT_EQ(n, 4 * 4 * 4 * 2);  // think, spark, swan, lexico
+  const std::vector<const PressInfo*> presses = test::presses_of(PressAxis::kChannel);
+  EXPECT_FALSE(presses.empty());  // which presses must be there: press_registry_test
+  for (const PressInfo* info : presses)
+    EXPECT_EQ(test::sweep_channel_press(*info, *model_, tokens(40), params()),
+              static_cast<int>(test::sweep_specs(*info, true).size()) * 4 * 2)
+        << info->name;
 }
 
 }  // namespace

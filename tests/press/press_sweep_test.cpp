@@ -1,108 +1,29 @@
-// The sweep (kvpress's test_presses_run): every registered press x ratios {0, 0.25, 0.5, 0.9}
-// x wrappers (none, adakv, composed with streamingllm) runs prefill + compress + decode on
-// the tiny model; the cache holds exactly the planned tokens, its bytes drop accordingly,
-// n_past stays the uncompressed length and generation continues. A new press is covered by
-// registering it. Plus: composition multiplies savings; decode-time compression.
+// The sweep (kvpress's test_presses_run): every registered token press x its settings (ratio 0,
+// PressInfo::test_easy, test_hard) x wrappers (none, adakv, composed with streamingllm) runs
+// prefill + compress + decode on the tiny model (press_sweeps.h); the cache holds exactly the
+// planned tokens, its bytes drop accordingly, n_past stays the uncompressed length and
+// generation continues. A new press is covered by registering it. Plus: every token press on
+// every architecture, composition multiplies savings; decode-time compression.
 #include <gtest/gtest.h>
 
 #include "core/error.h"
-#include "press_fixture.h"
+#include "press_sweeps.h"
 
 namespace kvtrim {
 namespace {
 
 class PressSweep : public test::PressFixture {};
 
-constexpr int kN = 40;
-
-int64_t expected_tokens_after(const Session& s) {
-  // From the plan itself (computed before apply), independently of the cache.
-  PressContext ctx(s.cache(), s.model().hparams(), s.observations(), nullptr);
-  const CompressionPlan plan = s.press()->plan(ctx);
-  int64_t t = 0;
-  for (int il = 0; il < plan.n_layer; ++il)
-    for (int ih = 0; ih < plan.n_head_kv; ++ih) t += plan_kept(plan.at(il, ih), s.cache().n_tokens(il, ih));
-  return t;
-}
-
-int64_t keep_of(double ratio) {
-  Budget b;
-  b.ratio = ratio;
-  return b.keep_count(kN);
-}
-
-void run_one(const std::string& spec, double ratio, Model& model, const std::vector<int32_t>& prompt,
-             const SessionParams& sp, bool with_question) {
-  SCOPED_TRACE(spec);
-  Session s(model, sp);
-  s.set_press(make_press(spec));
-  s.prefill(prompt);
-  if (with_question) s.observe_question({1, 2, 3, 4, 5});
-  s.prepare_compress();  // the re-feed passes (kvcompose, kvzip): the plan below reads them
-  const int64_t before = total_tokens(s.cache());
-  const size_t bytes_before = s.cache().bytes().total();
-  const size_t keys_before = s.cache().bytes().keys;
-  const int64_t planned = expected_tokens_after(s);
-  const CompressStats st = s.compress();
-  EXPECT_EQ(st.tokens_before, before);
-  EXPECT_EQ(st.tokens_after, planned);
-  EXPECT_EQ(total_tokens(s.cache()), planned);
-  EXPECT_EQ(s.n_past(), kN);  // the uncompressed length
-  const int nh = model.hparams().n_layer * model.hparams().n_head_kv;
-  if (ratio == 0) {
-    EXPECT_EQ(planned, before);
-  } else if (spec.find('+') == std::string::npos && spec.find("pyramidkv") == std::string::npos &&
-             spec.find("kvcompose") == std::string::npos && spec.find("kvzip") == std::string::npos) {
-    // Every head keeps int(n (1 - ratio)) (adakv: the same total over a layer's heads).
-    EXPECT_EQ(planned, nh * keep_of(ratio));
-  } else if ((spec.find("pyramidkv") != std::string::npos || spec.find("kvcompose") != std::string::npos ||
-              spec.find("kvzip") != std::string::npos) &&
-             spec.find('+') == std::string::npos) {
-    // Per-layer budgets (pyramid, or KVCompose's / KVzip's global budget) are rounded: within a token per head.
-    EXPECT_LE(planned, nh * (keep_of(ratio) + 1));
-    EXPECT_GE(planned, nh * (keep_of(ratio) - 1));
-  } else {
-    EXPECT_LE(planned, nh * keep_of(ratio));
-  }
-  if (planned < before) {
-    EXPECT_LT(s.cache().bytes().total(), bytes_before);
-    // K and V bytes scale with the tokens held.
-    const KvBytes b = s.cache().bytes();
-    EXPECT_EQ(b.keys * static_cast<size_t>(before), keys_before * static_cast<size_t>(planned));
-  }
-  // Generation continues through the compressed cache, at the right positions.
-  const auto& lg = s.decode(7);
-  for (float x : lg) ASSERT_TRUE(std::isfinite(x));
-  EXPECT_EQ(s.n_past(), kN + 1);
-  EXPECT_EQ(total_tokens(s.cache()), planned + nh);
-  GenerateParams gp;
-  gp.max_new_tokens = 3;
-  gp.stop_at_eog = false;
-  auto r = s.generate({}, gp);
-  EXPECT_EQ(r.tokens.size(), 3u);
-}
+constexpr int kN = test::kSweepTokens;
 
 TEST_F(PressSweep, EveryPressEveryRatioEveryWrapper) {
   const auto prompt = tokens(kN);
-  int n_runs = 0;
-  for (const auto& info : press_registry()) {
-    if (info.wrapper) continue;
-    if (info.feature_axis) continue;  // keeps every token: swept by basis_sweep_test.cpp
-    if (info.channel_axis) continue;  // keeps every token: swept by channel_press_test.cpp
-    for (double ratio : {0.0, 0.25, 0.5, 0.9}) {
-      const std::string base = info.name + strprintf(":ratio=%g", ratio);
-      const bool qa = false;
-      run_one(base, ratio, *model_, prompt, params(), qa);
-      // adakv wraps scoring presses only (it says so otherwise: checked in the registry test).
-      if (dynamic_cast<ScorerPress*>(make_press(base).get())) {
-        run_one("adakv(" + base + ")", ratio, *model_, prompt, params(), qa);
-        ++n_runs;
-      }
-      run_one(base + "+streamingllm:ratio=0.5", 0.5, *model_, prompt, params(), qa);
-      n_runs += 2;
-    }
+  const std::vector<const PressInfo*> presses = test::presses_of(PressAxis::kToken);
+  EXPECT_FALSE(presses.empty());  // which presses must be there: press_registry_test
+  for (const PressInfo* info : presses) {
+    // ratio 0, easy, hard x (alone, composed): at least 6 runs per press
+    EXPECT_GE(test::sweep_token_press(*info, *model_, prompt, params()), 6) << info->name;
   }
-  EXPECT_GE(n_runs, 10 * 4 * 2 + 8 * 4);
 }
 
 // Every token press on every architecture added after the sweep's llama (QK-norm, MoE FFN,
@@ -118,8 +39,8 @@ TEST(PressSweepArchs, EveryTokenPressRunsOnEveryArchitecture) {
     std::vector<int32_t> prompt;
     for (int i = 0; i < kN; ++i) prompt.push_back((i * 37 + 5) % 250);
     for (const auto& info : press_registry()) {
-      if (info.wrapper || info.feature_axis || info.channel_axis) continue;
-      const std::string press = info.name + ":ratio=0.5";
+      if (info.wrapper || info.axis != PressAxis::kToken) continue;
+      const std::string& press = info.test_easy;
       SCOPED_TRACE(std::string(arch_name(a)) + " " + press);
       SessionParams sp;
       sp.n_ctx = 256;
@@ -145,11 +66,20 @@ TEST(PressSweepArchs, EveryTokenPressRunsOnEveryArchitecture) {
   }
 }
 
+// Every token press with a query_aware option scores with the question's queries (and in adakv).
 TEST_F(PressSweep, QueryAwareVariantsRun) {
-  for (const char* spec : {"snapkv:ratio=0.5,query_aware=true", "pyramidkv:ratio=0.5,query_aware=true",
-                           "tova:ratio=0.5,query_aware=true", "expected_attention:ratio=0.5,query_aware=true",
-                           "adakv(snapkv:ratio=0.5,query_aware=true)"})
-    run_one(spec, 0.5, *model_, tokens(kN), params(), true);
+  int n = 0;
+  for (const PressInfo* info : test::presses_of(PressAxis::kToken)) {
+    if (!test::declares(*info, "query_aware")) continue;
+    const std::string spec = test::with_option(info->name + ":ratio=0.5", "query_aware=true");
+    const test::TokenCount count =
+        info->per_layer_budget ? test::TokenCount::kWithinOne : test::TokenCount::kExact;
+    test::sweep_token_run(spec, 0.5, count, *model_, tokens(kN), params(), true);
+    if (dynamic_cast<ScorerPress*>(make_press(spec).get()))
+      test::sweep_token_run("adakv(" + spec + ")", 0.5, count, *model_, tokens(kN), params(), true);
+    ++n;
+  }
+  EXPECT_GE(n, 1);
 }
 
 TEST_F(PressSweep, CompositionMultipliesSavings) {

@@ -34,8 +34,8 @@ void add_common_options(CLI::App* app, CommonOptions& o);
 // The cache types as recorded in results files: "f16", or "k=q8,v=q4" when they differ, with
 // "+hadamard" when quantized rows are rotated (the default).
 std::string kv_tag(const CommonOptions& o);
-// The prefill precision as recorded in results files: "int8" (the default) or "" (--f32-prefill,
-// the numerics of the results made before 8-bit prefill became the default).
+// The prefill precision as recorded in results files: "int8" (the default) or "" (--f32-prefill:
+// f32 activations times the dequantized weights).
 std::string prefill_tag(const CommonOptions& o);
 
 // KV-cache compression options (run, chat, ppl, eval).

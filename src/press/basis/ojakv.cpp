@@ -35,7 +35,10 @@ PressInfo ojakv_press_info() {
       "Zhu et al. 2025, OjaKV: Context-Aware Online Low-Rank KV Cache Compression "
       "(arXiv:2509.21623)";
   i.options = lowrank_options(LowRankDefaults{"4", "32", "0.05"}, true);
-  i.feature_axis = true;
+  i.axis = PressAxis::kBasis;
+  // T = 2: the basis updates during the sweeps' few decode steps
+  i.test_easy = "ojakv:ratio=0.25,T=2";
+  i.test_hard = "ojakv:ratio=0.9,T=2";
   i.make = [](const PressArgs& a) -> std::unique_ptr<Press> {
     return std::make_unique<LowRankPress>(
         parse_lowrank_config(a, BasisMethod::kEigenAttention, true));

@@ -200,7 +200,7 @@ PressInfo palu_press_info() {
                        "bases on the post-RoPE keys (ablation)"});
   i.options.push_back({"group", "1",
                        "kv heads per latent: only 1 (Palu's M-LRD); kvtrim stores each kv head on its own"});
-  i.feature_axis = true;
+  i.axis = PressAxis::kBasis;
   i.make = [](const PressArgs& a) -> std::unique_ptr<Press> {
     const int64_t group = a.get_int_min("group", 1);
     KVTRIM_CHECK(group == 1,

@@ -27,7 +27,7 @@ PressInfo static_info(const char* name, BasisMethod m, const char* description, 
   i.description = description;
   i.paper = paper;
   i.options = lowrank_options(LowRankDefaults{}, false);
-  i.feature_axis = true;
+  i.axis = PressAxis::kBasis;
   i.make = [m](const PressArgs& a) -> std::unique_ptr<Press> {
     return std::make_unique<LowRankPress>(parse_lowrank_config(a, m, false));
   };

@@ -188,7 +188,12 @@ PressInfo stiefattention_press_info() {
     }
     i.options.push_back(o);
   }
-  i.feature_axis = true;
+  i.axis = PressAxis::kBasis;
+  i.per_layer_budget = true;  // ranks per layer under eps (with ratio = -1, the default)
+  // fixed ranks must be trained candidates (the tests' fits train 4, 8, 12 of 16); eps = 1 lets
+  // every layer take the smallest pair
+  i.test_easy = "stiefattention:ratio=0.5";
+  i.test_hard = "stiefattention:eps=1";
   i.make = [](const PressArgs& a) -> std::unique_ptr<Press> {
     LowRankConfig c = parse_lowrank_config(a, BasisMethod::kEigenAttention, false, true);
     KVTRIM_CHECK(c.energy == 0, "press 'stiefattention': option 'energy' does not apply (use eps)");

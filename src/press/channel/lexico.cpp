@@ -118,7 +118,7 @@ PressInfo lexico_press_info() {
                     "<model>.kvcalib next to the model's .gguf)"},
       {"prefill", "after", "after: code once the prompt is prefilled (its attention is dense); throughout: from the "
                            "first forward call on (the prompt's attention reads the coded cache)"}};
-  i.channel_axis = true;  // every token kept, coded in fewer bytes
+  i.axis = PressAxis::kChannel;  // every token kept, coded in fewer bytes
   i.make = [](const PressArgs& a) -> std::unique_ptr<Press> {
     LexicoOptions o;
     o.ratio = a.get_double_in("ratio", 0.0, 1.0, false);

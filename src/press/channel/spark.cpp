@@ -303,7 +303,7 @@ PressInfo spark_press_info() {
                {"index", "auto", "kept channels: list (a uint8 index per kept channel), bitmask (d/8 bytes per token), "
                                  "auto (the smaller)"},
                channel::count_rule_option(), query_aware_option()};
-  i.channel_axis = true;
+  i.axis = PressAxis::kChannel;
   i.make = [](const PressArgs& a) -> std::unique_ptr<Press> {
     SparkOptions o;
     o.ratio = a.get_double_in("ratio", 0.0, 1.0, false);

@@ -223,7 +223,7 @@ PressInfo swan_press_info() {
                         "per row), auto (the smaller)"},
       {"prefill", "after", "after: prune once the prompt is prefilled (its attention is dense); throughout: from the "
                            "first forward call on (the prompt's attention reads the pruned cache)"}};
-  i.channel_axis = true;  // every token kept, fewer coordinates stored per token
+  i.axis = PressAxis::kChannel;  // every token kept, fewer coordinates stored per token
   i.make = [](const PressArgs& a) -> std::unique_ptr<Press> {
     SwanOptions o;
     o.ratio = a.get_double_in("ratio", 0.0, 1.0, false);

@@ -72,7 +72,7 @@ PressInfo think_press_info() {
   i.options = {{"ratio", "0.5", "fraction of key channels pruned per head (lambda), in [0, 1)"},
                {"window", "32", "observation window: the last W queries of the context"},
                channel::count_rule_option(), query_aware_option()};
-  i.channel_axis = true;
+  i.axis = PressAxis::kChannel;
   i.make = [](const PressArgs& a) -> std::unique_ptr<Press> {
     return std::make_unique<ThinKPress>(a.get_double_in("ratio", 0.0, 1.0, false), a.get_int_min("window", 1),
                                         channel::parse_count_rule(a), a.get_bool("query_aware"));

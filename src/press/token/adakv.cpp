@@ -105,6 +105,7 @@ PressInfo adakv_press_info() {
   i.description = "head-adaptive budgets: one top-k over all kv heads of a layer, floor alpha_safeguard per head";
   i.paper = "Feng et al. 2024, Ada-KV: Optimizing KV Cache Eviction by Adaptive Budget Allocation (arXiv:2407.11550)";
   i.options = {{"alpha_safeguard", "0.2", "each head keeps at least this fraction of its own budget, in [0, 1]"}};
+  i.axis = PressAxis::kToken;
   i.make = [](const PressArgs& a) -> std::unique_ptr<Press> {
     const double alpha = a.get_double_in("alpha_safeguard", 0, 1, true);
     return std::make_unique<AdaKVPress>(a.take_inner(), alpha);

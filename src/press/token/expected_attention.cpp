@@ -215,6 +215,7 @@ PressInfo expected_attention_press_info() {
   i.options.push_back({"vnorm", "true", "multiply scores by the value norm"});
   i.options.push_back({"epsilon", "0", "added to scores before the value-norm rescaling"});
   i.options.push_back(query_aware_option());
+  i.axis = PressAxis::kToken;
   i.make = [](const PressArgs& a) -> std::unique_ptr<Press> {
     return std::make_unique<ExpectedAttentionPress>(a.get_budget(), a.get_int_min("window", 1), a.get_int_min("n_future", 1),
                                                     a.get_int_min("sinks", 0), a.get_bool("cov"), a.get_bool("vnorm"),

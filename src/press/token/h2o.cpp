@@ -53,6 +53,7 @@ PressInfo h2o_press_info() {
   i.options = budget_options();
   i.options.push_back({"recent", "0", "most recent tokens always kept (H2O's recent window)"});
   i.options.push_back({"sinks", "0", "initial tokens always kept"});
+  i.axis = PressAxis::kToken;
   i.make = [](const PressArgs& a) -> std::unique_ptr<Press> {
     return std::make_unique<H2OPress>(a.get_budget(), a.get_int_min("recent", 0), a.get_int_min("sinks", 0), "h2o");
   };

@@ -39,6 +39,7 @@ PressInfo knorm_press_info() {
   i.description = "keep the tokens with the smallest key L2 norm";
   i.paper = "Devoto et al. 2024, A Simple and Effective L2 Norm-Based Strategy for KV Cache Compression (arXiv:2406.11430)";
   i.options = budget_options();
+  i.axis = PressAxis::kToken;
   i.make = [](const PressArgs& a) -> std::unique_ptr<Press> { return std::make_unique<KnormPress>(a.get_budget()); };
   return i;
 }

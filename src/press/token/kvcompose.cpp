@@ -250,6 +250,8 @@ PressInfo kvcompose_press_info() {
   i.options.push_back({"agg_head", "mean", "composite score over kv heads (eq. 19): mean | max"});
   i.options.push_back({"mean_heads", "1", "add the mean over kv heads to each score (eq. 16): 1 | 0"});
   i.options.push_back({"weight", "none", "weight attention by the value norm: none | vnorm | vonorm (needs W_O)"});
+  i.axis = PressAxis::kToken;
+  i.per_layer_budget = true;  // one global top-k over (layer, rank) pairs
   i.make = make_kvcompose;
   return i;
 }

@@ -130,6 +130,8 @@ PressInfo kvzip_press_info() {
   i.options.push_back({"layerwise", "0", "1: each layer drops the same fraction (heads compete within it); 0: one global pool"});
   i.options.push_back({"sinks", "4", "first positions kept (score 1) and in every reconstruction chunk's softmax"});
   i.options.push_back({"chunk", "2048", "context tokens reconstructed per chunk (the cache holds the context + one chunk)"});
+  i.axis = PressAxis::kToken;
+  i.per_layer_budget = true;  // heads and layers compete for one budget
   i.make = [](const PressArgs& a) -> std::unique_ptr<Press> {
     KvzipOptions o;
     o.budget = a.get_budget();

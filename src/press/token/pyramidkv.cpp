@@ -64,6 +64,8 @@ PressInfo pyramidkv_press_info() {
   i.paper = "Cai et al. 2024, PyramidKV: Dynamic KV Cache Compression based on Pyramidal Information Funneling (arXiv:2406.02069)";
   i.options = snapkv_press_options();
   i.options.push_back({"beta", "20", "pyramid steepness (>= 1): first layer keeps ~2x-1/beta, last ~1/beta of the mean"});
+  i.axis = PressAxis::kToken;
+  i.per_layer_budget = true;  // a pyramid of counts over layers
   i.make = [](const PressArgs& a) -> std::unique_ptr<Press> {
     auto base = make_snapkv_from_args(a);
     const double beta = a.get_double("beta");

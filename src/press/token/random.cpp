@@ -49,6 +49,7 @@ PressInfo random_press_info() {
   i.paper = "kvpress baseline (random_press.py)";
   i.options = budget_options();
   i.options.push_back({"seed", "0", "random seed"});
+  i.axis = PressAxis::kToken;
   i.make = [](const PressArgs& a) -> std::unique_ptr<Press> {
     return std::make_unique<RandomPress>(a.get_budget(), static_cast<uint64_t>(a.get_int("seed")));
   };

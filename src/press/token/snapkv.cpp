@@ -104,6 +104,7 @@ PressInfo snapkv_press_info() {
   i.description = "keep what the last W queries attend to (window mean, pooled, GQA-averaged)";
   i.paper = "Li et al. 2024, SnapKV: LLM Knows What You are Looking for Before Generation (arXiv:2404.14469)";
   i.options = snapkv_options();
+  i.axis = PressAxis::kToken;
   i.make = [](const PressArgs& a) -> std::unique_ptr<Press> { return make_snapkv_from_args(a); };
   return i;
 }

@@ -37,6 +37,7 @@ PressInfo streamingllm_press_info() {
   i.paper = "Xiao et al. 2023, Efficient Streaming Language Models with Attention Sinks (arXiv:2309.17453)";
   i.options = budget_options();
   i.options.push_back({"sinks", "4", "initial tokens always kept (attention sinks)"});
+  i.axis = PressAxis::kToken;
   i.make = [](const PressArgs& a) -> std::unique_ptr<Press> {
     return std::make_unique<StreamingLLMPress>(a.get_budget(), a.get_int_min("sinks", 0));
   };

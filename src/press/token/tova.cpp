@@ -75,6 +75,7 @@ PressInfo tova_press_info() {
   i.paper = "Oren et al. 2024, Transformers are Multi-State RNNs (TOVA, arXiv:2401.06104)";
   i.options = budget_options();
   i.options.push_back(query_aware_option());
+  i.axis = PressAxis::kToken;
   i.make = [](const PressArgs& a) -> std::unique_ptr<Press> {
     return std::make_unique<TovaPress>(a.get_budget(), a.get_bool("query_aware"));
   };
