@@ -6,13 +6,14 @@
 # reruns), summaries either absent or whole (written to a temporary file, then renamed).
 # Commands: eval ruler, eval sweep ruler, eval ppl, calibrate (which keeps nothing partial:
 # a rerun starts over and must write the same file; the file it replaces is never torn).
-# Runs on a tiny random model (about 30 s); the kill points are fractions of the measured
-# uninterrupted time (KVTRIM_KILL_FRACTIONS): each resumed run is killed after that fraction of
-# the whole run, so each kill lands part way through what is left.
+# Runs on a tiny random model (about 30 s). The kills wait for events, not for time: the i-th
+# killed run (KVTRIM_KILLS of them, default 4) is killed once its progress output (one stderr line
+# per 5 % when stderr is not a terminal) shows i lines, i.e. part way through what was left, so a
+# kill lands on a busy machine as on a quiet one; a run that ends before its event is not a kill.
 set -u
 bin="${KVTRIM_BIN:?KVTRIM_BIN not set}"
 writer="${KVTRIM_TINY_WRITER:?KVTRIM_TINY_WRITER not set}"
-fractions="${KVTRIM_KILL_FRACTIONS:-0.3 0.25 0.25 0.25}"
+n_kills="${KVTRIM_KILLS:-4}"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 failed=0
@@ -60,8 +61,15 @@ for l in lines[:-1]:
 PY
 }
 
-# run_killed NAME OUTFILE CHECK CMD...: reference run, then kills at each fraction, then a final
-# run; compares. CHECK is a function run on the outputs after every kill.
+# progress_lines FILE: how many progress lines ("ruler [###...] 15% 3/20 q | ...") a run's stderr holds.
+progress_lines() {
+  local n
+  n=$(grep -cE '\] +[0-9]+% [0-9]+/' "$1" 2>/dev/null)
+  echo "${n:-0}"
+}
+
+# run_killed NAME OUTFILE CHECK CMD...: reference run, then runs killed (SIGKILL) at progress
+# events, then a final run; compares. CHECK is a function run on the outputs after every kill.
 run_killed() {
   local name="$1" out="$2" check="$3"; shift 3
   local ref="$tmp/ref_$name" t0 t1 dur
@@ -69,16 +77,23 @@ run_killed() {
   t0=$(date +%s.%N)
   (cd "$ref" && "$@" >/dev/null 2>"$ref/.stderr") || { fail "$name: the uninterrupted run failed: $(tail -3 "$ref/.stderr")"; return; }
   t1=$(date +%s.%N)
-  dur=$(python3 -c "print(max(0.2, $t1 - $t0))")
-  local run="$tmp/run_$name" kills=0
+  dur=$(python3 -c "print(round($t1 - $t0, 1))")
+  local run="$tmp/run_$name" kills=0 i
   rm -rf "$run"; mkdir -p "$run"
-  for f in $fractions; do
-    local d; d=$(python3 -c "print($dur * $f)")
-    (cd "$run" && exec "$@" >/dev/null 2>>"$run/.stderr") &
+  for ((i = 1; i <= n_kills; i++)); do
+    local err="$run/.stderr_$i"
+    (cd "$run" && exec "$@" >/dev/null 2>"$err") &
     local pid=$!
-    sleep "$d"
+    # the event: the i-th progress line of this run, or the run's end (an upper bound of 30 min
+    # only catches a hang)
+    local end=$((SECONDS + 1800))
+    while kill -0 "$pid" 2>/dev/null && [ "$(progress_lines "$err")" -lt "$i" ]; do
+      if [ "$SECONDS" -ge "$end" ]; then fail "$name: no progress line $i after 30 min"; break; fi
+      sleep 0.05
+    done
     if kill -9 "$pid" 2>/dev/null; then kills=$((kills + 1)); fi
     wait "$pid" 2>/dev/null
+    cat "$err" >> "$run/.stderr"
     "$check" "$run" "$name"
   done
   (cd "$run" && "$@" >/dev/null 2>>"$run/.stderr") || { fail "$name: the resumed run failed: $(tail -3 "$run/.stderr")"; return; }

@@ -59,6 +59,15 @@ void inspect(const InspectOptions& o) {
   const std::string path = resolve_model_path(o.model);
   auto f = GgufFile::open(path);
   print_file(o, path, *f);
+  if (f->get_string("general.architecture", "") == "kvtrim-calibration") {
+    // Not a model: a file `kvtrim calibrate` wrote (bases, statistics) for the presses that need one.
+    std::printf("\nkvtrim calibration file for %s (%s, %lld layers): the presses that need one read it with "
+                "--calib (docs/calibration.md)\n",
+                f->get_string("kvtrim.calibration.model.name", "?").c_str(),
+                f->get_string("kvtrim.calibration.model.arch", "?").c_str(),
+                static_cast<long long>(f->get_int("kvtrim.calibration.model.n_layer", 0)));
+    return;
+  }
   // Whether kvtrim can run it: the loader's every check (architecture, keys, tensors, shapes,
   // types, tokenizer) on the same opened file, without packing the weights.
   set_weight_packing(false);
