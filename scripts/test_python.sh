@@ -20,6 +20,13 @@ fi
 # No build isolation: the build tools come from the environment above (installed once), not
 # fetched again for every build. Warnings are errors, as in the ci preset (whose flags these then
 # equal: -Werror, position-independent code), so ccache serves the libraries from the ci build.
+# The ci build's compilers too: scikit-build-core would otherwise take Python's (g++ where CMake
+# found c++), and ccache keys its objects on the compiler's name.
+if [ -f build/ci/CMakeCache.txt ]; then
+  CXX="${CXX:-$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' build/ci/CMakeCache.txt)}"
+  CC="${CC:-$(sed -n 's/^CMAKE_C_COMPILER:[A-Z]*=//p' build/ci/CMakeCache.txt)}"
+  export CXX CC
+fi
 "${pip[@]}" install -q --no-build-isolation -C cmake.define.KVTRIM_WERROR=ON .
 export KVTRIM_BIN="${KVTRIM_BIN:-$PWD/build/ci/kvtrim}"
 export KVTRIM_MODELS_DIR="${KVTRIM_MODELS_DIR:-$PWD/models}"
