@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <map>
 
+#include "calib/calibration.h"
 #include "cli.h"
 #include "core/error.h"
 #include "model/gguf.h"
@@ -60,12 +61,13 @@ void inspect(const InspectOptions& o) {
   auto f = GgufFile::open(path);
   print_file(o, path, *f);
   if (f->get_string("general.architecture", "") == "kvtrim-calibration") {
-    // Not a model: a file `kvtrim calibrate` wrote (bases, statistics) for the presses that need one.
-    std::printf("\nkvtrim calibration file for %s (%s, %lld layers): the presses that need one read it with "
+    // Not a model: a file `kvtrim calibrate` wrote for the presses that need one, checked as they
+    // load it (Calibration::from_gguf: format version, every section, the checksum).
+    const Calibration cal = Calibration::from_gguf(*f);
+    const ModelFingerprint& fp = cal.fingerprint();
+    std::printf("\nkvtrim calibration file for %s (%s, %d layers): the presses that need one read it with "
                 "--calib (docs/calibration.md)\n",
-                f->get_string("kvtrim.calibration.model.name", "?").c_str(),
-                f->get_string("kvtrim.calibration.model.arch", "?").c_str(),
-                static_cast<long long>(f->get_int("kvtrim.calibration.model.n_layer", 0)));
+                fp.name.c_str(), fp.arch.c_str(), fp.n_layer);
     return;
   }
   // Whether kvtrim can run it: the loader's every check (architecture, keys, tensors, shapes,
