@@ -60,7 +60,7 @@ TEST(PressRegistry, HoldsThePressesThePapersNeedByAxis) {
       EXPECT_FALSE(p->wrapper) << name;
     }
     const auto n = std::count_if(press_registry().begin(), press_registry().end(),
-                                 [&](const PressInfo& p) { return !p.wrapper && p.axis == axis; });
+                                 [ax = axis](const PressInfo& p) { return !p.wrapper && p.axis == ax; });
     EXPECT_GE(n, static_cast<std::ptrdiff_t>(names.size()));
   }
   const PressInfo* adakv = find_press("adakv");
