@@ -30,16 +30,6 @@ namespace {
 
 using Mat = Eigen::MatrixXd;
 
-std::vector<int32_t> test_tokens(int n, int n_vocab, uint32_t seed) {
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  uint32_t s = seed;
-  for (int32_t& x : t) {
-    s = s * 1664525u + 1013904223u;
-    x = static_cast<int32_t>((s >> 8) % static_cast<uint32_t>(n_vocab));
-  }
-  return t;
-}
-
 std::string read_bytes(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(f), {});
@@ -64,7 +54,7 @@ void expect_load_error(const std::string& path, const Model* model,
 
 // Records every q/k/v the forward pass shows (post- and pre-RoPE) and the layer io, then
 // forwards to the capture under test.
-class Recorder : public CalibCapture {
+class RecordingCapture : public CalibCapture {
  public:
   using CalibCapture::CalibCapture;
   struct Layer {
@@ -135,14 +125,14 @@ struct TinyRun {
   std::vector<LayerIoSample> io;
 };
 
-TinyRun run_tiny(Arch arch, uint32_t seed, int io_rows, Recorder** rec_out = nullptr) {
+TinyRun run_tiny(Arch arch, uint32_t seed, int io_rows, RecordingCapture** rec_out = nullptr) {
   static const std::string dir = test::temp_dir("calib_tiny");
   TinyRun r;
   r.model = Model::load(test::write_tiny_model(test::tiny_spec(arch, seed), dir));
   const int nv = r.model->hparams().n_vocab;
-  const std::vector<std::vector<int32_t>> seqs = {test_tokens(40, nv, 3), test_tokens(33, nv, 4)};
-  static std::unique_ptr<Recorder> keep;
-  keep = std::make_unique<Recorder>(*r.model, io_rows, 7);
+  const std::vector<std::vector<int32_t>> seqs = {test::random_tokens(40, nv, 3), test::random_tokens(33, nv, 4)};
+  static std::unique_ptr<RecordingCapture> keep;
+  keep = std::make_unique<RecordingCapture>(*r.model, io_rows, 7);
   keep->model_ref = r.model.get();
   ThreadPool pool(1);
   run_capture(*r.model, seqs, *keep, &pool);
@@ -155,13 +145,13 @@ TinyRun run_tiny(Arch arch, uint32_t seed, int io_rows, Recorder** rec_out = nul
 class CaptureTest : public ::testing::TestWithParam<Arch> {};
 
 TEST_P(CaptureTest, GramsMatchBruteForce) {
-  Recorder* rec = nullptr;
+  RecordingCapture* rec = nullptr;
   TinyRun r = run_tiny(GetParam(), 3, 16, &rec);
   const HParams& hp = r.model->hparams();
   const int g = hp.n_head / hp.n_head_kv, dk = hp.head_dim_k, dv = hp.head_dim_v;
   ASSERT_EQ(r.stats.size(), static_cast<size_t>(hp.n_layer * hp.n_head_kv));
   for (int il = 0; il < hp.n_layer; ++il) {
-    const Recorder::Layer& L = rec->layers[il];
+    const RecordingCapture::Layer& L = rec->layers[il];
     std::vector<float> w(static_cast<size_t>(r.model->layers()[il].wo.n_rows * hp.n_head * dv));
     for (int64_t row = 0; row < r.model->layers()[il].wo.n_rows; ++row)
       get_row(r.model->layers()[il].wo, row, w.data() + row * hp.n_head * dv);

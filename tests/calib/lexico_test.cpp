@@ -66,7 +66,7 @@ class LexicoCalib : public ::testing::Test {
 };
 
 // Records every key / value row of every layer.
-struct Recorder : ForwardObserver {
+struct KvRowRecorder : ForwardObserver {
   int nkv = 0, dk = 0, dv = 0;
   std::vector<std::set<std::vector<float>>> pairs;  // per layer: key row ++ value row
   void on_qkv(int il, int64_t n, const float*, const float* k, const float* v, const int32_t*) override {
@@ -87,7 +87,7 @@ TEST_F(LexicoCalib, ReservoirHoldsPairedRowsAndTheFileRoundTrips) {
   const auto seqs = cut_sequences(toks, 4, 50, -1);
   CalibCapture cap(*model_, 0, 42, 120);
   run_capture(*model_, seqs, cap, nullptr);
-  Recorder rec;
+  KvRowRecorder rec;
   rec.nkv = hp.n_head_kv;
   rec.dk = hp.head_dim_k;
   rec.dv = hp.head_dim_v;

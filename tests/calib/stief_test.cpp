@@ -32,16 +32,6 @@
 namespace kvtrim {
 namespace {
 
-std::vector<int32_t> tokens(int n, int n_vocab, uint32_t seed) {
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  uint32_t s = seed;
-  for (int32_t& x : t) {
-    s = s * 1664525u + 1013904223u;
-    x = static_cast<int32_t>((s >> 8) % static_cast<uint32_t>(n_vocab));
-  }
-  return t;
-}
-
 std::vector<float> embed(const Model& m, const std::vector<int32_t>& toks) {
   const int64_t D = m.hparams().n_embd;
   std::vector<float> x(toks.size() * static_cast<size_t>(D));
@@ -73,7 +63,7 @@ TEST_P(StiefArch, LayerMatchesTheEngine) {
   const std::string dir = test::temp_dir("stief_layer");
   auto m = Model::load(test::write_tiny_model(test::tiny_spec(GetParam(), 3), dir));
   const HParams& hp = m->hparams();
-  const std::vector<int32_t> toks = tokens(40, hp.n_vocab, 5);
+  const std::vector<int32_t> toks = test::random_tokens(40, hp.n_vocab, 5);
   IoRecorder rec(hp.n_layer);
   rec.n_embd = hp.n_embd;
   KvCacheConfig cfg = m->cache_config(64);
@@ -138,7 +128,7 @@ TEST_P(StiefArch, LayerBackwardMatchesFiniteDifferences) {
   // every layer: gemma3's tiny spec has sliding-window (local) layers and a global one
   for (int il = 0; il < hp.n_layer; ++il) {
     const LayerWeightsF32 w = layer_weights_f32(*m, il);
-    const LayerSeq s = prepare_layer_seq(*m, il, w, embed(*m, tokens(24, hp.n_vocab, 9 + il)), nullptr);
+    const LayerSeq s = prepare_layer_seq(*m, il, w, embed(*m, test::random_tokens(24, hp.n_vocab, 9 + il)), nullptr);
     LossAt loss{w, s, {0, 3, 7, 8, 15, 23}};
     // projectors near the identity (any matrices: the gradient formula does not need P = UUᵀ)
     auto near_id = [&](int d) {
@@ -185,7 +175,7 @@ TEST_P(StiefArch, FullRankPredictorGivesZeroError) {
   auto m = Model::load(test::write_tiny_model(test::tiny_spec(GetParam(), 6), dir));
   const HParams& hp = m->hparams();
   const LayerWeightsF32 w = layer_weights_f32(*m, 0);
-  const LayerSeq s = prepare_layer_seq(*m, 0, w, embed(*m, tokens(20, hp.n_vocab, 2)), nullptr);
+  const LayerSeq s = prepare_layer_seq(*m, 0, w, embed(*m, test::random_tokens(20, hp.n_vocab, 2)), nullptr);
   const std::vector<float> feat = basis_features(s.k.data(), s.n * hp.n_head_kv, hp.head_dim_k, hp.head_dim_k);
   BasisPredictor pred(hp.head_dim_k, 16, 3, {});
   const std::vector<float> U = pred.predict(feat);
@@ -427,7 +417,7 @@ TEST(StiefTrain, TinyModelTrainsResumesAndRoundTrips) {
   auto m = Model::load(test::write_tiny_model(spec, dir));
   const HParams& hp = m->hparams();
   std::vector<std::vector<int32_t>> seqs;
-  for (int i = 0; i < 5; ++i) seqs.push_back(tokens(32, hp.n_vocab, 100 + i));
+  for (int i = 0; i < 5; ++i) seqs.push_back(test::random_tokens(32, hp.n_vocab, 100 + i));
   CalibCapture cap(*m, 0, 1);
   run_capture(*m, seqs, cap, nullptr);
   Calibration cal(model_fingerprint(*m), hp.n_layer, hp.n_head_kv);

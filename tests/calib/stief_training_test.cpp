@@ -23,16 +23,6 @@
 namespace kvtrim {
 namespace {
 
-std::vector<int32_t> lcg_tokens(int n, int n_vocab, uint32_t seed) {
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  uint32_t s = seed;
-  for (int32_t& x : t) {
-    s = s * 1664525u + 1013904223u;
-    x = static_cast<int32_t>((s >> 8) % static_cast<uint32_t>(n_vocab));
-  }
-  return t;
-}
-
 // f throws an Error whose message contains `needle`.
 template <typename F>
 void expect_error(F f, const std::string& needle) {
@@ -51,7 +41,7 @@ class StiefTraining : public ::testing::Test {
     model_ = Model::load(test::write_tiny_model(test::tiny_spec(Arch::kQwen2, 7), dir)).release();
     const HParams& hp = model_->hparams();
     seqs_ = new std::vector<std::vector<int32_t>>;
-    for (int i = 0; i < 8; ++i) seqs_->push_back(lcg_tokens(32, hp.n_vocab, 300 + i));
+    for (int i = 0; i < 8; ++i) seqs_->push_back(test::random_tokens(32, hp.n_vocab, 300 + i));
     CalibCapture cap(*model_, 0, 1);
     run_capture(*model_, *seqs_, cap, nullptr);
     cal_ = new Calibration(model_fingerprint(*model_), hp.n_layer, hp.n_head_kv);

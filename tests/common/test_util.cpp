@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "core/error.h"
+
 namespace kvtrim::test {
 
 namespace fs = std::filesystem;
@@ -37,6 +39,15 @@ std::string temp_dir(const std::string& tag) {
   fs::remove_all(p);
   fs::create_directories(p);
   return p.string();
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
 }
 
 }  // namespace kvtrim::test

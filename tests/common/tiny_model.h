@@ -65,4 +65,11 @@ std::string write_tiny_model(const TinyModelSpec& spec, const std::string& dir);
 // The tiny tokenizer's vocabulary size (256 bytes + merges + 3 specials).
 int tiny_vocab_size();
 
+// A prompt of n token ids below 250 (inside every tiny vocabulary); salt gives another prompt.
+inline std::vector<int32_t> tiny_tokens(int n, int salt = 0) {
+  std::vector<int32_t> t;
+  for (int i = 0; i < n; ++i) t.push_back((i * 37 + salt * 11 + 5) % 250);
+  return t;
+}
+
 }  // namespace kvtrim::test

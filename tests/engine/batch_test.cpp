@@ -18,12 +18,6 @@
 namespace kvtrim {
 namespace {
 
-std::vector<int32_t> tokens(int n, int salt) {
-  std::vector<int32_t> t;
-  for (int i = 0; i < n; ++i) t.push_back((i * 37 + salt * 11 + 5) % 250);
-  return t;
-}
-
 // Pairs of sessions (solo[s], batched[s]) with the same history decode `steps` more tokens: the
 // solo ones one by one, the batched ones in one step_batch per token; every batched session
 // must get its solo logits bit for bit.
@@ -59,9 +53,9 @@ class BatchTest : public ::testing::TestWithParam<Arch> {
     SessionParams p = params(&pool);
     p.n_batch = 32;
     Session a_solo(*model_, p), b_solo(*model_, p), c_solo(*model_, p), a(*model_, p), b(*model_, p), c(*model_, p);
-    for (Session* s : {&a_solo, &a}) s->prefill(tokens(9, 1));
-    for (Session* s : {&c_solo, &c}) s->prefill(tokens(14, 4));
-    const std::vector<int32_t> prompt = tokens(20, 2);
+    for (Session* s : {&a_solo, &a}) s->prefill(test::tiny_tokens(9, 1));
+    for (Session* s : {&c_solo, &c}) s->prefill(test::tiny_tokens(14, 4));
+    const std::vector<int32_t> prompt = test::tiny_tokens(20, 2);
     b_solo.prefill(prompt);
     const int32_t ta = 42, tc = 7;
     a_solo.decode(ta);
@@ -91,8 +85,8 @@ TEST_P(BatchTest, BatchedDecodeEqualsSoloDecode) {
   for (int s = 0; s < n_seq; ++s) {
     solo.push_back(std::make_unique<Session>(*model_, params(&pool)));
     batched.push_back(std::make_unique<Session>(*model_, params(&pool)));
-    solo[s]->prefill(tokens(5 + 7 * s, s));
-    batched[s]->prefill(tokens(5 + 7 * s, s));
+    solo[s]->prefill(test::tiny_tokens(5 + 7 * s, s));
+    batched[s]->prefill(test::tiny_tokens(5 + 7 * s, s));
   }
   decode_together_equals_solo(solo, batched, 6, 1);
 }
@@ -115,8 +109,8 @@ TEST_P(BatchTest, OneAttentionJobKeepsTheSoloSplits) {
   for (int s = 0; s < n_seq; ++s) {
     solo.push_back(std::make_unique<Session>(*model, p));
     batched.push_back(std::make_unique<Session>(*model, p));
-    solo[s]->prefill(tokens(1100 + 300 * s, s));
-    batched[s]->prefill(tokens(1100 + 300 * s, s));
+    solo[s]->prefill(test::tiny_tokens(1100 + 300 * s, s));
+    batched[s]->prefill(test::tiny_tokens(1100 + 300 * s, s));
   }
   decode_together_equals_solo(solo, batched, 3, 2);
 }
@@ -129,9 +123,9 @@ TEST_P(BatchTest, PrefillChunkBesideDecodeSteps) {
   SessionParams p = params(&pool);
   p.n_batch = 32;
   Session a_solo(*model_, p), b_solo(*model_, p), a(*model_, p), b(*model_, p);
-  a_solo.prefill(tokens(9, 1));
-  a.prefill(tokens(9, 1));
-  const std::vector<int32_t> prompt = tokens(20, 2);
+  a_solo.prefill(test::tiny_tokens(9, 1));
+  a.prefill(test::tiny_tokens(9, 1));
+  const std::vector<int32_t> prompt = test::tiny_tokens(20, 2);
   b_solo.prefill(prompt);
   const int32_t t = 42;
   a_solo.decode(t);
@@ -168,7 +162,7 @@ TEST_P(BatchTest, PressesActPerSession) {
   Session p_solo(*model_, params(&pool)), q_solo(*model_, params(&pool));
   Session p(*model_, params(&pool)), q(*model_, params(&pool));
   for (Session* s : {&p_solo, &p}) s->set_press(make_press("streamingllm:0.5"));
-  for (Session* s : {&p_solo, &p, &q_solo, &q}) s->prefill(tokens(12, 3));
+  for (Session* s : {&p_solo, &p, &q_solo, &q}) s->prefill(test::tiny_tokens(12, 3));
   p_solo.compress();
   p.compress();
   EXPECT_LT(p.cache().bytes().total(), q.cache().bytes().total());
@@ -190,8 +184,8 @@ TEST_P(BatchTest, RefusedBatchChangesNothing) {
   SessionParams small = params(&pool);
   small.n_ctx = 10;
   Session a(*model_, params(&pool)), full(*model_, small), foreign(*model_, params(&other));
-  a.prefill(tokens(4, 0));
-  full.prefill(tokens(10, 0));
+  a.prefill(test::tiny_tokens(4, 0));
+  full.prefill(test::tiny_tokens(10, 0));
   const int32_t ok = 3, bad = 1 << 20;
   EXPECT_THROW(Session::step_batch({SessionChunk{&a, &ok, 1, true}, SessionChunk{&full, &ok, 1, true}}), Error);
   EXPECT_THROW(Session::step_batch({SessionChunk{&a, &ok, 1, true}, SessionChunk{&a, &ok, 1, true}}), Error);
@@ -212,8 +206,8 @@ TEST_P(BatchTest, ManyDecodeStepsSplitIntoKernelRuns) {
   for (int s = 0; s < n_seq; ++s) {
     solo.push_back(std::make_unique<Session>(*model_, params(&pool)));
     batched.push_back(std::make_unique<Session>(*model_, params(&pool)));
-    solo[s]->prefill(tokens(3 + s, s));
-    batched[s]->prefill(tokens(3 + s, s));
+    solo[s]->prefill(test::tiny_tokens(3 + s, s));
+    batched[s]->prefill(test::tiny_tokens(3 + s, s));
     next[s] = (s * 7 + 2) % 250;
     solo[s]->decode(next[s]);
     chunks.push_back(SessionChunk{batched[s].get(), &next[s], 1, true});

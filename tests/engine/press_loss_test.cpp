@@ -30,11 +30,7 @@ class PressLossTest : public ::testing::Test {
     delete model_;
     delete dir_;
   }
-  static std::vector<int32_t> tokens(int n) {
-    std::vector<int32_t> t;
-    for (int i = 0; i < n; ++i) t.push_back((i * 37 + 5) % 250);
-    return t;
-  }
+  static std::vector<int32_t> tokens(int n) { return test::tiny_tokens(n); }
   // A session with `press` holding a prefilled context of n tokens (f32 cache: the direct
   // computation below reads the same numbers the cache attends over).
   static std::unique_ptr<Session> session(const std::string& press, int n = 120, bool loss = true) {

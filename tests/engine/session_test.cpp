@@ -28,11 +28,7 @@ class SessionTest : public ::testing::Test {
     delete model_;
     delete dir_;
   }
-  static std::vector<int32_t> tokens(int n, int salt = 0) {
-    std::vector<int32_t> t;
-    for (int i = 0; i < n; ++i) t.push_back((i * 37 + salt * 11 + 5) % 250);
-    return t;
-  }
+  static std::vector<int32_t> tokens(int n, int salt = 0) { return test::tiny_tokens(n, salt); }
   static SessionParams params(int64_t n_ctx, int n_batch = 256) {
     SessionParams p;
     p.n_ctx = n_ctx;

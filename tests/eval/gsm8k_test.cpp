@@ -23,7 +23,7 @@ const char* kThree =
     R"({"question": "How much money?", "answer": "The total is $<<1000*2=2000>>2,000.\n#### 2,000"})"
     "\n";
 
-std::string error_of(const std::string& text) {
+std::string gsm8k_error(const std::string& text) {
   try {
     parse_gsm8k(text, "test.jsonl");
   } catch (const Error& e) {
@@ -46,17 +46,17 @@ TEST(Gsm8k, ParsesItemsAndStripsAnnotations) {
 }
 
 TEST(Gsm8k, MalformedLinesNameTheLine) {
-  EXPECT_NE(error_of("{\"question\": \"q\", \"answer\": \"a\\n#### 1\"}\nnot json\n").find("test.jsonl:2: not valid JSON"),
+  EXPECT_NE(gsm8k_error("{\"question\": \"q\", \"answer\": \"a\\n#### 1\"}\nnot json\n").find("test.jsonl:2: not valid JSON"),
             std::string::npos);
-  EXPECT_NE(error_of("[1]\n").find("test.jsonl:1: expected a JSON object"), std::string::npos);
-  EXPECT_NE(error_of("{\"question\": \"q\"}\n").find("missing field 'answer'"), std::string::npos);
-  EXPECT_NE(error_of("{\"question\": 3, \"answer\": \"x\"}\n").find("field 'question' must be a string"),
+  EXPECT_NE(gsm8k_error("[1]\n").find("test.jsonl:1: expected a JSON object"), std::string::npos);
+  EXPECT_NE(gsm8k_error("{\"question\": \"q\"}\n").find("missing field 'answer'"), std::string::npos);
+  EXPECT_NE(gsm8k_error("{\"question\": 3, \"answer\": \"x\"}\n").find("field 'question' must be a string"),
             std::string::npos);
-  EXPECT_NE(error_of("{\"question\": \"q\", \"answer\": \"no final line\"}\n").find("no final '#### <number>'"),
+  EXPECT_NE(gsm8k_error("{\"question\": \"q\", \"answer\": \"no final line\"}\n").find("no final '#### <number>'"),
             std::string::npos);
-  EXPECT_NE(error_of("{\"question\": \"q\", \"answer\": \"x\\n#### many\"}\n").find("is not a number"),
+  EXPECT_NE(gsm8k_error("{\"question\": \"q\", \"answer\": \"x\\n#### many\"}\n").find("is not a number"),
             std::string::npos);
-  EXPECT_NE(error_of("{\"question\": \"\", \"answer\": \"x\\n#### 1\"}\n").find("'question' is empty"),
+  EXPECT_NE(gsm8k_error("{\"question\": \"\", \"answer\": \"x\\n#### 1\"}\n").find("'question' is empty"),
             std::string::npos);
   EXPECT_THROW(load_gsm8k("/nonexistent/test.jsonl"), Error);
 }

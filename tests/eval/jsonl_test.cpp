@@ -12,7 +12,7 @@
 namespace kvtrim::eval {
 namespace {
 
-std::string error_of(const std::string& text) {
+std::string jsonl_error(const std::string& text) {
   try {
     parse_samples_jsonl(text, "tasks.jsonl");
   } catch (const Error& e) {
@@ -65,17 +65,17 @@ TEST(Jsonl, MalformedLinesNameTheLine) {
   const std::string good =
       R"({"task": "qa_1", "context": "C", "question": "Q", "answers": ["x"], "max_new_tokens": 4})"
       "\n";
-  std::string e = error_of(good + good + "{not json\n");
+  std::string e = jsonl_error(good + good + "{not json\n");
   EXPECT_NE(e.find("tasks.jsonl:3: not valid JSON"), std::string::npos) << e;
-  e = error_of(good + R"({"task": "qa_1", "question": "Q", "answers": ["x"], "max_new_tokens": 4})");
+  e = jsonl_error(good + R"({"task": "qa_1", "question": "Q", "answers": ["x"], "max_new_tokens": 4})");
   EXPECT_NE(e.find("tasks.jsonl:2: missing field 'context'"), std::string::npos) << e;
-  e = error_of(R"({"task": "qa_1", "context": "C", "question": "Q", "answers": [1], "max_new_tokens": 4})");
+  e = jsonl_error(R"({"task": "qa_1", "context": "C", "question": "Q", "answers": [1], "max_new_tokens": 4})");
   EXPECT_NE(e.find("tasks.jsonl:1: field 'answers' must hold strings"), std::string::npos) << e;
-  e = error_of(R"({"task": "qa_1", "context": "C", "question": "Q", "answers": [], "max_new_tokens": 4})");
+  e = jsonl_error(R"({"task": "qa_1", "context": "C", "question": "Q", "answers": [], "max_new_tokens": 4})");
   EXPECT_NE(e.find("tasks.jsonl:1: field 'answers' is empty"), std::string::npos) << e;
-  e = error_of(R"({"task": "qa_1", "context": "C", "question": "Q", "answers": ["x"], "max_new_tokens": -3})");
+  e = jsonl_error(R"({"task": "qa_1", "context": "C", "question": "Q", "answers": ["x"], "max_new_tokens": -3})");
   EXPECT_NE(e.find("tasks.jsonl:1: field 'max_new_tokens' must be a positive integer"), std::string::npos) << e;
-  e = error_of(R"([1, 2])");
+  e = jsonl_error(R"([1, 2])");
   EXPECT_NE(e.find("tasks.jsonl:1: expected a JSON object"), std::string::npos) << e;
   EXPECT_THROW(load_samples_jsonl("/nonexistent/tasks.jsonl"), Error);
 }

@@ -176,7 +176,7 @@ TEST(McReaders, CsvAndMmlu) {
 // f32 keys/values: the cache path then differs from the full prefill only by summation order
 // (with f16 storage, the context is rounded for the choices but not inside one batch, and the
 // tiny random model's peaked logits amplify that).
-SessionParams params() {
+SessionParams mc_params() {
   SessionParams p;
   p.n_ctx = 1024;
   p.n_threads = 2;
@@ -194,7 +194,7 @@ McItem tiny_item() {
 }
 
 TEST(McScoring, TruncateAndContinueEqualsFullPrefill) {
-  Session s(tiny_model(), params());
+  Session s(tiny_model(), mc_params());
   const McItem it = tiny_item();
   const McTokens toks = tokenize_item(tiny_model(), it);
   ASSERT_EQ(toks.choices.size(), 3u);
@@ -227,7 +227,7 @@ TEST(McScoring, TruncateAndContinueEqualsFullPrefill) {
 }
 
 TEST(McScoring, CompressedContextHoldsFewerBytes) {
-  SessionParams p = params();
+  SessionParams p = mc_params();
   p.kv_dtype = KvDtype::kF16;
   Session s(tiny_model(), p);
   s.set_press(make_press("streamingllm:ratio=0.5"), PressSchedule{false, 0, 0});
@@ -245,7 +245,7 @@ TEST(McScoring, CompressedContextHoldsFewerBytes) {
   for (double ll : r.loglik) EXPECT_TRUE(std::isfinite(ll) && ll < 0);
 }
 
-McResult fake(int64_t index, int gold, int pred) {
+McResult fake_result(int64_t index, int gold, int pred) {
   McResult r;
   r.bench = "piqa";
   r.index = index;
@@ -265,19 +265,19 @@ TEST(McResults, ResumeKeepsRowsAndIgnoresOtherConfigs) {
   const std::string path = (fs::path(dir) / "r.jsonl").string();
   fs::remove(path);
   McItem a = tiny_item();
-  McResult ra = fake(0, 0, 0);
+  McResult ra = fake_result(0, 0, 0);
   ra.item_hash = a.hash();
   {
     McResultsFile f(path, "cfgA");
     EXPECT_FALSE(f.done("piqa", a));
     f.append(ra);
-    f.append(fake(1, 1, 0));
+    f.append(fake_result(1, 1, 0));
   }
   {
     McResultsFile other(path, "cfgB");
     EXPECT_EQ(other.rows().size(), 0u);
     EXPECT_EQ(other.n_other_config(), 2);
-    other.append(fake(0, 0, 1));
+    other.append(fake_result(0, 0, 1));
   }
   {
     std::ofstream f(path, std::ios::app);
@@ -313,7 +313,7 @@ TEST(McResults, BasesSetApart) {
   std::remove(path.c_str());
   {
     McResultsFile f(path, "cfg");
-    McResult a = fake(0, 0, 0), b = fake(1, 1, 1);
+    McResult a = fake_result(0, 0, 0), b = fake_result(1, 1, 1);
     a.kv_bases = 30;  // 50 held, 30 of them bases: 20 / 100 per item
     b.kv_bases = 10;  // 40 / 100
     f.append(a);

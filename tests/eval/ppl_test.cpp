@@ -40,16 +40,6 @@ SessionParams f32_params() {
   return p;
 }
 
-std::vector<int32_t> text_tokens(size_t n) {
-  std::vector<int32_t> t(n);
-  uint32_t x = 12345;
-  for (auto& v : t) {
-    x = x * 1664525u + 1013904223u;
-    v = static_cast<int32_t>((x >> 8) % 256u);
-  }
-  return t;
-}
-
 double nll(const float* logits, size_t n_vocab, int32_t target) {
   NllAccumulator a;
   a.add(logits, n_vocab, target);
@@ -66,7 +56,7 @@ std::vector<PplWindow> run_all(Session& s, const std::vector<int32_t>& toks, con
 }
 
 TEST(EvalPpl, RatioZeroEqualsFullCacheInBothModes) {
-  const std::vector<int32_t> toks = text_tokens(200);
+  const std::vector<int32_t> toks = kvtrim::test::random_tokens(200, 256, 12345);
   Session full(f32_model(), f32_params());
   const PplResult ref = perplexity(full, toks, 64, 64, 1);
   for (PplMode mode : {PplMode::kPcc, PplMode::kThroughout}) {
@@ -93,7 +83,7 @@ TEST(EvalPpl, RatioZeroEqualsFullCacheInBothModes) {
 }
 
 TEST(EvalPpl, PccMatchesBruteForceStreamingLlm) {
-  const std::vector<int32_t> toks = text_tokens(128);
+  const std::vector<int32_t> toks = kvtrim::test::random_tokens(128, 256, 12345);
   const char* spec = "streamingllm:ratio=0.5";
   PplConfig c;
   c.ctx = 64;
@@ -132,7 +122,7 @@ TEST(EvalPpl, PccMatchesBruteForceStreamingLlm) {
 }
 
 TEST(EvalPpl, ThroughoutChunk1MatchesTokenByTokenKnorm) {
-  const std::vector<int32_t> toks = text_tokens(64);
+  const std::vector<int32_t> toks = kvtrim::test::random_tokens(64, 256, 12345);
   const char* spec = "knorm:ratio=0.5";
   PplConfig c;
   c.ctx = 64;
@@ -175,7 +165,7 @@ TEST(EvalPpl, ThroughoutRejectsNonScorerPresses) {
   EXPECT_NO_THROW(check_ppl_config(s, c));
 }
 
-PplWindow fake(int64_t i) {
+PplWindow fake_window(int64_t i) {
   PplWindow r;
   r.index = i;
   r.tokens_hash = std::string(1, 'h');
@@ -196,8 +186,8 @@ TEST(EvalPpl, ResumeAfterATornLine) {
   fs::remove(path);
   {
     PplResultsFile f(path, "cfgA");
-    f.append(fake(0));
-    f.append(fake(1));
+    f.append(fake_window(0));
+    f.append(fake_window(1));
   }
   {
     std::ofstream o(path, std::ios::app | std::ios::binary);
@@ -209,7 +199,7 @@ TEST(EvalPpl, ResumeAfterATornLine) {
   EXPECT_TRUE(f.done(1, "h1"));
   EXPECT_FALSE(f.done(2, "h2"));
   EXPECT_DOUBLE_EQ(f.row(1).nll_press, 21);
-  f.append(fake(2));
+  f.append(fake_window(2));
   PplResultsFile g(path, "cfgA");
   EXPECT_EQ(g.n_rows(), 3);
   EXPECT_EQ(g.n_other_config(), 0);
@@ -220,13 +210,13 @@ TEST(EvalPpl, ConfigHashMismatch) {
   fs::remove(path);
   {
     PplResultsFile f(path, "cfgA");
-    f.append(fake(0));
+    f.append(fake_window(0));
   }
   PplResultsFile b(path, "cfgB");  // another config: its rows are kept but ignored
   EXPECT_EQ(b.n_rows(), 0);
   EXPECT_EQ(b.n_other_config(), 1);
   EXPECT_FALSE(b.done(0, "h0"));
-  b.append(fake(0));
+  b.append(fake_window(0));
   PplResultsFile a(path, "cfgA");
   EXPECT_EQ(a.n_rows(), 1);
   EXPECT_EQ(a.n_other_config(), 1);
@@ -234,7 +224,7 @@ TEST(EvalPpl, ConfigHashMismatch) {
 }
 
 TEST(EvalPpl, SummaryIsPairedAndModeNamesParse) {
-  const PplSummary s = summarize_ppl({fake(0), fake(1)});
+  const PplSummary s = summarize_ppl({fake_window(0), fake_window(1)});
   EXPECT_EQ(s.n_scored, 20);
   EXPECT_NEAR(s.ppl_press, std::exp(41.0 / 20), 1e-12);
   EXPECT_NEAR(s.ppl_full, std::exp(38.0 / 20), 1e-12);

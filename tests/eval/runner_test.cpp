@@ -22,13 +22,7 @@ namespace {
 
 using test_support::tiny_model;
 using test_support::tiny_prompts;
-
-SessionParams params() {
-  SessionParams p;
-  p.n_ctx = 4096;
-  p.n_threads = 2;
-  return p;
-}
+using test_support::tiny_session_params;
 
 std::vector<EvalSample> small_samples() {
   std::string text;
@@ -56,7 +50,7 @@ std::vector<std::string> read_lines(const std::string& path) {
 }
 
 TEST(Runner, ReusedCacheMatchesFreshPrefill) {
-  Session s(tiny_model(), params());
+  Session s(tiny_model(), tiny_session_params());
   const auto samples = small_samples();
   ASSERT_EQ(samples[1].questions.size(), 2u);
   const auto both = run_sample(s, tiny_prompts(), samples[1], {});
@@ -71,7 +65,7 @@ TEST(Runner, ReusedCacheMatchesFreshPrefill) {
 }
 
 TEST(Runner, AfterContextHookSeesOnlyTheContext) {
-  Session s(tiny_model(), params());
+  Session s(tiny_model(), tiny_session_params());
   const auto samples = small_samples();
   int calls = 0;
   int32_t seen = -1;
@@ -96,7 +90,7 @@ TEST(Runner, AfterContextHookSeesOnlyTheContext) {
 // Each row records the context compression's loss estimate (press_loss, press_evicted_mass);
 // rows without a press have none, and a row written without the fields loads with -1.
 TEST(Runner, RowsRecordTheLossEstimate) {
-  SessionParams p = params();
+  SessionParams p = tiny_session_params();
   p.press_loss = true;
   Session s(tiny_model(), p);
   PressSchedule sched;
@@ -134,7 +128,7 @@ TEST(Runner, ResumeRunsOnlyMissingQuestions) {
   const std::string dir = test::temp_dir("eval_resume");
   const std::string out = dir + "/results.jsonl";
   const auto samples = small_samples();  // 5 samples, 6 questions
-  Session s(tiny_model(), params());
+  Session s(tiny_model(), tiny_session_params());
   std::vector<QuestionResult> full_rows;
   {
     ResultsFile rf(out, "cfgA");
@@ -196,7 +190,7 @@ TEST(Runner, ChangedSampleUnderSameConfigIsAnError) {
   const std::string out = dir + "/results.jsonl";
   auto samples = small_samples();
   samples.resize(1);
-  Session s(tiny_model(), params());
+  Session s(tiny_model(), tiny_session_params());
   {
     ResultsFile rf(out, "cfg");
     run_samples(s, tiny_prompts(), samples, &rf, {}, nullptr);
@@ -225,7 +219,7 @@ TEST(Runner, DeterministicAndGeneratedSamplesRun) {
   // Generated samples at a small budget, run twice: identical outputs.
   RulerGenerator g(test_support::ruler_config(2048, 3), test_support::tiny_counter());
   std::vector<EvalSample> samples = {g.generate("niah_single_1", 0), g.generate("vt", 0)};
-  Session s(tiny_model(), params());
+  Session s(tiny_model(), tiny_session_params());
   std::vector<QuestionResult> a, b;
   run_samples(s, tiny_prompts(), samples, nullptr, {}, &a);
   run_samples(s, tiny_prompts(), samples, nullptr, {}, &b);

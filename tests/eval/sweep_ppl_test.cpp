@@ -23,14 +23,18 @@
 namespace kvtrim::eval {
 namespace {
 
+using test_support::configs_of;
+using test_support::fresh_path;
 using test_support::tiny_model;
+using test_support::tiny_session_params;
 
 // ---------------------------------------------------------------- summary maths
 
 // A window of two scored tokens, both with NLL log(ppl_press) through the press and
 // log(ppl_full) through the full cache (no spread: standard errors 0).
-PplSweepRow row(const std::string& press, double ratio, int64_t window, double ppl_press,
-                double ppl_full, double kv_bytes, double kv_dense, const std::string& model = "m") {
+PplSweepRow ppl_row(const std::string& press, double ratio, int64_t window, double ppl_press,
+                    double ppl_full, double kv_bytes, double kv_dense,
+                    const std::string& model = "m") {
   PplSweepRow r;
   r.config = model + "/" + press + "/" + std::to_string(ratio);
   r.model = model;
@@ -55,19 +59,19 @@ PplSweepRow row(const std::string& press, double ratio, int64_t window, double p
 
 // Full cache: PPL 10. p: 10.5 at 0.5 (gap 0.05), 11.5 at 0.75 (0.15), 13 at 0.9 (0.30);
 // q: 12.5 at 0.5 (0.25). Rows deliberately out of ratio order.
-std::vector<PplSweepRow> hand_rows() {
+std::vector<PplSweepRow> ppl_hand_rows() {
   std::vector<PplSweepRow> r;
   for (int64_t w : {0, 1}) {
-    r.push_back(row("p", 0.9, w, 13, 10, 15, 100));
-    r.push_back(row("p", 0.5, w, 10.5, 10, 60, 100));
-    r.push_back(row("p", 0.75, w, 11.5, 10, 30, 100));
-    r.push_back(row("q", 0.5, w, 12.5, 10, 50, 100));
+    r.push_back(ppl_row("p", 0.9, w, 13, 10, 15, 100));
+    r.push_back(ppl_row("p", 0.5, w, 10.5, 10, 60, 100));
+    r.push_back(ppl_row("p", 0.75, w, 11.5, 10, 30, 100));
+    r.push_back(ppl_row("q", 0.5, w, 12.5, 10, 50, 100));
   }
   return r;
 }
 
 TEST(SweepPplMaths, PointsArePairedPerCell) {
-  const auto pts = sweep_ppl_points(hand_rows());
+  const auto pts = sweep_ppl_points(ppl_hand_rows());
   ASSERT_EQ(pts.size(), 5u);
   EXPECT_EQ(pts[0].press, "none");  // the full cache first, pooled over the windows
   EXPECT_EQ(pts[0].s.n_windows, 2);
@@ -90,7 +94,7 @@ TEST(SweepPplMaths, PointsArePairedPerCell) {
 }
 
 TEST(SweepPplMaths, CurvesMeanDeltaAndPplTolerance) {
-  const auto curves = sweep_ppl_curves(sweep_ppl_points(hand_rows()));
+  const auto curves = sweep_ppl_curves(sweep_ppl_points(ppl_hand_rows()));
   ASSERT_EQ(curves.size(), 2u);
   const PplSweepCurve& p = curves[0];
   EXPECT_EQ(p.press, "p");
@@ -121,21 +125,21 @@ TEST(SweepPplMaths, CurvesMeanDeltaAndPplTolerance) {
 
 TEST(SweepPplMaths, MeasuredMeanNeedsASaving) {
   // a press that holds more than f16 saved nothing: no mean ΔPPL, no saving within
-  const auto c = sweep_ppl_curves(sweep_ppl_points({row("p", 0.5, 0, 10.1, 10, 120, 100)}));
+  const auto c = sweep_ppl_curves(sweep_ppl_points({ppl_row("p", 0.5, 0, 10.1, 10, 120, 100)}));
   ASSERT_EQ(c.size(), 1u);
   EXPECT_TRUE(std::isnan(c[0].measured.auc));
   EXPECT_NEAR(c[0].reached, -0.2, 1e-12);
   EXPECT_DOUBLE_EQ(c[0].measured.r10, 0.0);
   EXPECT_NEAR(c[0].nominal.r10, 0.5, 1e-12);  // nominal says 0.5 within 10 %
-  const std::string md = sweep_ppl_summary_markdown(sweep_ppl_points({row("p", 0.5, 0, 10.1, 10, 120, 100)}), c, "T");
+  const std::string md = sweep_ppl_summary_markdown(sweep_ppl_points({ppl_row("p", 0.5, 0, 10.1, 10, 120, 100)}), c, "T");
   EXPECT_NE(md.find("| p | — | -0.200 |"), std::string::npos) << md;
 }
 
 TEST(SweepPplMaths, FirstCrossingEndsTheWalk) {
   // 10 %: within at 0.25, beyond at 0.5 (gap 0.15), back within at 0.75: the 0.75 does not count
-  std::vector<PplSweepRow> rows = {row("p", 0.25, 0, 10.2, 10, 1, 1),
-                                   row("p", 0.5, 0, 11.5, 10, 1, 1),
-                                   row("p", 0.75, 0, 10.5, 10, 1, 1)};
+  std::vector<PplSweepRow> rows = {ppl_row("p", 0.25, 0, 10.2, 10, 1, 1),
+                                   ppl_row("p", 0.5, 0, 11.5, 10, 1, 1),
+                                   ppl_row("p", 0.75, 0, 10.5, 10, 1, 1)};
   const auto c = sweep_ppl_curves(sweep_ppl_points(rows));
   ASSERT_EQ(c.size(), 1u);
   EXPECT_DOUBLE_EQ(c[0].nominal.r10_grid, 0.25);
@@ -144,7 +148,7 @@ TEST(SweepPplMaths, FirstCrossingEndsTheWalk) {
 }
 
 TEST(SweepPplMaths, SummaryFiles) {
-  const auto pts = sweep_ppl_points(hand_rows());
+  const auto pts = sweep_ppl_points(ppl_hand_rows());
   const auto curves = sweep_ppl_curves(pts);
   const std::string md = sweep_ppl_summary_markdown(pts, curves, "T");
   EXPECT_NE(md.find("| full cache | 0.00 | 2 | 4 | 10.0000 ± 0.0000 | — | 1.000 | — | — |"),
@@ -185,13 +189,6 @@ TEST(SweepPplMaths, SummaryFiles) {
 
 // ---------------------------------------------------------------- runs on a tiny model
 
-SessionParams params() {
-  SessionParams p;
-  p.n_ctx = 64;
-  p.n_threads = 2;
-  return p;
-}
-
 PplConfig ppl_config() {
   PplConfig c;
   c.ctx = 64;
@@ -199,33 +196,11 @@ PplConfig ppl_config() {
   return c;
 }
 
-std::vector<int32_t> text_tokens(size_t n) {
-  std::vector<int32_t> t(n);
-  uint32_t x = 4242;
-  for (auto& v : t) {
-    x = x * 1664525u + 1013904223u;
-    v = static_cast<int32_t>((x >> 8) % 256u);
-  }
-  return t;
-}
-
-std::vector<SweepCell> cells(const std::vector<std::string>& presses,
-                             const std::vector<double>& ratios) {
+std::vector<SweepCell> ppl_cells(const std::vector<std::string>& presses,
+                                 const std::vector<double>& ratios) {
   auto c = ppl_sweep_cells(sweep_cells(presses, ratios));
   set_cell_configs(&c, {"model=tiny", "ctx=64", "mode=pcc"}, "sweep-ppl-test");
   return c;
-}
-
-std::set<std::string> configs_of(const std::vector<SweepCell>& c) {
-  std::set<std::string> out;
-  for (const auto& x : c) out.insert(x.config);
-  return out;
-}
-
-std::string fresh_path(const std::string& name) {
-  const std::string p = kvtrim::test::temp_dir("sweep_ppl") + "/" + name;
-  std::filesystem::remove(p);
-  return p;
 }
 
 // A row as written, without its timing.
@@ -248,11 +223,11 @@ std::vector<std::string> keys(const std::vector<PplSweepRow>& rows) {
 }
 
 TEST(SweepPpl, CellEqualsEvalPplAndSharesTheFullPass) {
-  const auto toks = text_tokens(3 * 64);
-  const auto cs = cells({"snapkv", "streamingllm"}, {0.25, 0.5});
+  const auto toks = kvtrim::test::random_tokens(3 * 64, 256, 4242);
+  const auto cs = ppl_cells({"snapkv", "streamingllm"}, {0.25, 0.5});
   ASSERT_EQ(cs.size(), 4u);  // no baseline cell
-  PplSweepResultsFile res(fresh_path("cell.jsonl"), configs_of(cs));
-  Session s(tiny_model(), params());
+  PplSweepResultsFile res(fresh_path("sweep_ppl", "cell.jsonl"), configs_of(cs));
+  Session s(tiny_model(), tiny_session_params(64));
   PplSweepRunOptions opt;
   opt.model = "tiny";
   opt.ppl = ppl_config();
@@ -269,7 +244,7 @@ TEST(SweepPpl, CellEqualsEvalPplAndSharesTheFullPass) {
   }
   for (const SweepCell& c : cs) {
     // eval ppl's session: a new one with the press installed, no after-prefill compression
-    Session one(tiny_model(), params());
+    Session one(tiny_model(), tiny_session_params(64));
     PressSchedule sched;
     sched.after_prefill = false;
     one.set_press(make_press(c.spec), sched);
@@ -300,26 +275,26 @@ TEST(SweepPpl, CellEqualsEvalPplAndSharesTheFullPass) {
 }
 
 TEST(SweepPpl, InterruptedSweepResumesToTheSameRows) {
-  const auto toks = text_tokens(3 * 64 + 17);
-  const auto cs = cells({"snapkv", "streamingllm"}, {0.25, 0.5});
+  const auto toks = kvtrim::test::random_tokens(3 * 64 + 17, 256, 4242);
+  const auto cs = ppl_cells({"snapkv", "streamingllm"}, {0.25, 0.5});
   PplSweepRunOptions opt;
   opt.model = "tiny";
   opt.ppl = ppl_config();
 
-  const std::string full_path = fresh_path("full.jsonl");
+  const std::string full_path = fresh_path("sweep_ppl", "full.jsonl");
   std::vector<std::string> full;
   {
     PplSweepResultsFile res(full_path, configs_of(cs));
-    Session s(tiny_model(), params());
+    Session s(tiny_model(), tiny_session_params(64));
     ASSERT_EQ(sweep_ppl(s, toks, cs, res, opt), 12);
     full = keys(res.rows());
   }
 
   // interrupted after 5 rows (the second cell's second window), then resumed
-  const std::string path = fresh_path("resumed.jsonl");
+  const std::string path = fresh_path("sweep_ppl", "resumed.jsonl");
   {
     PplSweepResultsFile res(path, configs_of(cs));
-    Session s(tiny_model(), params());
+    Session s(tiny_model(), tiny_session_params(64));
     PplSweepRunOptions stop = opt;
     int n = 0;
     stop.on_row = [&n](const PplSweepRow&) {
@@ -336,7 +311,7 @@ TEST(SweepPpl, InterruptedSweepResumesToTheSameRows) {
     PplSweepResultsFile res(path, configs_of(cs));
     EXPECT_EQ(res.rows().size(), 5u);
     EXPECT_EQ(sweep_ppl_pending(toks, cs, res, opt.ppl), 7);
-    Session s(tiny_model(), params());
+    Session s(tiny_model(), tiny_session_params(64));
     EXPECT_EQ(sweep_ppl(s, toks, cs, res, opt), 7);
     EXPECT_EQ(keys(res.rows()), full);  // same rows, same order (cell by cell, windows ascending)
   }

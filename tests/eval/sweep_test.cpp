@@ -25,8 +25,11 @@
 namespace kvtrim::eval {
 namespace {
 
+using test_support::configs_of;
+using test_support::fresh_path;
 using test_support::tiny_model;
 using test_support::tiny_prompts;
+using test_support::tiny_session_params;
 
 // ---------------------------------------------------------------- the grid
 
@@ -355,13 +358,6 @@ TEST(SweepMaths, OnePanelPerModel) {
 
 // ---------------------------------------------------------------- runs on a tiny model
 
-SessionParams params() {
-  SessionParams p;
-  p.n_ctx = 4096;
-  p.n_threads = 2;
-  return p;
-}
-
 // Three samples, one with two questions; contexts of a few hundred tokens (the tiny
 // tokenizer spends about one token per byte) so that every press has something to evict.
 std::vector<EvalSample> samples() {
@@ -391,18 +387,6 @@ std::vector<SweepCell> cells(const std::vector<std::string>& presses,
   return c;
 }
 
-std::set<std::string> configs_of(const std::vector<SweepCell>& c) {
-  std::set<std::string> out;
-  for (const auto& x : c) out.insert(x.config);
-  return out;
-}
-
-std::string fresh_path(const std::string& name) {
-  const std::string p = kvtrim::test::temp_dir("sweep") + "/" + name;
-  std::filesystem::remove(p);
-  return p;
-}
-
 // Presses needing different things (window queries, cumulative attention, task attention,
 // nothing): the shared observer captures their union.
 const std::vector<std::string> kPresses = {"snapkv:window=8", "h2o", "kvcompose", "streamingllm",
@@ -411,8 +395,8 @@ const std::vector<std::string> kPresses = {"snapkv:window=8", "h2o", "kvcompose"
 TEST(Sweep, CellEqualsTheSinglePressRun) {
   const auto smp = samples();
   const auto cs = cells(kPresses, {0.5, 0.8});
-  SweepResultsFile res(fresh_path("equal.jsonl"), configs_of(cs));
-  Session s(tiny_model(), params());
+  SweepResultsFile res(fresh_path("sweep", "equal.jsonl"), configs_of(cs));
+  Session s(tiny_model(), tiny_session_params());
   SweepRunOptions opt;
   opt.model = "tiny";
   const int64_t n = sweep_ruler(s, tiny_prompts(), smp, cs, res, opt);
@@ -423,7 +407,7 @@ TEST(Sweep, CellEqualsTheSinglePressRun) {
   for (const auto& r : res.rows()) by_key[{r.spec, r.id, r.q}] = &r;
   for (const SweepCell& c : cs) {
     // eval ruler's path: a session of its own with the press installed, compress after the context
-    Session one(tiny_model(), params());
+    Session one(tiny_model(), tiny_session_params());
     RunnerOptions ro;
     if (!c.baseline()) {
       PressSchedule sched;
@@ -460,13 +444,13 @@ TEST(Sweep, CellEqualsTheSinglePressRun) {
 TEST(Sweep, QueryAwareCellEqualsTheSinglePressRun) {
   const auto smp = samples();
   const auto cs = cells({"snapkv:window=8,query_aware=true"}, {0.5});
-  SweepResultsFile res(fresh_path("qa.jsonl"), configs_of(cs));
-  Session s(tiny_model(), params());
+  SweepResultsFile res(fresh_path("sweep", "qa.jsonl"), configs_of(cs));
+  Session s(tiny_model(), tiny_session_params());
   SweepRunOptions opt;
   opt.model = "tiny";
   opt.query_aware = true;
   ASSERT_EQ(sweep_ruler(s, tiny_prompts(), smp, cs, res, opt), 8);
-  Session one(tiny_model(), params());
+  Session one(tiny_model(), tiny_session_params());
   PressSchedule sched;
   sched.after_prefill = false;
   one.set_press(make_press(cs[1].spec), sched);
@@ -495,13 +479,13 @@ TEST(Sweep, PressWorkingInsideThePrefillGetsAFreshPrefill) {
   const auto smp = samples();
   const auto cs = cells({"ojakv:init=prompt", "snapkv:window=8"}, {0.5});
   ASSERT_TRUE(make_press(cs[1].spec)->plans_after_append());
-  SweepResultsFile res(fresh_path("ojakv.jsonl"), configs_of(cs));
-  Session s(tiny_model(), params());
+  SweepResultsFile res(fresh_path("sweep", "ojakv.jsonl"), configs_of(cs));
+  Session s(tiny_model(), tiny_session_params());
   SweepRunOptions opt;
   opt.model = "tiny";
   ASSERT_EQ(sweep_ruler(s, tiny_prompts(), smp, cs, res, opt), 12);
   for (const SweepCell& c : cs) {
-    Session one(tiny_model(), params());
+    Session one(tiny_model(), tiny_session_params());
     RunnerOptions ro;
     if (!c.baseline()) {
       PressSchedule sched;
@@ -534,15 +518,15 @@ TEST(Sweep, McCellEqualsTheSinglePressRun) {
     items[static_cast<size_t>(i)].gold = i;
   }
   const auto cs = cells({"snapkv:window=8", "h2o", "knorm"}, {0.5});
-  SweepResultsFile res(fresh_path("mc.jsonl"), configs_of(cs));
-  Session s(tiny_model(), params());
+  SweepResultsFile res(fresh_path("sweep", "mc.jsonl"), configs_of(cs));
+  Session s(tiny_model(), tiny_session_params());
   SweepRunOptions opt;
   opt.model = "tiny";
   EXPECT_EQ(sweep_mc_pending("piqa", items, cs, res), 8);
   EXPECT_EQ(sweep_mc(s, "piqa", items, cs, res, opt), 8);
   EXPECT_EQ(sweep_mc_pending("piqa", items, cs, res), 0);
   for (const SweepRow& r : res.rows()) {
-    Session one(tiny_model(), params());
+    Session one(tiny_model(), tiny_session_params());
     std::function<void(Session&)> after;
     if (r.spec != "none") {
       PressSchedule sched;
@@ -583,21 +567,21 @@ TEST(Sweep, InterruptedSweepResumesToTheSameRows) {
   opt.model = "tiny";
 
   // uninterrupted
-  const std::string full_path = fresh_path("full.jsonl");
+  const std::string full_path = fresh_path("sweep", "full.jsonl");
   std::multiset<std::string> full;
   {
     SweepResultsFile res(full_path, configs_of(cs));
-    Session s(tiny_model(), params());
+    Session s(tiny_model(), tiny_session_params());
     EXPECT_EQ(sweep_ruler(s, tiny_prompts(), smp, cs, res, opt), total);
     full = contents(res.rows());
     ASSERT_EQ(static_cast<int64_t>(full.size()), total);
   }
 
   // interrupted after 7 rows (mid-sample: the second sample's cells are half done), then resumed
-  const std::string path = fresh_path("resumed.jsonl");
+  const std::string path = fresh_path("sweep", "resumed.jsonl");
   {
     SweepResultsFile res(path, configs_of(cs));
-    Session s(tiny_model(), params());
+    Session s(tiny_model(), tiny_session_params());
     SweepRunOptions stop = opt;
     int n = 0;
     stop.on_row = [&n](const SweepRow&) {
@@ -614,7 +598,7 @@ TEST(Sweep, InterruptedSweepResumesToTheSameRows) {
     SweepResultsFile res(path, configs_of(cs));
     EXPECT_EQ(res.rows().size(), 7u);
     EXPECT_EQ(sweep_ruler_pending(smp, cs, res), total - 7);
-    Session s(tiny_model(), params());
+    Session s(tiny_model(), tiny_session_params());
     EXPECT_EQ(sweep_ruler(s, tiny_prompts(), smp, cs, res, opt), total - 7);
     EXPECT_EQ(contents(res.rows()), full);
   }
@@ -642,12 +626,12 @@ TEST(Sweep, InterruptedSweepResumesToTheSameRows) {
 TEST(Sweep, ChangedSampleUnderTheSameConfigIsAnError) {
   auto smp = samples();
   const auto cs = cells({"streamingllm"}, {0.5});
-  const std::string path = fresh_path("changed.jsonl");
+  const std::string path = fresh_path("sweep", "changed.jsonl");
   SweepRunOptions opt;
   opt.model = "tiny";
   {
     SweepResultsFile res(path, configs_of(cs));
-    Session s(tiny_model(), params());
+    Session s(tiny_model(), tiny_session_params());
     sweep_ruler(s, tiny_prompts(), {smp[0]}, cs, res, opt);
   }
   smp[0].context += " Changed.";
@@ -658,7 +642,7 @@ TEST(Sweep, ChangedSampleUnderTheSameConfigIsAnError) {
 TEST(Sweep, StateRestoreKeepsTheObserverOnTheLiveCache) {
   // After restore, the observer must refer to the session's (new) cache: decoding on and
   // compressing again works and gives what the original cache gives.
-  Session a(tiny_model(), params()), b(tiny_model(), params());
+  Session a(tiny_model(), tiny_session_params()), b(tiny_model(), tiny_session_params());
   PressNeeds needs;
   needs.window = 8;
   needs.cum_attn = true;

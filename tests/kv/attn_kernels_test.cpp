@@ -10,7 +10,11 @@
 #include <vector>
 
 // The kernels compiled for AVX3_DL (attn_kernels_q8q.cpp's VNNI path) are swept too: without
-// this the test's target list (hwy::SupportedAndGeneratedTargets) stops at AVX3.
+// this the test's target list (hwy::SupportedAndGeneratedTargets) stops at AVX3. In a unity
+// build no earlier file of the unit may have included Highway already: the wish would come late.
+#if defined(HIGHWAY_HWY_DETECT_TARGETS_H_) && !defined(HWY_WANT_AVX3_DL)
+#error "Highway is already included: HWY_WANT_AVX3_DL would not take effect"
+#endif
 #ifndef HWY_WANT_AVX3_DL
 #define HWY_WANT_AVX3_DL
 #endif

@@ -22,18 +22,15 @@
 namespace kvtrim {
 namespace {
 
-using namespace kvtest;  // NOLINT: shared fixtures (kv_test_util.h)
-
-void set_basis(HeadPlan& hp, int dk, int rk, int dv, int rv, std::mt19937& rng) {
-  if (rk > 0) {
-    hp.key.rank = rk;
-    hp.key.basis = random_basis(dk, rk, rng);
-  }
-  if (rv > 0) {
-    hp.value.rank = rv;
-    hp.value.basis = random_basis(dv, rv, rng);
-  }
-}
+using kvtest::AttnCase;
+using kvtest::fill;
+using kvtest::kAllDtypes;
+using kvtest::make_cfg;
+using kvtest::max_abs_diff;
+using kvtest::randn;
+using kvtest::random_basis;
+using kvtest::random_keep;
+using kvtest::set_basis;
 
 // Compares attention of n_q queries at positions q_pos0.. in every layer with the reference
 // over read_head's reconstruction.

@@ -23,7 +23,15 @@
 namespace kvtrim {
 namespace {
 
-using namespace kvtest;  // NOLINT: shared fixtures (kv_test_util.h)
+using kvtest::AttnCase;
+using kvtest::esize;
+using kvtest::fill;
+using kvtest::kAllDtypes;
+using kvtest::make_cfg;
+using kvtest::max_abs_diff;
+using kvtest::randn;
+using kvtest::random_basis;
+using kvtest::random_keep;
 
 // U + noise: a well-conditioned matrix whose columns are not orthonormal (an encoder or decoder).
 std::vector<float> perturbed(const std::vector<float>& u, int d, std::mt19937& rng) {
@@ -152,9 +160,6 @@ double attention_error(const KvCache& c, const Truth& tr, int n_head, int64_t n_
 // The dtype's rounding of coefficients / vectors, seen in attention outputs of O(1) values.
 double dtype_tol(KvDtype t) {
   return t == KvDtype::kF32 ? 5e-5 : t == KvDtype::kF16 ? 5e-3 : 5e-2;
-}
-size_t esize(KvDtype t) {
-  return t == KvDtype::kF32 ? 4 : t == KvDtype::kQ8 ? 1 : 2;
 }
 
 // The lift kernel (x·Dᵀ) against a plain loop: row tails (cols not a lane multiple), more

@@ -22,7 +22,13 @@
 namespace kvtrim {
 namespace {
 
-using namespace kvtest;  // NOLINT: shared fixtures (kv_test_util.h)
+using kvtest::AttnCase;
+using kvtest::fill;
+using kvtest::kAllDtypes;
+using kvtest::make_cfg;
+using kvtest::max_abs_diff;
+using kvtest::randn;
+using kvtest::random_keep;
 
 std::vector<int32_t> random_channels(int d, double frac, std::mt19937& rng) {
   std::bernoulli_distribution keep(frac);

@@ -12,6 +12,7 @@
 #include "core/thread_pool.h"
 #include "kv/attention_reference.h"
 #include "kv/kv_cache.h"
+#include "kv_test_util.h"
 
 namespace kvtrim {
 namespace {
@@ -23,12 +24,7 @@ struct Case {
   KvDtype dtype = KvDtype::kF16;
 };
 
-std::vector<float> randn(size_t n, std::mt19937& rng, float sd = 1.f) {
-  std::normal_distribution<float> nd(0.f, sd);
-  std::vector<float> v(n);
-  for (float& x : v) x = nd(rng);
-  return v;
-}
+using kvtest::randn;
 
 // f16 round trip (what an f16 cache stores), identity for f32.
 std::vector<float> stored(const std::vector<float>& v, KvDtype t) {

@@ -50,6 +50,24 @@ inline std::vector<float> random_basis(int d, int r, std::mt19937& rng) {
   return std::vector<float>(a.begin(), a.end());
 }
 
+// Bytes of one stored element of dtype t (q8: the int8 value; its block scales apart).
+inline size_t esize(KvDtype t) {
+  return t == KvDtype::kF32 ? 4 : t == KvDtype::kQ8 ? 1 : 2;
+}
+
+// A random orthonormal basis of rank rk (keys, dim dk) and rv (values, dim dv) in hp; a rank of
+// 0 leaves that side as it was.
+inline void set_basis(HeadPlan& hp, int dk, int rk, int dv, int rv, std::mt19937& rng) {
+  if (rk > 0) {
+    hp.key.rank = rk;
+    hp.key.basis = random_basis(dk, rk, rng);
+  }
+  if (rv > 0) {
+    hp.value.rank = rv;
+    hp.value.basis = random_basis(dv, rv, rng);
+  }
+}
+
 // n_ctx 65536; layer 0 gets the sliding window when window > 0.
 inline KvCacheConfig make_cfg(int n_layer, int n_head_kv, int hdk, int hdv, KvDtype t, int window = 0) {
   KvCacheConfig cfg;

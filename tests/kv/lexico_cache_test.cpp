@@ -18,7 +18,9 @@
 #include "kv_test_util.h"
 #include "test_util.h"
 
-namespace kvtrim {
+// A namespace of its own: the generic names of its helpers (Setup, run, dictionary, kD, ...)
+// stay out of the other files of a unity build.
+namespace kvtrim::lexico_cache_test {
 namespace {
 
 using kvtest::make_cfg;
@@ -209,4 +211,4 @@ TEST(LexicoCache, BadPlansAreErrors) {
 }
 
 }  // namespace
-}  // namespace kvtrim
+}  // namespace kvtrim::lexico_cache_test

@@ -14,14 +14,12 @@
 namespace kvtrim {
 namespace {
 
-using namespace kvtest;  // NOLINT: shared fixtures (kv_test_util.h)
-
-void set_basis(HeadPlan& hp, int dk, int rk, int dv, int rv, std::mt19937& rng) {
-  hp.key.rank = rk;
-  hp.key.basis = random_basis(dk, rk, rng);
-  hp.value.rank = rv;
-  hp.value.basis = random_basis(dv, rv, rng);
-}
+using kvtest::fill;
+using kvtest::kAllDtypes;
+using kvtest::make_cfg;
+using kvtest::random_basis;
+using kvtest::random_keep;
+using kvtest::set_basis;
 
 // read_head_rows(rows) against the same rows of read_head, bit for bit (also k or v alone).
 void expect_rows_match(const KvCache& c, int il, int ih, const std::vector<int32_t>& rows,

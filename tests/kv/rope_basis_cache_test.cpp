@@ -24,7 +24,11 @@
 namespace kvtrim {
 namespace {
 
-using namespace kvtest;  // NOLINT: shared fixtures (kv_test_util.h)
+using kvtest::make_cfg;
+using kvtest::max_abs_diff;
+using kvtest::randn;
+using kvtest::random_basis;
+using kvtest::random_keep;
 
 RopeSpec spec(int n_rot, float base, float fs, bool neox) {
   RopeSpec r;

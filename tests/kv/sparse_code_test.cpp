@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "kv/sparse_code.h"
+#include "kv_test_util.h"
 #include "test_util.h"
 
 namespace kvtrim::kv {
@@ -33,12 +34,7 @@ std::vector<float> as_dict(const std::vector<float>& A, int d, int N) {
   return D;
 }
 
-std::vector<float> randn(size_t n, std::mt19937& rng) {
-  std::normal_distribution<float> nd(0.f, 1.f);
-  std::vector<float> v(n);
-  for (float& x : v) x = nd(rng);
-  return v;
-}
+using kvtest::randn;
 
 // ‖x − Σ c_e a_idx(e)‖² / ‖x‖² of one row's code.
 double rel_residual(const float* A, int d, const float* x, const int32_t* idx, const float* coef, int s) {

@@ -20,7 +20,9 @@
 #include "kv/kv_cache.h"
 #include "kv_test_util.h"
 
-namespace kvtrim {
+// A namespace of its own: the generic names of its helpers (Setup, run, append, tol, kD, ...)
+// stay out of the other files of a unity build.
+namespace kvtrim::swan_cache_test {
 namespace {
 
 using kvtest::make_cfg;
@@ -136,7 +138,7 @@ class SwanCache {
   }
   void append(int64_t n, std::mt19937& rng) {
     const int32_t p0 = c_->n_past();
-    kvtrim::append(*c_, m_, n, p0, rng);
+    swan_cache_test::append(*c_, m_, n, p0, rng);
     // after n appended tokens the buffer holds b + n - 1 (exactly b at decode), or what it has
     for (auto& l : buf_)
       for (int64_t& b : l) b = s_.buffer == 0 ? 0 : std::min(s_.buffer + n - 1, b + n);
@@ -425,4 +427,4 @@ TEST(SwanCache, BadPlans) {
 }
 
 }  // namespace
-}  // namespace kvtrim
+}  // namespace kvtrim::swan_cache_test

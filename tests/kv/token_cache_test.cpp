@@ -22,7 +22,13 @@
 namespace kvtrim {
 namespace {
 
-using namespace kvtest;  // NOLINT: shared fixtures (kv_test_util.h)
+using kvtest::esize;
+using kvtest::fill;
+using kvtest::kAllDtypes;
+using kvtest::make_cfg;
+using kvtest::max_abs_diff;
+using kvtest::randn;
+using kvtest::random_keep;
 
 // Layer 0: different tokens per head (one head may be emptied); layer 1: the same tokens in
 // every head (structured); layer 2 (if any): untouched; further layers: per-head, one head
@@ -123,10 +129,6 @@ TEST(TokenCache, UncompressedMatchesReferenceEveryDtype) {
     attention_reference_cache(*c, 0, 1, q.data(), &q_pos, p, want.data());
     EXPECT_LT(max_abs_diff(out, want), 2e-5) << kv_dtype_name(t);
   }
-}
-
-size_t esize(KvDtype t) {
-  return t == KvDtype::kF32 ? 4 : t == KvDtype::kQ8 ? 1 : 2;
 }
 
 TEST(TokenCache, BytesExactAfterApply) {
@@ -405,3 +407,5 @@ TEST(TokenCache, ApplyReleasesMemoryToTheOs) {
 
 }  // namespace
 }  // namespace kvtrim
+
+#undef KVTRIM_TEST_ASAN  // not into the next file of a unity build

@@ -23,19 +23,6 @@ namespace {
 // to ~1e-6 and with f16 K/V to ~1e-3.
 constexpr double kTol = 0.12;
 
-double rel_err(const float* a, const float* b, int64_t n) {
-  double max_diff = 0, max_ref = 1;
-  for (int64_t i = 0; i < n; ++i) {
-    max_diff = std::max(max_diff, std::fabs(double(a[i]) - b[i]));
-    max_ref = std::max(max_ref, std::fabs(double(b[i])));
-  }
-  return max_diff / max_ref;
-}
-
-int argmax(const float* x, int64_t n) {
-  return static_cast<int>(std::max_element(x, x + n) - x);
-}
-
 struct Expect {
   const char* name;
   Arch arch;
@@ -91,24 +78,24 @@ void check_model(const Expect& e) {
     const float* r = ref.data() + i * n_vocab;
     const float* g = got.data() + i * n_vocab;
     const float* d = dec.data() + i * n_vocab;
-    worst_batch = std::max(worst_batch, rel_err(g, r, n_vocab));
-    EXPECT_LT(rel_err(g, r, n_vocab), kTol) << e.name << " batch, token " << i;
-    agree_batch += argmax(g, n_vocab) == argmax(r, n_vocab);
+    worst_batch = std::max(worst_batch, test::rel_err(g, r, n_vocab));
+    EXPECT_LT(test::rel_err(g, r, n_vocab), kTol) << e.name << " batch, token " << i;
+    agree_batch += test::argmax(g, n_vocab) == test::argmax(r, n_vocab);
     // Known limitation of the 8-bit activation path, not of the forward: Qwen2.5's first
     // token carries massive activations (attention sink), and block-wise int8 quantization
     // of its hidden state loses the small channels (rel err ~0.6 on its own logits; every
     // later position is fine). The first position is therefore only reported.
     // (appended piecewise: GCC 12 warns falsely (-Wrestrict) on "[" + s + "]")
-    ref_top.append("[").append(tok.token_to_piece(argmax(r, n_vocab))).append("]");
-    got_top.append("[").append(tok.token_to_piece(argmax(d, n_vocab))).append("]");
+    ref_top.append("[").append(tok.token_to_piece(test::argmax(r, n_vocab))).append("]");
+    got_top.append("[").append(tok.token_to_piece(test::argmax(d, n_vocab))).append("]");
     if (i == 0) {
       std::printf("%s: first-token logits rel err (int8 path) %.4f\n", e.name,
-                  rel_err(d, r, n_vocab));
+                  test::rel_err(d, r, n_vocab));
       continue;
     }
-    worst_dec = std::max(worst_dec, rel_err(d, r, n_vocab));
-    EXPECT_LT(rel_err(d, r, n_vocab), kTol) << e.name << " decode, token " << i;
-    agree_dec += argmax(d, n_vocab) == argmax(r, n_vocab);
+    worst_dec = std::max(worst_dec, test::rel_err(d, r, n_vocab));
+    EXPECT_LT(test::rel_err(d, r, n_vocab), kTol) << e.name << " decode, token " << i;
+    agree_dec += test::argmax(d, n_vocab) == test::argmax(r, n_vocab);
   }
   std::printf(
       "%s: %lld tokens; top-1 agree batch %d/%lld, decode %d/%lld (from token 1); worst rel err "
@@ -117,10 +104,10 @@ void check_model(const Expect& e) {
       e.name, static_cast<long long>(n), agree_batch, static_cast<long long>(n), agree_dec,
       static_cast<long long>(n - 1), worst_batch, worst_dec, ref_top.c_str(), got_top.c_str());
   // the prediction after the prompt must agree exactly; elsewhere allow one near-tie flip
-  EXPECT_EQ(argmax(got.data() + (n - 1) * n_vocab, n_vocab),
-            argmax(ref.data() + (n - 1) * n_vocab, n_vocab));
-  EXPECT_EQ(argmax(dec.data() + (n - 1) * n_vocab, n_vocab),
-            argmax(ref.data() + (n - 1) * n_vocab, n_vocab));
+  EXPECT_EQ(test::argmax(got.data() + (n - 1) * n_vocab, n_vocab),
+            test::argmax(ref.data() + (n - 1) * n_vocab, n_vocab));
+  EXPECT_EQ(test::argmax(dec.data() + (n - 1) * n_vocab, n_vocab),
+            test::argmax(ref.data() + (n - 1) * n_vocab, n_vocab));
   EXPECT_GE(agree_batch, n - 1);
   EXPECT_GE(agree_dec, n - 2);
   EXPECT_EQ(cache->n_past(), n);

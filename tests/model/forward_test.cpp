@@ -30,29 +30,6 @@ constexpr double kTolQuantized = 6e-2;
 // With f32 weights and an f32 cache every path computes the same sums in another order.
 constexpr double kTolFloat = 1e-4;
 
-double rel_err(const float* a, const float* b, int64_t n) {
-  double max_diff = 0, max_ref = 1;
-  for (int64_t i = 0; i < n; ++i) {
-    max_diff = std::max(max_diff, std::fabs(double(a[i]) - b[i]));
-    max_ref = std::max(max_ref, std::fabs(double(b[i])));
-  }
-  return max_diff / max_ref;
-}
-
-int argmax(const float* x, int64_t n) {
-  return static_cast<int>(std::max_element(x, x + n) - x);
-}
-
-std::vector<int32_t> test_tokens(int n, int n_vocab, uint32_t seed = 5) {
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  uint32_t s = seed;
-  for (int32_t& x : t) {
-    s = s * 1664525u + 1013904223u;
-    x = static_cast<int32_t>((s >> 8) % static_cast<uint32_t>(n_vocab));
-  }
-  return t;
-}
-
 class TinyForward : public ::testing::TestWithParam<Arch> {
  protected:
   static std::string path_for(Arch a) {
@@ -103,7 +80,7 @@ TEST_P(TinyForward, OptimizedMatchesReference) {
   auto m = Model::load(path_for(GetParam()));
   const int n_vocab = m->hparams().n_vocab;
   const int n = 20;
-  const std::vector<int32_t> toks = test_tokens(n, n_vocab);
+  const std::vector<int32_t> toks = test::random_tokens(n, n_vocab, 5);
   std::vector<float> ref(static_cast<size_t>(n) * n_vocab);
   forward_reference(*m, toks.data(), n, ref.data());
   ThreadPool pool(2);
@@ -118,9 +95,9 @@ TEST_P(TinyForward, OptimizedMatchesReference) {
       for (int i = 0; i < n; ++i) {
         const float* g = got.data() + static_cast<size_t>(i) * n_vocab;
         const float* r = ref.data() + static_cast<size_t>(i) * n_vocab;
-        EXPECT_LT(rel_err(g, r, n_vocab), kTolQuantized)
+        EXPECT_LT(test::rel_err(g, r, n_vocab), kTolQuantized)
             << "token " << i << " kv " << kv_dtype_name(dt);
-        EXPECT_EQ(argmax(g, n_vocab), argmax(r, n_vocab)) << "token " << i;
+        EXPECT_EQ(test::argmax(g, n_vocab), test::argmax(r, n_vocab)) << "token " << i;
       }
     }
   }
@@ -130,7 +107,7 @@ TEST_P(TinyForward, ChunkedPrefillMatchesOneBatch) {
   auto m = Model::load(path_for(GetParam()));
   const int n_vocab = m->hparams().n_vocab;
   const int n = 17;
-  const std::vector<int32_t> toks = test_tokens(n, n_vocab, 9);
+  const std::vector<int32_t> toks = test::random_tokens(n, n_vocab, 9);
   ThreadPool pool(2);
   auto run = [&](int chunk, bool all) {
     auto cache = make_dense_cache(m->cache_config(64));
@@ -148,8 +125,8 @@ TEST_P(TinyForward, ChunkedPrefillMatchesOneBatch) {
       const std::vector<float> got = run(chunk, all);
       const int rows = all ? n : 1;
       for (int r = 0; r < rows; ++r) {
-        EXPECT_LT(rel_err(got.data() + static_cast<size_t>(r) * n_vocab,
-                          one.data() + static_cast<size_t>(r) * n_vocab, n_vocab),
+        EXPECT_LT(test::rel_err(got.data() + static_cast<size_t>(r) * n_vocab,
+                                one.data() + static_cast<size_t>(r) * n_vocab, n_vocab),
                   kTolQuantized)
             << "chunk " << chunk << " row " << r;
       }
@@ -161,18 +138,18 @@ TEST_P(TinyForward, DecodeAfterPrefillMatchesReference) {
   auto m = Model::load(path_for(GetParam()));
   const int n_vocab = m->hparams().n_vocab;
   const int n_prompt = 9, n = 16;
-  const std::vector<int32_t> toks = test_tokens(n, n_vocab, 3);
+  const std::vector<int32_t> toks = test::random_tokens(n, n_vocab, 3);
   std::vector<float> ref(static_cast<size_t>(n) * n_vocab);
   forward_reference(*m, toks.data(), n, ref.data());
   auto cache = make_dense_cache(m->cache_config(32));
   std::vector<float> logits(n_vocab);
   m->forward(toks.data(), n_prompt, 0, *cache, logits.data(), false, nullptr);
   EXPECT_LT(
-      rel_err(logits.data(), ref.data() + static_cast<size_t>(n_prompt - 1) * n_vocab, n_vocab),
+      test::rel_err(logits.data(), ref.data() + static_cast<size_t>(n_prompt - 1) * n_vocab, n_vocab),
       kTolQuantized);
   for (int i = n_prompt; i < n; ++i) {
     m->forward(&toks[i], 1, i, *cache, logits.data(), false, nullptr);
-    EXPECT_LT(rel_err(logits.data(), ref.data() + static_cast<size_t>(i) * n_vocab, n_vocab),
+    EXPECT_LT(test::rel_err(logits.data(), ref.data() + static_cast<size_t>(i) * n_vocab, n_vocab),
               kTolQuantized)
         << "decode step at position " << i;
   }
@@ -180,13 +157,13 @@ TEST_P(TinyForward, DecodeAfterPrefillMatchesReference) {
   cache->truncate(n - 1);
   std::vector<float> again(n_vocab);
   m->forward(&toks[n - 1], 1, n - 1, *cache, again.data(), false, nullptr);
-  EXPECT_LT(rel_err(again.data(), logits.data(), n_vocab), 1e-6);
+  EXPECT_LT(test::rel_err(again.data(), logits.data(), n_vocab), 1e-6);
 }
 
 TEST_P(TinyForward, EnforcesContextLimits) {
   auto m = Model::load(path_for(GetParam()));
   const int n_vocab = m->hparams().n_vocab;
-  std::vector<int32_t> toks = test_tokens(8, n_vocab);
+  std::vector<int32_t> toks = test::random_tokens(8, n_vocab, 5);
   std::vector<float> logits(n_vocab);
   auto cache = make_dense_cache(m->cache_config(8));
   m->forward(toks.data(), 8, 0, *cache, logits.data(), false, nullptr);
@@ -213,7 +190,7 @@ TEST_P(TinyForward, FloatWeightsMatchReferenceTightly) {
   auto m = Model::load(test::write_tiny_model(spec, test::temp_dir("tiny_f32")));
   const int n_vocab = m->hparams().n_vocab;
   const int n = 20;
-  const std::vector<int32_t> toks = test_tokens(n, n_vocab, 17);
+  const std::vector<int32_t> toks = test::random_tokens(n, n_vocab, 17);
   std::vector<float> ref(static_cast<size_t>(n) * n_vocab);
   forward_reference(*m, toks.data(), n, ref.data());
   ThreadPool pool(2);
@@ -228,8 +205,8 @@ TEST_P(TinyForward, FloatWeightsMatchReferenceTightly) {
                  &pool);
     }
     for (int i = 0; i < n; ++i) {
-      EXPECT_LT(rel_err(got.data() + static_cast<size_t>(i) * n_vocab,
-                        ref.data() + static_cast<size_t>(i) * n_vocab, n_vocab),
+      EXPECT_LT(test::rel_err(got.data() + static_cast<size_t>(i) * n_vocab,
+                              ref.data() + static_cast<size_t>(i) * n_vocab, n_vocab),
                 kTolFloat)
           << "chunk " << chunk << " token " << i;
     }
@@ -255,7 +232,7 @@ TEST(TinyForwardLowBit, OptimizedMatchesReference) {
     auto m = Model::load(test::write_tiny_model(spec, test::temp_dir("tiny_lowbit_" + std::string(ggml_type_name(down)))));
     const int n_vocab = m->hparams().n_vocab;
     for (int n : {5, 20}) {
-      const std::vector<int32_t> toks = test_tokens(n, n_vocab);
+      const std::vector<int32_t> toks = test::random_tokens(n, n_vocab, 5);
       std::vector<float> ref(static_cast<size_t>(n) * n_vocab), got(ref.size());
       forward_reference(*m, toks.data(), n, ref.data());
       ThreadPool pool(2);
@@ -264,8 +241,8 @@ TEST(TinyForwardLowBit, OptimizedMatchesReference) {
       for (int i = 0; i < n; ++i) {
         const float* g = got.data() + static_cast<size_t>(i) * n_vocab;
         const float* r = ref.data() + static_cast<size_t>(i) * n_vocab;
-        EXPECT_LT(rel_err(g, r, n_vocab), kTolQuantized) << n << " tokens, token " << i;
-        EXPECT_EQ(argmax(g, n_vocab), argmax(r, n_vocab)) << n << " tokens, token " << i;
+        EXPECT_LT(test::rel_err(g, r, n_vocab), kTolQuantized) << n << " tokens, token " << i;
+        EXPECT_EQ(test::argmax(g, n_vocab), test::argmax(r, n_vocab)) << n << " tokens, token " << i;
       }
     }
   }
@@ -409,7 +386,7 @@ TEST(ModelLoad, UnsupportedRopeScalingNamesKeyAndValue) {
 // it (`plain`).
 double scaled_rope_check(const Model& m, const Model& plain, uint32_t seed) {
   const int n_vocab = m.hparams().n_vocab, n = 40;
-  const std::vector<int32_t> toks = test_tokens(n, n_vocab, seed);
+  const std::vector<int32_t> toks = test::random_tokens(n, n_vocab, seed);
   std::vector<float> ref(static_cast<size_t>(n) * n_vocab), ref_plain(ref.size()), got(ref.size());
   forward_reference(m, toks.data(), n, ref.data());
   forward_reference(plain, toks.data(), n, ref_plain.data());
@@ -421,8 +398,8 @@ double scaled_rope_check(const Model& m, const Model& plain, uint32_t seed) {
   double moved = 0;
   for (int i = 0; i < n; ++i) {
     const size_t o = static_cast<size_t>(i) * n_vocab;
-    EXPECT_LT(rel_err(got.data() + o, ref.data() + o, n_vocab), kTolFloat) << "token " << i;
-    moved = std::max(moved, rel_err(ref_plain.data() + o, ref.data() + o, n_vocab));
+    EXPECT_LT(test::rel_err(got.data() + o, ref.data() + o, n_vocab), kTolFloat) << "token " << i;
+    moved = std::max(moved, test::rel_err(ref_plain.data() + o, ref.data() + o, n_vocab));
   }
   return moved;
 }
@@ -451,7 +428,7 @@ TEST(Gemma2, SoftCapsBoundTheLogits) {
   test::TinyModelSpec s = test::tiny_spec(Arch::kGemma2, 41);
   auto m = Model::load(test::write_tiny_model(s, test::temp_dir("tiny_gemma2_cap")));
   const int n_vocab = m->hparams().n_vocab, n = 24;
-  const std::vector<int32_t> toks = test_tokens(n, n_vocab, 6);
+  const std::vector<int32_t> toks = test::random_tokens(n, n_vocab, 6);
   std::vector<float> got(static_cast<size_t>(n) * n_vocab);
   KvCacheConfig cc = m->cache_config(64);
   auto cache = make_dense_cache(cc);

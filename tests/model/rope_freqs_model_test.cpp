@@ -35,10 +35,6 @@ std::string write_with_rope_freqs(const std::string& src, const std::vector<floa
   return out;
 }
 
-int argmax(const std::vector<float>& x) {
-  return static_cast<int>(std::max_element(x.begin(), x.end()) - x.begin());
-}
-
 // The checks of tests/engine/generation_model_test.cpp against one llama.cpp run: the top-5
 // logits after each prompt within 0.05 of the largest + 0.3, and teacher-forced greedy steps
 // equal to llama.cpp's token (or within a 0.3 near tie) on 90 % of the steps, past a tie on at
@@ -60,7 +56,7 @@ int check_against(const Model& model, const nlohmann::json& runs, const std::str
     constexpr float kTie = 0.3f;
     const std::vector<int32_t> want = g["continuation"];
     for (size_t i = 0; i < want.size(); ++i) {
-      const int32_t ours = argmax(cur);
+      const int32_t ours = test::argmax(cur.data(), static_cast<int64_t>(cur.size()));
       ++steps;
       if (ours == want[i]) {
         ++exact;

@@ -13,7 +13,10 @@
 namespace kvtrim {
 namespace {
 
-using namespace testing_matmul;
+using testing_matmul::make_weight;
+using testing_matmul::make_x;
+using testing_matmul::TestWeight;
+using testing_matmul::type_name;
 
 // matmul_many (q/k/v and gate/up in one pool job) equals matmul per weight bit for bit: weights
 // of mixed types (so mixed activation formats: f32, 8-bit per 32, 8-bit per 256) and row

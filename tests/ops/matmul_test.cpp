@@ -38,7 +38,12 @@
 namespace kvtrim {
 namespace {
 
-using namespace testing_matmul;
+using testing_matmul::is_float;
+using testing_matmul::is_kquant;
+using testing_matmul::make_weight;
+using testing_matmul::make_x;
+using testing_matmul::TestWeight;
+using testing_matmul::type_name;
 
 const GgmlType kTypes[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, GgmlType::Q4_0,
                            GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,

@@ -14,7 +14,7 @@
 namespace kvtrim {
 namespace {
 
-constexpr int kN = 40;
+constexpr int kBasisTokens = 40;
 
 class BasisPress : public test::PressFixture {
  protected:
@@ -60,7 +60,7 @@ TEST_F(BasisPress, StaticPlansTruncateTheFit) {
       const std::string spec =
           std::string(m.name) + (energy ? ":energy=0.9,prefill=full" : ":ratio=0.3,prefill=full");
       SCOPED_TRACE(spec);
-      auto s = prefilled(spec, tokens(kN));
+      auto s = prefilled(spec, tokens(kBasisTokens));
       const CompressionPlan p = plan_with_model(*s);
       for (int il = 0; il < p.n_layer; ++il)
         for (int ih = 0; ih < p.n_head_kv; ++ih) {
@@ -128,7 +128,7 @@ std::vector<double> bf_error(const test::CaptureAll& c, const HParams& hp, int i
 
 TEST_F(BasisPress, AnchorsAreSinksRecentAndBruteForceTopErrors) {
   test::CalibrationScope scope(cal());
-  const auto prompt = tokens(kN);
+  const auto prompt = tokens(kBasisTokens);
   const test::CaptureAll c = capture(prompt);
   auto s = prefilled("staticpca:ratio=0.5,prefill=full,sinks=2,recent=3,hybrid=0.2,w=8", prompt);
   const CompressionPlan p = plan_with_model(*s);
@@ -138,12 +138,12 @@ TEST_F(BasisPress, AnchorsAreSinksRecentAndBruteForceTopErrors) {
       const std::vector<float> U = cal()->fit(BasisMethod::kStaticPca, il, ih).k.enc_cols(8);
       const std::vector<double> e = bf_error(c, model_->hparams(), il, ih, U, 8, 8);
       // Candidates: tokens 2 .. 36; 8 = round(0.2 * 40) of them by error.
-      std::vector<double> cand(e.begin() + 2, e.begin() + kN - 3);
+      std::vector<double> cand(e.begin() + 2, e.begin() + kBasisTokens - 3);
       std::vector<int32_t> err;
       std::set<int32_t> a(h.anchors.begin(), h.anchors.end());
       for (int32_t t : {0, 1, 37, 38, 39}) EXPECT_TRUE(a.count(t)) << t;
       for (int32_t t : h.anchors)
-        if (t >= 2 && t < kN - 3) err.push_back(t - 2);
+        if (t >= 2 && t < kBasisTokens - 3) err.push_back(t - 2);
       EXPECT_EQ(h.anchors.size(), 13u);
       test::expect_topk(cand, err, 8, strprintf("layer %d head %d", il, ih));
       EXPECT_TRUE(h.appends_dense);  // anchors: decoding buffers, re-encoded every T steps
@@ -151,7 +151,7 @@ TEST_F(BasisPress, AnchorsAreSinksRecentAndBruteForceTopErrors) {
   // Applied: the anchors stay dense (epoch -1), everything else is in the basis.
   s->compress();
   const auto lay = s->cache().head_layout(1, 0);
-  for (int32_t t = 0; t < kN; ++t)
+  for (int32_t t = 0; t < kBasisTokens; ++t)
     EXPECT_EQ(lay.epoch[t] < 0,
               std::count(p.at(1, 0).anchors.begin(), p.at(1, 0).anchors.end(), t) == 1)
         << t;
@@ -218,7 +218,7 @@ std::vector<double> scalar_oja(const std::vector<float>& U0, int d, int r,
 
 TEST_F(BasisPress, OjaPrefillBasisIsOneScalarOjaStep) {
   test::CalibrationScope scope(cal());
-  const auto prompt = tokens(kN);
+  const auto prompt = tokens(kBasisTokens);
   const test::CaptureAll c = capture(prompt);
   for (const char* extra : {"", ",norm=none,eta=0.002"}) {
     const std::string spec =
@@ -232,7 +232,7 @@ TEST_F(BasisPress, OjaPrefillBasisIsOneScalarOjaStep) {
       for (int ih = 0; ih < p.n_head_kv; ++ih) {
         const HeadFit& f = cal()->fit(BasisMethod::kEigenAttention, il, ih);
         std::vector<float> K, V;
-        for (int t = 0; t < kN; ++t) {
+        for (int t = 0; t < kBasisTokens; ++t) {
           K.insert(K.end(), c.krow(il, t, ih), c.krow(il, t, ih) + c.d);
           V.insert(V.end(), c.vrow(il, t, ih), c.vrow(il, t, ih) + c.d);
         }
@@ -253,7 +253,7 @@ TEST_F(BasisPress, OjaPrefillBasisIsOneScalarOjaStep) {
 
 TEST_F(BasisPress, FullRankIsLossless) {
   test::CalibrationScope scope(cal());
-  const auto prompt = tokens(kN);
+  const auto prompt = tokens(kBasisTokens);
   Session ref(*model_, params());
   const std::vector<float> l0 = ref.prefill(prompt);
   const std::vector<float> l1 = ref.decode(9);
@@ -274,7 +274,7 @@ TEST_F(BasisPress, FullRankIsLossless) {
 
 TEST_F(BasisPress, LowrankPrefillReadsTheCompressedCache) {
   test::CalibrationScope scope(cal());
-  const auto prompt = tokens(kN);
+  const auto prompt = tokens(kBasisTokens);
   // The press's hook during a chunked prefill (16 tokens per forward call) ...
   Session s(*model_, params(16));
   s.set_press(make_press("staticpca:ratio=0.5"));
@@ -294,7 +294,7 @@ TEST_F(BasisPress, LowrankPrefillReadsTheCompressedCache) {
     }
   cache->apply(p);
   std::vector<float> want(static_cast<size_t>(model_->hparams().n_vocab));
-  model_->forward(prompt.data(), kN, 0, *cache, want.data(), false, nullptr, nullptr);
+  model_->forward(prompt.data(), kBasisTokens, 0, *cache, want.data(), false, nullptr, nullptr);
   EXPECT_LT(max_rel_diff(hooked, want), 1e-4);
   Session plain(*model_, params());
   EXPECT_GT(max_rel_diff(plain.prefill(prompt), want), 1e-3);  // compression changed the prefill
@@ -309,7 +309,7 @@ TEST_F(BasisPress, OjaDecodeUpdatesStartNewEpochs) {
   test::CalibrationScope scope(cal());
   Session s(*model_, params(16));
   s.set_press(make_press("ojakv:ratio=0.5,T=4,sinks=1,recent=2,hybrid=0"));
-  s.prefill(tokens(kN));  // compressed during prefill (3 chunks)
+  s.prefill(tokens(kBasisTokens));  // compressed during prefill (3 chunks)
   const auto after_prefill = s.cache().head_layout(1, 1);
   ASSERT_GE(after_prefill.current_epoch, 0);
   GenerateParams gp;
@@ -317,10 +317,10 @@ TEST_F(BasisPress, OjaDecodeUpdatesStartNewEpochs) {
   gp.stop_at_eog = false;
   const auto r = s.generate({}, gp);  // 12 decode steps: updates after steps 4, 8, 12
   ASSERT_EQ(r.tokens.size(), 13u);
-  EXPECT_EQ(s.n_past(), kN + 12);
+  EXPECT_EQ(s.n_past(), kBasisTokens + 12);
   EXPECT_EQ(s.press_updates(), 3);
   const int nh = model_->hparams().n_layer * model_->hparams().n_head_kv;
-  EXPECT_EQ(total_tokens(s.cache()), nh * (kN + 12));  // low rank keeps every token
+  EXPECT_EQ(total_tokens(s.cache()), nh * (kBasisTokens + 12));  // low rank keeps every token
   for (int il = 0; il < model_->hparams().n_layer; ++il)
     for (int ih = 0; ih < model_->hparams().n_head_kv; ++ih) {
       const auto lay = s.cache().head_layout(il, ih);
@@ -335,9 +335,9 @@ TEST_F(BasisPress, OjaDecodeUpdatesStartNewEpochs) {
       }
       // The sink and the recent window of the last update stay dense; the buffer of the last
       // update (48, 49) and the previous recent window (46, 47) are in the newest epoch.
-      EXPECT_EQ(dense, (std::set<int32_t>{0, kN + 10, kN + 11}));
+      EXPECT_EQ(dense, (std::set<int32_t>{0, kBasisTokens + 10, kBasisTokens + 11}));
       for (size_t t = 0; t < pos.size(); ++t) {
-        if (pos[t] >= kN + 6 && pos[t] < kN + 10) {
+        if (pos[t] >= kBasisTokens + 6 && pos[t] < kBasisTokens + 10) {
           EXPECT_EQ(lay.epoch[t], lay.current_epoch) << pos[t];
         }
       }
@@ -354,7 +354,7 @@ TEST_F(BasisPress, OjaDecodeUpdatesStartNewEpochs) {
               1.0, 1e-4);
   // Keys and values shrank (an f32 cache, rank 8 of 16; 3 dense tokens).
   const KvBytes b = s.cache().bytes();
-  EXPECT_LT(b.keys + b.values, static_cast<size_t>(nh) * (kN + 12) * 16 * 4 * 2 * 6 / 10);
+  EXPECT_LT(b.keys + b.values, static_cast<size_t>(nh) * (kBasisTokens + 12) * 16 * 4 * 2 * 6 / 10);
   const auto& lg = s.decode(3);
   for (float x : lg) ASSERT_TRUE(std::isfinite(x));
 }
@@ -363,7 +363,7 @@ TEST_F(BasisPress, OjaDecodeUpdateIsOneScalarOjaStepOnTheBuffer) {
   test::CalibrationScope scope(cal());
   Session s(*model_, params(16));
   s.set_press(make_press("ojakv:ratio=0.5,T=4,sinks=1,recent=4,hybrid=0,pool=2"));
-  s.prefill(tokens(kN));
+  s.prefill(tokens(kBasisTokens));
   for (int i = 0; i < 3; ++i) s.decode(11 + i);
   EXPECT_EQ(s.press_updates(), 0);
   std::vector<KvCache::HeadLayout> before;
@@ -377,7 +377,7 @@ TEST_F(BasisPress, OjaDecodeUpdateIsOneScalarOjaStepOnTheBuffer) {
     std::vector<int32_t> pos;
     s.cache().read_head(2, ih, &k, &v, &pos);
     for (size_t t = 0; t < pos.size(); ++t) {
-      if (pos[t] < kN) continue;
+      if (pos[t] < kBasisTokens) continue;
       ASSERT_LT(after.epoch[t], 0);  // recent=4: the whole buffer stays dense (exact rows)
       kb.insert(kb.end(), k.begin() + t * 16, k.begin() + (t + 1) * 16);
       vb.insert(vb.end(), v.begin() + t * 16, v.begin() + (t + 1) * 16);
@@ -392,7 +392,7 @@ TEST_F(BasisPress, OjaDecodeUpdateIsOneScalarOjaStepOnTheBuffer) {
 
 TEST_F(BasisPress, ComposedWithSnapkvMultipliesTheSaving) {
   test::CalibrationScope scope(cal());
-  const auto prompt = tokens(kN);
+  const auto prompt = tokens(kBasisTokens);
   const int nh = model_->hparams().n_layer * model_->hparams().n_head_kv;
   auto run = [&](const std::string& spec) {
     auto s = std::make_unique<Session>(*model_, params());
@@ -455,17 +455,17 @@ TEST_F(BasisPress, PplThroughoutRunsTheHook) {
   EXPECT_NEAR(a.nll_press, b.nll_press, 1e-9 * std::abs(a.nll_press));
   EXPECT_GT(std::abs(a.nll_press - a.nll_full), 1e-4);
   s.set_press(make_press("snapkv:ratio=0.5+ojakv:ratio=0.5"));
-  EXPECT_TRUE(has(error_of([&] { eval::check_ppl_config(s, c); }), "use --mode pcc").empty());
+  EXPECT_TRUE(has(test::error_of([&] { eval::check_ppl_config(s, c); }), "use --mode pcc").empty());
 }
 
 TEST_F(BasisPress, ClearErrors) {
   set_calibration_override(nullptr);
-  const auto prompt = tokens(kN);
+  const auto prompt = tokens(kBasisTokens);
   // No calibration next to the tiny model: the message names the command.
-  const std::string e = error_of([&] { prefilled("ksvd:ratio=0.5", prompt); });
+  const std::string e = test::error_of([&] { prefilled("ksvd:ratio=0.5", prompt); });
   EXPECT_TRUE(has(e, "kvtrim calibrate -m " + model_->gguf().path()).empty()) << e;
   EXPECT_TRUE(has(e, ".kvcalib").empty()) << e;
-  const std::string e2 = error_of([&] {
+  const std::string e2 = test::error_of([&] {
     prefilled("staticpca:calib=/nonexistent/x.kvcalib,prefill=full", prompt)->compress();
   });
   EXPECT_TRUE(has(e2, "-o /nonexistent/x.kvcalib").empty()) << e2;
@@ -478,13 +478,13 @@ TEST_F(BasisPress, ClearErrors) {
   auto other = std::make_shared<Calibration>(fp, cal()->n_layer(), cal()->n_head_kv());
   {
     test::CalibrationScope scope(other);
-    const std::string e3 = error_of([&] { prefilled("ksvd", prompt); });
+    const std::string e3 = test::error_of([&] { prefilled("ksvd", prompt); });
     EXPECT_TRUE(has(e3, "another model").empty()) << e3;
   }
   {  // ... and as a file: Calibration::load's error
     const std::string path = test::temp_dir("basis_calib") + "/other.kvcalib";
     other->save(path);
-    const std::string e5 = error_of([&] { prefilled("ksvd:calib=" + path, prompt); });
+    const std::string e5 = test::error_of([&] { prefilled("ksvd:calib=" + path, prompt); });
     EXPECT_TRUE(has(e5, "was made for another model").empty()) << e5;
   }
   // Bad options.
@@ -500,13 +500,13 @@ TEST_F(BasisPress, ClearErrors) {
            {"ojakv:pool=0", "must be >= 1"},
            {"ojakv:eta=0", "'eta' must be > 0"},
            {"ksvd:eta=0.1", "has no option 'eta'"}}) {
-    const std::string m = error_of([&s = spec] { make_press(s); });
+    const std::string m = test::error_of([&s = spec] { make_press(s); });
     EXPECT_TRUE(has(m, text).empty()) << spec << ": " << m;
   }
   // Two feature-axis presses on the same heads.
   test::CalibrationScope scope(cal());
   const std::string e4 =
-      error_of([&] { prefilled("staticpca:prefill=full+ksvd:prefill=full", prompt)->compress(); });
+      test::error_of([&] { prefilled("staticpca:prefill=full+ksvd:prefill=full", prompt)->compress(); });
   EXPECT_TRUE(has(e4, "do not compose").empty()) << e4;
 }
 
@@ -547,7 +547,7 @@ TEST_F(BasisPress, CalibrationIdNamesTheFitsRead) {
     EXPECT_EQ(make_press("ksvd")->calibration_id(*model_), "memory");
   }
   // a missing file: the press's own error, before any work
-  const std::string e = error_of([&] { make_press("ksvd:calib=/nonexistent/x.kvcalib")->calibration_id(*model_); });
+  const std::string e = test::error_of([&] { make_press("ksvd:calib=/nonexistent/x.kvcalib")->calibration_id(*model_); });
   EXPECT_TRUE(has(e, "does not exist").empty()) << e;
 }
 

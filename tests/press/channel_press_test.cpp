@@ -20,7 +20,7 @@ using test::CaptureAll;
 
 class ChannelPress : public test::PressFixture {};
 
-constexpr int kN = 48;  // prompt tokens
+constexpr int kChannelTokens = 48;  // prompt tokens
 constexpr int kW = 32;  // observation window
 
 // The top k of s (ties: lower index), as increasing indices; and the sorted order.
@@ -40,7 +40,7 @@ struct BfWindow {
   std::vector<double> sq, l2, abs_mean;
 };
 // Query rows [first, first + nw) of the capture (default: the context's last kW).
-BfWindow bf_window(const CaptureAll& c, int il, int ih, int group, int64_t first = kN - kW, int nw = kW) {
+BfWindow bf_window(const CaptureAll& c, int il, int ih, int group, int64_t first = kChannelTokens - kW, int nw = kW) {
   BfWindow w;
   w.sq.assign(c.d, 0);
   w.l2.assign(c.d, 0);
@@ -73,12 +73,12 @@ std::vector<int32_t> row_of(const ChannelSpec& c, size_t r) {
 }
 
 TEST_F(ChannelPress, ThinKMatchesBruteForce) {
-  const auto c = capture(tokens(kN));
+  const auto c = capture(tokens(kChannelTokens));
   const HParams& hp = model_->hparams();
   const int group = hp.n_head / hp.n_head_kv;
   for (double ratio : {0.25, 0.5, 0.8}) {
     for (const char* count : {"code", "paper"}) {
-      auto s = prefilled(strprintf("think:ratio=%g,count=%s", ratio, count), tokens(kN));
+      auto s = prefilled(strprintf("think:ratio=%g,count=%s", ratio, count), tokens(kChannelTokens));
       const CompressionPlan p = plan_of(*s);
       const int keep = std::string(count) == "code" ? c.d - static_cast<int>(ratio * c.d)
                                                     : static_cast<int>(std::floor((1 - ratio) * c.d));
@@ -88,8 +88,8 @@ TEST_F(ChannelPress, ThinKMatchesBruteForce) {
           std::vector<double> score(c.d, 0);
           for (int j = 0; j < c.d; ++j) {
             double ks = 0;
-            for (int t = 0; t < kN; ++t) ks += double(c.krow(il, t, ih)[j]) * c.krow(il, t, ih)[j];
-            score[j] = w.sq[j] * ks / kN;
+            for (int t = 0; t < kChannelTokens; ++t) ks += double(c.krow(il, t, ih)[j]) * c.krow(il, t, ih)[j];
+            score[j] = w.sq[j] * ks / kChannelTokens;
           }
           const HeadPlan& h = p.at(il, ih);
           EXPECT_TRUE(h.keep_all);
@@ -149,7 +149,7 @@ std::vector<int32_t> bf_spark_row(const std::vector<double>& sal, const SparkCas
 }
 
 TEST_F(ChannelPress, SparkMatchesBruteForce) {
-  const auto c = capture(tokens(kN));
+  const auto c = capture(tokens(kChannelTokens));
   const HParams& hp = model_->hparams();
   const int group = hp.n_head / hp.n_head_kv;
   const SparkCase cases[] = {{"ratio=0.5", true, 'r', 0.5, 4},
@@ -162,7 +162,7 @@ TEST_F(ChannelPress, SparkMatchesBruteForce) {
                              {"variant=g,grouping=paper,groups=5,saliency=paper", false, 'G', 0, 5}};
   for (const SparkCase& sc : cases) {
     SCOPED_TRACE(sc.opts);
-    auto s = prefilled("spark:" + sc.opts, tokens(kN));
+    auto s = prefilled("spark:" + sc.opts, tokens(kChannelTokens));
     const CompressionPlan p = plan_of(*s);
     {  // the (layer, kv head) pairs spread over a pool give the same plan
       ThreadPool pool(2);
@@ -186,7 +186,7 @@ TEST_F(ChannelPress, SparkMatchesBruteForce) {
           const double inv = 1.0 / ch.recovery_scale[j];
           EXPECT_NEAR(sc.code_saliency ? inv * inv : inv, qn[j], 1e-6 + 1e-4 * qn[j]);
         }
-        for (int t = 0; t < kN; ++t) {
+        for (int t = 0; t < kChannelTokens; ++t) {
           std::vector<double> sal(c.d);
           for (int j = 0; j < c.d; ++j) {
             const double k = c.krow(il, t, ih)[j];
@@ -212,8 +212,8 @@ TEST_F(ChannelPress, SparkMatchesBruteForce) {
 // question (causal, so they are the queries the session observes).
 TEST_F(ChannelPress, QueryAwareWindowIsTheQuestion) {
   constexpr int kQ = 7;
-  const auto all = tokens(kN + kQ);
-  const std::vector<int32_t> ctx_tokens(all.begin(), all.begin() + kN), question(all.begin() + kN, all.end());
+  const auto all = tokens(kChannelTokens + kQ);
+  const std::vector<int32_t> ctx_tokens(all.begin(), all.begin() + kChannelTokens), question(all.begin() + kChannelTokens, all.end());
   const auto c = capture(all);
   const HParams& hp = model_->hparams();
   const int group = hp.n_head / hp.n_head_kv;
@@ -226,19 +226,19 @@ TEST_F(ChannelPress, QueryAwareWindowIsTheQuestion) {
     const bool spark = spec.rfind("spark", 0) == 0;
     for (int il = 0; il < p.n_layer; ++il)
       for (int ih = 0; ih < p.n_head_kv; ++ih) {
-        const BfWindow w = bf_window(c, il, ih, group, kN, kQ);
+        const BfWindow w = bf_window(c, il, ih, group, kChannelTokens, kQ);
         const ChannelSpec& ch = p.at(il, ih).key.channels;
         if (!spark) {
           std::vector<double> score(c.d, 0);
           for (int j = 0; j < c.d; ++j) {
             double ks = 0;
-            for (int t = 0; t < kN; ++t) ks += double(c.krow(il, t, ih)[j]) * c.krow(il, t, ih)[j];
-            score[j] = w.sq[j] * ks / kN;
+            for (int t = 0; t < kChannelTokens; ++t) ks += double(c.krow(il, t, ih)[j]) * c.krow(il, t, ih)[j];
+            score[j] = w.sq[j] * ks / kChannelTokens;
           }
           EXPECT_EQ(ch.subset, bf_top(score, c.d - static_cast<int>(0.5 * c.d))) << "layer " << il << " head " << ih;
           continue;
         }
-        for (int t = 0; t < kN; ++t) {
+        for (int t = 0; t < kChannelTokens; ++t) {
           std::vector<double> sal(c.d);
           for (int j = 0; j < c.d; ++j) sal[j] = double(c.krow(il, t, ih)[j]) * c.krow(il, t, ih)[j] * w.l2[j];
           EXPECT_EQ(row_of(ch, static_cast<size_t>(t)), bf_spark_row(sal, sc, c.d))
@@ -255,7 +255,7 @@ TEST_F(ChannelPress, QueryAwareWindowIsTheQuestion) {
     s->observe_question(question);
     s->compress();
     EXPECT_LT(s->cache().bytes().total(), before / 2);
-    EXPECT_EQ(s->n_past(), kN);
+    EXPECT_EQ(s->n_past(), kChannelTokens);
     GenerateParams gp;
     gp.max_new_tokens = 4;
     gp.stop_at_eog = false;
@@ -270,12 +270,12 @@ TEST_F(ChannelPress, QueryAwareWindowIsTheQuestion) {
 // default: the paper's Appendix D) or filled with the token's mean pruned value (mean), checked
 // in the plan and in the values the cache reads back after compression.
 TEST_F(ChannelPress, SparkValuePruning) {
-  const auto c = capture(tokens(kN));
+  const auto c = capture(tokens(kChannelTokens));
   const int T = c.d - static_cast<int>(0.75 * c.d);
   for (const char* vr : {"", ",value_recovery=zero", ",value_recovery=mean"}) {
     SCOPED_TRACE(vr);
     const bool mean = std::string(vr).find("mean") != std::string::npos;
-    auto s = prefilled(std::string("spark:ratio=0.5,value_ratio=0.75") + vr, tokens(kN));
+    auto s = prefilled(std::string("spark:ratio=0.5,value_ratio=0.75") + vr, tokens(kChannelTokens));
     const CompressionPlan p = plan_of(*s);
     s->compress();
     for (int il = 0; il < p.n_layer; ++il)
@@ -283,11 +283,11 @@ TEST_F(ChannelPress, SparkValuePruning) {
         const ChannelSpec& v = p.at(il, ih).value.channels;
         ASSERT_EQ(v.topk, T);
         EXPECT_TRUE(v.recovery_scale.empty());
-        ASSERT_EQ(v.token_fill.size(), mean ? static_cast<size_t>(kN) : size_t{0});
+        ASSERT_EQ(v.token_fill.size(), mean ? static_cast<size_t>(kChannelTokens) : size_t{0});
         std::vector<float> vs;
         s->cache().read_head(il, ih, nullptr, &vs, nullptr);
-        ASSERT_EQ(vs.size(), static_cast<size_t>(kN * c.d));
-        for (int t = 0; t < kN; ++t) {
+        ASSERT_EQ(vs.size(), static_cast<size_t>(kChannelTokens * c.d));
+        for (int t = 0; t < kChannelTokens; ++t) {
           const float* vt = c.vrow(il, t, ih);
           std::vector<double> mag(c.d);
           for (int j = 0; j < c.d; ++j) mag[j] = std::abs(vt[j]);
@@ -314,10 +314,10 @@ TEST_F(ChannelPress, SparkValuePruning) {
 // gaussian), over all d saliencies (recovery_stats=all, the default: eqs. 12-13 and the code's
 // normal_attn / exponential_attn) or over the pruned ones (recovery_stats=pruned), brute force.
 TEST_F(ChannelPress, SparkRecoveryModes) {
-  const auto c = capture(tokens(kN));
+  const auto c = capture(tokens(kChannelTokens));
   const HParams& hp = model_->hparams();
   const int group = hp.n_head / hp.n_head_kv;
-  auto z = prefilled("spark:ratio=0.5,recovery=zero", tokens(kN));
+  auto z = prefilled("spark:ratio=0.5,recovery=zero", tokens(kChannelTokens));
   const ChannelSpec zc = plan_of(*z).at(1, 0).key.channels;  // a copy: the plan is a temporary
   EXPECT_TRUE(zc.recovery_scale.empty());
   EXPECT_TRUE(zc.token_fill.empty());
@@ -333,7 +333,7 @@ TEST_F(ChannelPress, SparkRecoveryModes) {
                         {"recovery=exponential,recovery_stats=pruned", false, false}};
   for (const Mode& m : modes) {
     SCOPED_TRACE(m.opts);
-    auto s = prefilled("spark:ratio=0.8," + m.opts, tokens(kN));
+    auto s = prefilled("spark:ratio=0.8," + m.opts, tokens(kChannelTokens));
     const CompressionPlan p = plan_of(*s);
     for (int il = 0; il < p.n_layer; ++il)
       for (int ih = 0; ih < p.n_head_kv; ++ih) {
@@ -341,10 +341,10 @@ TEST_F(ChannelPress, SparkRecoveryModes) {
         EXPECT_EQ(ch.recovery_dist, m.gauss ? RecoveryDist::kGaussian : RecoveryDist::kExponential);
         EXPECT_EQ(ch.recovery_seed, m.gauss ? 3u : 0u);
         EXPECT_TRUE(ch.recovery_sqrt);
-        ASSERT_EQ(ch.token_fill.size(), static_cast<size_t>(kN));
-        ASSERT_EQ(ch.token_spread.size(), m.gauss ? static_cast<size_t>(kN) : size_t{0});
+        ASSERT_EQ(ch.token_fill.size(), static_cast<size_t>(kChannelTokens));
+        ASSERT_EQ(ch.token_spread.size(), m.gauss ? static_cast<size_t>(kChannelTokens) : size_t{0});
         const BfWindow w = bf_window(c, il, ih, group);
-        for (int t = 0; t < kN; ++t) {
+        for (int t = 0; t < kChannelTokens; ++t) {
           std::vector<double> sal(c.d);
           for (int j = 0; j < c.d; ++j) sal[j] = double(c.krow(il, t, ih)[j]) * c.krow(il, t, ih)[j] * w.l2[j];
           const std::vector<int32_t> kept = bf_spark_row(sal, sc, c.d);
@@ -370,9 +370,9 @@ TEST_F(ChannelPress, AppliedBytesAndComposition) {
   const HParams& hp = model_->hparams();
   const int nh = hp.n_layer * hp.n_head_kv, d = hp.head_dim_k;
   auto run = [&](const std::string& spec) {
-    auto s = prefilled(spec, tokens(kN));
+    auto s = prefilled(spec, tokens(kChannelTokens));
     s->compress();
-    EXPECT_EQ(s->n_past(), kN);
+    EXPECT_EQ(s->n_past(), kChannelTokens);
     const KvBytes b = s->cache().bytes();
     const int64_t n = total_tokens(s->cache());
     const auto& lg = s->decode(7);
@@ -381,29 +381,29 @@ TEST_F(ChannelPress, AppliedBytesAndComposition) {
   };
   const int T = d - static_cast<int>(0.8 * d);
   auto [b_spark, n_spark] = run("spark:ratio=0.8");
-  EXPECT_EQ(n_spark, nh * kN);
-  EXPECT_EQ(b_spark.keys, static_cast<size_t>(nh) * kN * T * 4);  // f32 cache, T channels per token
+  EXPECT_EQ(n_spark, nh * kChannelTokens);
+  EXPECT_EQ(b_spark.keys, static_cast<size_t>(nh) * kChannelTokens * T * 4);  // f32 cache, T channels per token
   // kept channels: a bitmask where smaller than a uint8 per kept channel
   const size_t mb = static_cast<size_t>(d + 7) / 8, row_idx = std::min(mb, static_cast<size_t>(T));
-  EXPECT_EQ(b_spark.indices, static_cast<size_t>(nh) * kN * row_idx);
-  EXPECT_EQ(b_spark.bitmasks, static_cast<size_t>(nh) * kN * ((d + 7) / 8));  // a sign bit per coordinate
-  EXPECT_EQ(b_spark.fills, static_cast<size_t>(nh) * kN * 4);
-  EXPECT_EQ(b_spark.values, static_cast<size_t>(nh) * kN * d * 4);
+  EXPECT_EQ(b_spark.indices, static_cast<size_t>(nh) * kChannelTokens * row_idx);
+  EXPECT_EQ(b_spark.bitmasks, static_cast<size_t>(nh) * kChannelTokens * ((d + 7) / 8));  // a sign bit per coordinate
+  EXPECT_EQ(b_spark.fills, static_cast<size_t>(nh) * kChannelTokens * 4);
+  EXPECT_EQ(b_spark.values, static_cast<size_t>(nh) * kChannelTokens * d * 4);
   auto [b_think, n_think] = run("think:ratio=0.5");
-  EXPECT_EQ(b_think.keys, static_cast<size_t>(nh) * kN * (d / 2) * 4);
+  EXPECT_EQ(b_think.keys, static_cast<size_t>(nh) * kChannelTokens * (d / 2) * 4);
   EXPECT_EQ(b_think.indices, static_cast<size_t>(nh) * (d / 2) * 2);  // uint16 subset, once per head
   auto [b_both, n_both] = run("snapkv:0.5+spark:ratio=0.8,value_ratio=0.5");
-  EXPECT_EQ(n_both, nh * kN / 2);
-  EXPECT_EQ(b_both.keys, static_cast<size_t>(nh) * (kN / 2) * T * 4);
-  EXPECT_EQ(b_both.values, static_cast<size_t>(nh) * (kN / 2) * (d / 2) * 4);
+  EXPECT_EQ(n_both, nh * kChannelTokens / 2);
+  EXPECT_EQ(b_both.keys, static_cast<size_t>(nh) * (kChannelTokens / 2) * T * 4);
+  EXPECT_EQ(b_both.values, static_cast<size_t>(nh) * (kChannelTokens / 2) * (d / 2) * 4);
   // key recovery only: pruned values are removed (value_recovery=zero, the default) ...
-  EXPECT_EQ(b_both.fills, static_cast<size_t>(nh) * (kN / 2) * 4);
+  EXPECT_EQ(b_both.fills, static_cast<size_t>(nh) * (kChannelTokens / 2) * 4);
   // ... or read the token's mean pruned value, one more f32 per row
   auto [b_mean, n_mean] = run("snapkv:0.5+spark:ratio=0.8,value_ratio=0.5,value_recovery=mean");
   EXPECT_EQ(b_mean.values, b_both.values);
-  EXPECT_EQ(b_mean.fills, static_cast<size_t>(nh) * (kN / 2) * 2 * 4);  // key recovery + value fill
+  EXPECT_EQ(b_mean.fills, static_cast<size_t>(nh) * (kChannelTokens / 2) * 2 * 4);  // key recovery + value fill
   // two channel choices on the keys do not compose
-  auto s = prefilled("spark:0.5+think:0.5", tokens(kN));
+  auto s = prefilled("spark:0.5+think:0.5", tokens(kChannelTokens));
   test::expect_error([&] { s->compress(); }, "do not compose");
 }
 
@@ -418,10 +418,10 @@ TEST_F(ChannelPress, IndexLayoutsAttendAlike) {
     SCOPED_TRACE(vr);
     std::vector<std::vector<float>> logits;
     for (const char* layout : {"list", "bitmask"}) {
-      auto s = prefilled(strprintf("spark:ratio=0.5,value_ratio=0.5,value_recovery=%s,index=%s", vr, layout), tokens(kN));
+      auto s = prefilled(strprintf("spark:ratio=0.5,value_ratio=0.5,value_recovery=%s,index=%s", vr, layout), tokens(kChannelTokens));
       s->compress();
       const KvBytes b = s->cache().bytes();
-      EXPECT_EQ(b.indices, nh * kN * (layout[0] == 'l' ? T + Tv : 2 * mb)) << layout;
+      EXPECT_EQ(b.indices, nh * kChannelTokens * (layout[0] == 'l' ? T + Tv : 2 * mb)) << layout;
       logits.push_back(s->decode(7));
       logits.push_back(s->decode(9));
     }

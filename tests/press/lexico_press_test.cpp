@@ -15,7 +15,7 @@ namespace {
 
 class LexicoPress : public test::PressFixture {};
 
-constexpr int kN = 40;
+constexpr int kLexicoTokens = 40;
 
 // D·c of the reference OMP code of x over the dictionary D [d, N].
 std::vector<double> omp_reconstruction(const std::vector<float>& D, int d, int N, const float* x, int s) {
@@ -35,7 +35,7 @@ TEST_F(LexicoPress, TokensOlderThanTheBufferHoldTheirOmpCodes) {
   test::CalibrationScope scope(test::tiny_calibration(*model_, capture(test::calib_tokens())));
   const HParams& hp = model_->hparams();
   const int d = hp.head_dim_k, N = test::kTinyAtoms;
-  const std::vector<int32_t> prompt = tokens(kN);
+  const std::vector<int32_t> prompt = tokens(kLexicoTokens);
   auto s = prefilled("lexico:s=3,sv=5,buffer=8,values=f16", prompt);
   s->compress();
   for (int step = 0; step < 6; ++step) s->decode(3 + step);
@@ -44,7 +44,7 @@ TEST_F(LexicoPress, TokensOlderThanTheBufferHoldTheirOmpCodes) {
   for (int step = 0; step < 6; ++step) all.push_back(3 + step);
   const test::CaptureAll c = capture(all);
   const LexicoDicts& dict = scope.cal->lexico();
-  const int n = kN + 6;
+  const int n = kLexicoTokens + 6;
   for (int il = 0; il < hp.n_layer; ++il)
     for (int ih = 0; ih < hp.n_head_kv; ++ih) {
       const KvCache::HeadLayout lay = s->cache().head_layout(il, ih);
@@ -70,7 +70,7 @@ TEST_F(LexicoPress, TokensOlderThanTheBufferHoldTheirOmpCodes) {
 TEST_F(LexicoPress, RatioSetsTheAtomsFromTheBytes) {
   test::CalibrationScope scope(test::tiny_calibration(*model_, capture(test::calib_tokens())));
   const HParams& hp = model_->hparams();
-  const size_t nh = static_cast<size_t>(hp.n_layer * hp.n_head_kv), coded = kN - 4;
+  const size_t nh = static_cast<size_t>(hp.n_layer * hp.n_head_kv), coded = kLexicoTokens - 4;
   // d = 16, N = 40 (uint8 indices): fp8 rows (the default) cost 2s + 4 bytes, f16 rows 3s, of 2d = 32
   for (auto [spec, s_each] : {std::pair{"lexico:buffer=4", 6},                         // (16 - 4) / 2
                               std::pair{"lexico:ratio=0.75,buffer=4", 2},              // (8 - 4) / 2
@@ -78,7 +78,7 @@ TEST_F(LexicoPress, RatioSetsTheAtomsFromTheBytes) {
                               std::pair{"lexico:ratio=0.5,values=f16,buffer=4", 5},    // 16 / 3
                               std::pair{"lexico:ratio=0.75,values=f16,buffer=4", 2}}) {  // 8 / 3
     SCOPED_TRACE(spec);
-    auto s = prefilled(spec, tokens(kN));
+    auto s = prefilled(spec, tokens(kLexicoTokens));
     s->compress();
     EXPECT_EQ(s->cache().bytes().indices, nh * coded * 2 * static_cast<size_t>(s_each));
   }
@@ -87,13 +87,13 @@ TEST_F(LexicoPress, RatioSetsTheAtomsFromTheBytes) {
 TEST_F(LexicoPress, ComposesWithEvictionAndBytesMultiply) {
   test::CalibrationScope scope(test::tiny_calibration(*model_, capture(test::calib_tokens())));
   const HParams& hp = model_->hparams();
-  auto a = prefilled("lexico:s=4,buffer=0", tokens(kN));
+  auto a = prefilled("lexico:s=4,buffer=0", tokens(kLexicoTokens));
   a->compress();
-  auto b = prefilled("snapkv:0.5+lexico:s=4,buffer=0", tokens(kN));
+  auto b = prefilled("snapkv:0.5+lexico:s=4,buffer=0", tokens(kLexicoTokens));
   b->compress();
   const size_t nh = static_cast<size_t>(hp.n_layer * hp.n_head_kv);
-  EXPECT_EQ(a->cache().bytes().indices, nh * kN * 8);
-  EXPECT_EQ(b->cache().bytes().indices, nh * (kN / 2) * 8) << "half the tokens, each coded";
+  EXPECT_EQ(a->cache().bytes().indices, nh * kLexicoTokens * 8);
+  EXPECT_EQ(b->cache().bytes().indices, nh * (kLexicoTokens / 2) * 8) << "half the tokens, each coded";
   const std::vector<float> x = b->decode(5);
   for (float v : x) ASSERT_TRUE(std::isfinite(v));
 }
@@ -103,13 +103,13 @@ TEST_F(LexicoPress, ComposesWithEvictionAndBytesMultiply) {
 TEST_F(LexicoPress, ThroughoutCodesDuringThePrefill) {
   test::CalibrationScope scope(test::tiny_calibration(*model_, capture(test::calib_tokens())));
   const HParams& hp = model_->hparams();
-  auto s = prefilled("lexico:s=4,buffer=4,prefill=throughout", tokens(kN));  // chunks of 16
+  auto s = prefilled("lexico:s=4,buffer=4,prefill=throughout", tokens(kLexicoTokens));  // chunks of 16
   for (int il = 0; il < hp.n_layer; ++il)
     for (int ih = 0; ih < hp.n_head_kv; ++ih) {
       const KvCache::HeadLayout lay = s->cache().head_layout(il, ih);
-      ASSERT_EQ(lay.epoch.size(), static_cast<size_t>(kN));
+      ASSERT_EQ(lay.epoch.size(), static_cast<size_t>(kLexicoTokens));
       // after the last chunk (8 tokens) the buffer holds 4 + 8 - 1: the rest is coded already
-      for (int t = 0; t < kN; ++t) EXPECT_EQ(lay.epoch[static_cast<size_t>(t)] < 0, t >= kN - 11) << t;
+      for (int t = 0; t < kLexicoTokens; ++t) EXPECT_EQ(lay.epoch[static_cast<size_t>(t)] < 0, t >= kLexicoTokens - 11) << t;
     }
   const std::vector<float> x = s->decode(7);
   for (float v : x) ASSERT_TRUE(std::isfinite(v));
@@ -121,15 +121,15 @@ TEST_F(LexicoPress, ClearErrors) {
     auto cal = test::tiny_calibration(*model_, capture(test::calib_tokens()));
     cal->set_lexico(nullptr);
     test::CalibrationScope scope(cal);
-    auto s = prefilled("lexico", tokens(kN));
-    EXPECT_NE(error_of([&] { s->compress(); }).find("kvtrim calibrate --lexico"), std::string::npos);
+    auto s = prefilled("lexico", tokens(kLexicoTokens));
+    EXPECT_NE(test::error_of([&] { s->compress(); }).find("kvtrim calibrate --lexico"), std::string::npos);
   }
   test::CalibrationScope scope(test::tiny_calibration(*model_, capture(test::calib_tokens())));
-  auto s = prefilled("lexico:s=" + std::to_string(hp.head_dim_k + 1), tokens(kN));
-  EXPECT_NE(error_of([&] { s->compress(); }).find("more than min(head size"), std::string::npos);
-  EXPECT_NE(error_of([] { make_press("lexico:values=q4"); }), "");
-  EXPECT_NE(error_of([] { make_press("lexico:ratio=1"); }), "");
-  EXPECT_NE(error_of([] { make_press("lexico:atoms=3"); }), "") << "unknown option";
+  auto s = prefilled("lexico:s=" + std::to_string(hp.head_dim_k + 1), tokens(kLexicoTokens));
+  EXPECT_NE(test::error_of([&] { s->compress(); }).find("more than min(head size"), std::string::npos);
+  EXPECT_NE(test::error_of([] { make_press("lexico:values=q4"); }), "");
+  EXPECT_NE(test::error_of([] { make_press("lexico:ratio=1"); }), "");
+  EXPECT_NE(test::error_of([] { make_press("lexico:atoms=3"); }), "") << "unknown option";
 }
 
 }  // namespace

@@ -14,7 +14,7 @@
 namespace kvtrim {
 namespace {
 
-constexpr int kN = 40;
+constexpr int kPaluTokens = 40;
 
 class PaluPress : public test::PressFixture {};
 
@@ -113,7 +113,7 @@ TEST_F(PaluPress, WeightBasesAreTheTopSingularVectorsOfEachHeadsProjection) {
       SessionParams sp = params();
       Session s(*model, sp);
       s.set_press(make_press(std::string("palu:whiten=none,prefill=full,") + opts));
-      s.prefill(tokens(kN));
+      s.prefill(tokens(kPaluTokens));
       PressContext ctx(s.cache(), hp, s.observations(), nullptr);
       ctx.set_model(model.get());
       const CompressionPlan p = s.press()->plan(ctx);
@@ -160,7 +160,7 @@ TEST_F(PaluPress, WeightBasesAreTheTopSingularVectorsOfEachHeadsProjection) {
 TEST_F(PaluPress, WhitenedBasesAreThePcaOfThePreRopeKeysAndTheValues) {
   auto cal = test::tiny_calibration(*model_, capture(test::calib_tokens()));
   test::CalibrationScope scope(cal);
-  auto s = prefilled("palu:ratio=0.3,prefill=full", tokens(kN));
+  auto s = prefilled("palu:ratio=0.3,prefill=full", tokens(kPaluTokens));
   const CompressionPlan p = plan_with_model(*s);
   const int d = model_->hparams().head_dim_k;
   for (int il = 0; il < p.n_layer; ++il)
@@ -176,7 +176,7 @@ TEST_F(PaluPress, WhitenedBasesAreThePcaOfThePreRopeKeysAndTheValues) {
 
 TEST_F(PaluPress, FullRankIsLosslessAndTheLowRankCacheIsSmaller) {
   test::CalibrationScope scope(test::tiny_calibration(*model_, capture(test::calib_tokens())));
-  const auto prompt = tokens(kN);
+  const auto prompt = tokens(kPaluTokens);
   Session ref(*model_, params());
   const std::vector<float> l0 = ref.prefill(prompt);
   const std::vector<float> l1 = ref.decode(9);
@@ -209,10 +209,10 @@ TEST_F(PaluPress, FullRankIsLosslessAndTheLowRankCacheIsSmaller) {
 
 TEST_F(PaluPress, ClearErrors) {
   auto msg = [](const std::string& spec) {
-    return error_of([&] {
+    return test::error_of([&] {
       Session s(*model_, params());
       s.set_press(make_press(spec));
-      s.prefill(tokens(kN));
+      s.prefill(tokens(kPaluTokens));
       s.compress();
     });
   };

@@ -48,11 +48,7 @@ class PressFixture : public ::testing::Test {
     model_ = Model::load(write_tiny_model(spec, *dir_)).release();
   }
   static void TearDownTestSuite() {}
-  static std::vector<int32_t> tokens(int n, int salt = 0) {
-    std::vector<int32_t> t;
-    for (int i = 0; i < n; ++i) t.push_back((i * 37 + salt * 11 + 5) % 250);
-    return t;
-  }
+  static std::vector<int32_t> tokens(int n, int salt = 0) { return tiny_tokens(n, salt); }
   static SessionParams params(int n_batch = 16) {
     SessionParams p;
     p.n_ctx = 256;
@@ -95,15 +91,6 @@ class PressFixture : public ::testing::Test {
     PressContext ctx(s.cache(), model_->hparams(), s.observations(), nullptr);
     ctx.set_model(model_);
     return s.press()->plan(ctx);
-  }
-  // The message of the Error f throws ("" if none).
-  static std::string error_of(const std::function<void()>& f) {
-    try {
-      f();
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "";
   }
   static inline Model* model_ = nullptr;
   static inline std::string* dir_ = nullptr;

@@ -11,7 +11,7 @@
 namespace kvtrim {
 namespace {
 
-std::string error_of(const std::string& spec) {
+std::string press_error(const std::string& spec) {
   try {
     make_press(spec);
   } catch (const Error& e) {
@@ -22,7 +22,7 @@ std::string error_of(const std::string& spec) {
 
 #define EXPECT_ERROR_HAS(spec, text)                                                     \
   do {                                                                                   \
-    const std::string e_ = error_of(spec);                                               \
+    const std::string e_ = press_error(spec);                                            \
     EXPECT_NE(e_.find(text), std::string::npos) << "spec '" << (spec) << "' gave: '" << e_ << "'"; \
   } while (0)
 
@@ -274,3 +274,5 @@ TEST(PressRegistry, ComposePlans) {
 
 }  // namespace
 }  // namespace kvtrim
+
+#undef EXPECT_ERROR_HAS  // not into the next file of a unity build

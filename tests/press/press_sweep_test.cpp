@@ -14,10 +14,8 @@ namespace {
 
 class PressSweep : public test::PressFixture {};
 
-constexpr int kN = test::kSweepTokens;
-
 TEST_F(PressSweep, EveryPressEveryRatioEveryWrapper) {
-  const auto prompt = tokens(kN);
+  const auto prompt = tokens(test::kSweepTokens);
   const std::vector<const PressInfo*> presses = test::presses_of(PressAxis::kToken);
   EXPECT_FALSE(presses.empty());  // which presses must be there: press_registry_test
   for (const PressInfo* info : presses) {
@@ -37,7 +35,7 @@ TEST(PressSweepArchs, EveryTokenPressRunsOnEveryArchitecture) {
     spec.t_embd = spec.t_attn = spec.t_v = spec.t_ffn = spec.t_down = spec.t_output = spec.t_exps = GgmlType::F32;
     auto model = Model::load(test::write_tiny_model(spec, dir));
     std::vector<int32_t> prompt;
-    for (int i = 0; i < kN; ++i) prompt.push_back((i * 37 + 5) % 250);
+    for (int i = 0; i < test::kSweepTokens; ++i) prompt.push_back((i * 37 + 5) % 250);
     for (const auto& info : press_registry()) {
       if (info.wrapper || info.axis != PressAxis::kToken) continue;
       const std::string& press = info.test_easy;
@@ -74,9 +72,9 @@ TEST_F(PressSweep, QueryAwareVariantsRun) {
     const std::string spec = test::with_option(info->name + ":ratio=0.5", "query_aware=true");
     const test::TokenCount count =
         info->per_layer_budget ? test::TokenCount::kWithinOne : test::TokenCount::kExact;
-    test::sweep_token_run(spec, 0.5, count, *model_, tokens(kN), params(), true);
+    test::sweep_token_run(spec, 0.5, count, *model_, tokens(test::kSweepTokens), params(), true);
     if (dynamic_cast<ScorerPress*>(make_press(spec).get()))
-      test::sweep_token_run("adakv(" + spec + ")", 0.5, count, *model_, tokens(kN), params(), true);
+      test::sweep_token_run("adakv(" + spec + ")", 0.5, count, *model_, tokens(test::kSweepTokens), params(), true);
     ++n;
   }
   EXPECT_GE(n, 1);
@@ -85,7 +83,7 @@ TEST_F(PressSweep, QueryAwareVariantsRun) {
 TEST_F(PressSweep, CompositionMultipliesSavings) {
   Session s(*model_, params());
   s.set_press(make_press("knorm:ratio=0.5+streamingllm:ratio=0.5"));
-  s.prefill(tokens(kN));
+  s.prefill(tokens(test::kSweepTokens));
   s.compress();
   const int nh = model_->hparams().n_layer * model_->hparams().n_head_kv;
   EXPECT_EQ(total_tokens(s.cache()), nh * 10);  // 40 -> 20 -> 10: savings multiply
@@ -93,7 +91,7 @@ TEST_F(PressSweep, CompositionMultipliesSavings) {
   // tokens knorm kept, not positions 0..3.
   Session k(*model_, params());
   k.set_press(make_press("knorm:ratio=0.5"));
-  k.prefill(tokens(kN));
+  k.prefill(tokens(test::kSweepTokens));
   const CompressionPlan first = plan_of(k);
   std::vector<int32_t> spos;
   s.cache().read_head(1, 0, nullptr, nullptr, &spos);
@@ -110,9 +108,9 @@ TEST_F(PressSweep, DecodeTimeCompressionHoldsTheTarget) {
   GenerateParams gp;
   gp.max_new_tokens = 17;
   gp.stop_at_eog = false;
-  auto r = s.generate(tokens(kN), gp);
+  auto r = s.generate(tokens(test::kSweepTokens), gp);
   EXPECT_EQ(r.tokens.size(), 17u);
-  EXPECT_EQ(s.n_past(), kN + 16);
+  EXPECT_EQ(s.n_past(), test::kSweepTokens + 16);
   ASSERT_GE(s.compress_log().size(), 2u);  // after prefill, then during decoding
   for (int il = 0; il < model_->hparams().n_layer; ++il)
     for (int ih = 0; ih < model_->hparams().n_head_kv; ++ih) EXPECT_LE(s.cache().n_tokens(il, ih), 24);
@@ -120,7 +118,7 @@ TEST_F(PressSweep, DecodeTimeCompressionHoldsTheTarget) {
 
 TEST_F(PressSweep, MissingObservationsGiveClearErrors) {
   Session s(*model_, params());
-  s.prefill(tokens(kN));  // no press installed: nothing captured
+  s.prefill(tokens(test::kSweepTokens));  // no press installed: nothing captured
   PressContext ctx(s.cache(), model_->hparams(), nullptr, nullptr);
   try {
     make_press("snapkv")->plan(ctx);
@@ -130,7 +128,7 @@ TEST_F(PressSweep, MissingObservationsGiveClearErrors) {
   }
   Session q(*model_, params());
   q.set_press(make_press("tova:query_aware=true"));
-  q.prefill(tokens(kN));
+  q.prefill(tokens(test::kSweepTokens));
   try {
     q.compress();
     FAIL() << "no error";

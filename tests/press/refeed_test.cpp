@@ -28,7 +28,7 @@
 namespace kvtrim {
 namespace {
 
-constexpr int kN = 40;
+constexpr int kRefeedTokens = 40;
 
 struct RefeedSetup {
   std::unique_ptr<Model> model;
@@ -41,7 +41,7 @@ RefeedSetup setup(Arch arch) {
   s.model = Model::load(test::write_tiny_model(test::tiny_spec(arch, 5), test::temp_dir("refeed")));
   std::mt19937 rng(23);
   std::uniform_int_distribution<int> tok(0, 255);  // byte tokens
-  s.context.resize(kN);
+  s.context.resize(kRefeedTokens);
   for (auto& t : s.context) t = tok(rng);
   s.sp.n_ctx = 160;
   s.sp.n_threads = 2;
@@ -59,25 +59,25 @@ struct Brute {
 
 enum class Which { kCompose, kKvzip };
 
-Brute brute_force(const RefeedSetup& s, const std::vector<RefeedChunk>& chunks, Which which, int sinks) {
+Brute brute_force_refeed(const RefeedSetup& s, const std::vector<RefeedChunk>& chunks, Which which, int sinks) {
   const HParams& hp = s.model->hparams();
   const int L = hp.n_layer, H = hp.n_head_kv, G = hp.n_head / hp.n_head_kv, d = hp.head_dim_k;
   const double scale = hp.attn_scale > 0 ? hp.attn_scale : 1.0 / std::sqrt(static_cast<double>(d));
   Brute b;
-  b.mx.assign(static_cast<size_t>(L * H), std::vector<double>(static_cast<size_t>(kN * G), 0.0));
+  b.mx.assign(static_cast<size_t>(L * H), std::vector<double>(static_cast<size_t>(kRefeedTokens * G), 0.0));
   b.sum = b.mx;
-  b.zip.assign(static_cast<size_t>(L * H), std::vector<double>(kN, 0.0));
+  b.zip.assign(static_cast<size_t>(L * H), std::vector<double>(kRefeedTokens, 0.0));
   b.m.assign(static_cast<size_t>(L), 0);
   for (int l = 0; l < L; ++l)
     for (int h = 0; h < H; ++h)
-      for (int c = 0; c < std::min(sinks, kN); ++c) b.zip[static_cast<size_t>(l * H + h)][static_cast<size_t>(c)] = 1.0;
+      for (int c = 0; c < std::min(sinks, kRefeedTokens); ++c) b.zip[static_cast<size_t>(l * H + h)][static_cast<size_t>(c)] = 1.0;
   for (const RefeedChunk& ch : chunks) {
     Session t(*s.model, s.sp);
     PressNeeds all;
     all.window = PressNeeds::kAllQueries;
     t.set_observer(all);
     t.prefill(s.context);
-    t.prefill(ch.tokens);  // appended after the context, at positions kN.., as the pass does
+    t.prefill(ch.tokens);  // appended after the context, at positions kRefeedTokens.., as the pass does
     const Observations& ob = *t.observations();
     for (int l = 0; l < L; ++l) {
       const int window = hp.sliding_window.empty() ? 0 : hp.sliding_window[static_cast<size_t>(l)];
@@ -88,7 +88,7 @@ Brute brute_force(const RefeedSetup& s, const std::vector<RefeedChunk>& chunks, 
         t.cache().read_head(l, h, &kk, nullptr, &kp);
         for (int64_t i = 0; i < q.n; ++i) {
           const int32_t qp = q.pos[static_cast<size_t>(i)];
-          if (qp < kN) continue;  // the context's own queries are not the re-feed's
+          if (qp < kRefeedTokens) continue;  // the context's own queries are not the re-feed's
           for (int g = 0; g < G; ++g) {
             const float* qv = q.query(i, h * G + g, hp.n_head, d);
             std::vector<double> logit(kp.size(), -INFINITY);
@@ -96,7 +96,7 @@ Brute brute_force(const RefeedSetup& s, const std::vector<RefeedChunk>& chunks, 
             for (size_t j = 0; j < kp.size(); ++j) {
               const int32_t p = kp[j];
               if (p > qp || (window > 0 && qp - p >= window)) continue;
-              if (which == Which::kKvzip && p < kN && !(p < std::min(sinks, ch.lo) || (p >= ch.lo && p < ch.hi)))
+              if (which == Which::kKvzip && p < kRefeedTokens && !(p < std::min(sinks, ch.lo) || (p >= ch.lo && p < ch.hi)))
                 continue;  // KVzip: only the sinks and the chunk's own span of the context
               double dot = 0;
               for (int e = 0; e < d; ++e) dot += static_cast<double>(qv[e]) * kk[j * static_cast<size_t>(d) + static_cast<size_t>(e)];
@@ -107,7 +107,7 @@ Brute brute_force(const RefeedSetup& s, const std::vector<RefeedChunk>& chunks, 
             for (double x : logit)
               if (x > -INFINITY) z += std::exp(x - mxl);
             for (size_t j = 0; j < kp.size(); ++j) {
-              if (kp[j] >= kN || logit[j] == -INFINITY) continue;
+              if (kp[j] >= kRefeedTokens || logit[j] == -INFINITY) continue;
               const double a = std::exp(logit[j] - mxl) / z;
               const size_t at = static_cast<size_t>(l * H + h), c = static_cast<size_t>(kp[j]);
               if (which == Which::kCompose) {
@@ -140,7 +140,7 @@ const Observations& run_pass(Session& s, const RefeedSetup& st, const std::strin
   std::vector<float> k0;
   s.cache().read_head(0, 0, &k0, nullptr, nullptr);
   s.prepare_compress();
-  EXPECT_EQ(s.n_past(), kN);
+  EXPECT_EQ(s.n_past(), kRefeedTokens);
   EXPECT_EQ(s.cache().bytes().total(), bytes) << "the pass keeps none of its own tokens";
   EXPECT_EQ(s.logits(), logits);
   std::vector<float> k1;
@@ -159,12 +159,12 @@ void check_compose(Arch arch, int64_t chunk) {
   const Observations& ob = run_pass(s, st, "kvcompose:ratio=0.5,refeed_chunk=" + std::to_string(chunk));
   ASSERT_TRUE(ob.has_refeed());
   EXPECT_FALSE(ob.has_task_attn()) << "the re-feed replaces the prefill's causal accumulation";
-  const Brute b = brute_force(st, context_refeed_chunks(st.context, chunk), Which::kCompose, 0);
+  const Brute b = brute_force_refeed(st, context_refeed_chunks(st.context, chunk), Which::kCompose, 0);
   for (int l = 0; l < hp.n_layer; ++l) {
     EXPECT_EQ(ob.refeed_m[static_cast<size_t>(l)], b.m[static_cast<size_t>(l)]);
     for (int h = 0; h < hp.n_head_kv; ++h) {
       const size_t at = static_cast<size_t>(l * hp.n_head_kv + h);
-      ASSERT_EQ(ob.refeed_max[at].size(), static_cast<size_t>(kN * G));
+      ASSERT_EQ(ob.refeed_max[at].size(), static_cast<size_t>(kRefeedTokens * G));
       for (size_t i = 0; i < ob.refeed_max[at].size(); ++i) {
         expect_near_rel(ob.refeed_max[at][i], b.mx[at][i], "max", l, h, i);
         expect_near_rel(ob.refeed_sum[at][i], b.sum[at][i], "sum", l, h, i);
@@ -200,12 +200,12 @@ void check_kvzip(Arch arch, int64_t chunk, int sinks) {
       run_pass(s, st, "kvzip:ratio=0.5,chunk=" + std::to_string(chunk) + ",sinks=" + std::to_string(sinks));
   ASSERT_TRUE(ob.has_kvzip());
   const std::vector<RefeedChunk> chunks = kvzip_refeed_chunks(kvzip_prompts(*st.model), st.context, chunk, sinks);
-  const Brute b = brute_force(st, chunks, Which::kKvzip, sinks);
+  const Brute b = brute_force_refeed(st, chunks, Which::kKvzip, sinks);
   for (int l = 0; l < hp.n_layer; ++l)
     for (int h = 0; h < hp.n_head_kv; ++h) {
       const size_t at = static_cast<size_t>(l * hp.n_head_kv + h);
-      ASSERT_EQ(ob.kvzip[at].size(), static_cast<size_t>(kN));
-      for (size_t i = 0; i < static_cast<size_t>(kN); ++i) expect_near_rel(ob.kvzip[at][i], b.zip[at][i], "kvzip", l, h, i);
+      ASSERT_EQ(ob.kvzip[at].size(), static_cast<size_t>(kRefeedTokens));
+      for (size_t i = 0; i < static_cast<size_t>(kRefeedTokens); ++i) expect_near_rel(ob.kvzip[at][i], b.zip[at][i], "kvzip", l, h, i);
     }
 
   // the plan: the floor(0.5 E) lowest entries go, wherever they are; each head keeps its best
@@ -216,11 +216,11 @@ void check_kvzip(Arch arch, int64_t chunk, int sinks) {
       const auto& z = ob.kvzip[static_cast<size_t>(l * hp.n_head_kv + h)];
       const int bc = static_cast<int>(std::max_element(z.begin(), z.end()) - z.begin());
       best.insert({l, h, bc});
-      for (int c = 0; c < kN; ++c)
+      for (int c = 0; c < kRefeedTokens; ++c)
         if (c != bc) entries.emplace_back(z[static_cast<size_t>(c)], -c, -h, -l);
     }
   std::sort(entries.begin(), entries.end());
-  const size_t n_drop = static_cast<size_t>(static_cast<double>(hp.n_layer * hp.n_head_kv * kN) * 0.5);
+  const size_t n_drop = static_cast<size_t>(static_cast<double>(hp.n_layer * hp.n_head_kv * kRefeedTokens) * 0.5);
   std::map<std::pair<int, int>, std::set<int>> dropped;
   for (size_t i = 0; i < n_drop; ++i) {
     const auto& [sc, c, h, l] = entries[i];
@@ -233,7 +233,7 @@ void check_kvzip(Arch arch, int64_t chunk, int sinks) {
     for (int h = 0; h < hp.n_head_kv; ++h) {
       const HeadPlan& p = plan.at(l, h);
       std::set<int> want;
-      for (int c = 0; c < kN; ++c)
+      for (int c = 0; c < kRefeedTokens; ++c)
         if (!dropped[{l, h}].count(c)) want.insert(c);
       const std::set<int> got = p.keep_all ? want : std::set<int>(p.keep.begin(), p.keep.end());
       if (!p.keep_all) {
@@ -243,21 +243,21 @@ void check_kvzip(Arch arch, int64_t chunk, int sinks) {
       }
       kept += static_cast<int64_t>(got.size());
     }
-  EXPECT_EQ(kept, hp.n_layer * hp.n_head_kv * kN - static_cast<int64_t>(n_drop));
+  EXPECT_EQ(kept, hp.n_layer * hp.n_head_kv * kRefeedTokens - static_cast<int64_t>(n_drop));
   // per-head budgets: heads do not all keep the same count
   std::set<int64_t> counts;
   for (int l = 0; l < hp.n_layer; ++l)
     for (int h = 0; h < hp.n_head_kv; ++h) {
       const HeadPlan& p = plan.at(l, h);
-      counts.insert(p.keep_all ? kN : static_cast<int64_t>(p.keep.size()));
+      counts.insert(p.keep_all ? kRefeedTokens : static_cast<int64_t>(p.keep.size()));
     }
   EXPECT_GT(counts.size(), 1u);
   // layerwise: every layer drops floor(0.5 · E_l)
   const CompressionPlan lw = make_press("kvzip:ratio=0.5,layerwise=1")->plan(ctx);
   for (int l = 0; l < hp.n_layer; ++l) {
     int64_t k = 0;
-    for (int h = 0; h < hp.n_head_kv; ++h) k += lw.at(l, h).keep_all ? kN : static_cast<int64_t>(lw.at(l, h).keep.size());
-    EXPECT_EQ(k, hp.n_head_kv * kN - hp.n_head_kv * kN / 2) << "layer " << l;
+    for (int h = 0; h < hp.n_head_kv; ++h) k += lw.at(l, h).keep_all ? kRefeedTokens : static_cast<int64_t>(lw.at(l, h).keep.size());
+    EXPECT_EQ(k, hp.n_head_kv * kRefeedTokens - hp.n_head_kv * kRefeedTokens / 2) << "layer " << l;
   }
   const CompressStats cs = s.compress();
   EXPECT_LT(cs.bytes_after, cs.bytes_before);
@@ -305,10 +305,10 @@ TEST(Refeed, ChunksAreCutToTheRoomLeft) {
   s.prefill(st.context);
   s.prepare_compress();
   const Observations& ob = *s.observations();
-  const Brute b = brute_force(st, context_refeed_chunks(st.context, 20), Which::kCompose, 0);
+  const Brute b = brute_force_refeed(st, context_refeed_chunks(st.context, 20), Which::kCompose, 0);
   const HParams& hp = st.model->hparams();
   for (int l = 0; l < hp.n_layer; ++l) {
-    EXPECT_EQ(ob.refeed_m[static_cast<size_t>(l)], kN);
+    EXPECT_EQ(ob.refeed_m[static_cast<size_t>(l)], kRefeedTokens);
     for (int h = 0; h < hp.n_head_kv; ++h) {
       const size_t at = static_cast<size_t>(l * hp.n_head_kv + h);
       for (size_t i = 0; i < ob.refeed_max[at].size(); ++i) expect_near_rel(ob.refeed_max[at][i], b.mx[at][i], "max", l, h, i);
@@ -335,8 +335,8 @@ TEST(Refeed, ChunksAreCutToTheRoomLeft) {
   } catch (const LimitError& e) {
     EXPECT_NE(std::string(e.what()).find("use a larger --ctx"), std::string::npos) << e.what();
   }
-  EXPECT_EQ(t.n_past(), kN);  // nothing changed
-  EXPECT_EQ(total_tokens(t.cache()), kN * st.model->hparams().n_layer * st.model->hparams().n_head_kv);
+  EXPECT_EQ(t.n_past(), kRefeedTokens);  // nothing changed
+  EXPECT_EQ(total_tokens(t.cache()), kRefeedTokens * st.model->hparams().n_layer * st.model->hparams().n_head_kv);
 }
 
 // After a compression the stored rows are fewer than the positions (a chat's second turn,
@@ -357,7 +357,7 @@ TEST(Refeed, SecondPassOverACompressedCacheAndCompositions) {
     const CompressStats second = s.compress();
     EXPECT_LT(second.bytes_after, second.bytes_before);
     EXPECT_EQ(s.refeed_passes(), 2);
-    EXPECT_EQ(s.n_past(), kN + 5);
+    EXPECT_EQ(s.n_past(), kRefeedTokens + 5);
     const auto& lg = s.decode(3);
     for (float x : lg) ASSERT_TRUE(std::isfinite(x));
   }
@@ -366,7 +366,7 @@ TEST(Refeed, SecondPassOverACompressedCacheAndCompositions) {
   s.prefill(st.context);
   s.prepare_compress();
   ASSERT_TRUE(s.observations()->refeed_current);
-  s.truncate(kN - 3);
+  s.truncate(kRefeedTokens - 3);
   EXPECT_FALSE(s.observations()->refeed_current);
   EXPECT_GT(s.compress().refeed_seconds, 0.0);  // ran again over the shorter context
 }

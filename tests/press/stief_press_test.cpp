@@ -12,7 +12,7 @@
 namespace kvtrim {
 namespace {
 
-constexpr int kN = 40;
+constexpr int kStiefTokens = 40;
 
 class StiefPress : public test::PressFixture {
  protected:
@@ -37,7 +37,7 @@ TEST_F(StiefPress, RanksAndBasesFollowTheAllocation) {
           "stiefattention:eps=" + std::to_string(eps) + ",alloc=" + alloc + ",prefill=full";
       SCOPED_TRACE(spec);
       const auto choice = allocate_ranks(f, parse_rank_alloc(alloc), eps);
-      auto s = prefilled(spec, tokens(kN));
+      auto s = prefilled(spec, tokens(kStiefTokens));
       const CompressionPlan p = plan_with_model(*s);
       for (int il = 0; il < p.n_layer; ++il) {
         // brute force over the 4 x 4 surface (Pareto family; uniform checked via allocate_ranks)
@@ -91,7 +91,7 @@ TEST_F(StiefPress, EigenAttentionUnderTheSameBudgetWalksItsThresholds) {
   for (const double eps : {0.02, 0.05, 0.2}) {
     const std::string spec = "eigenattention:eps=" + std::to_string(eps) + ",prefill=full";
     SCOPED_TRACE(spec);
-    auto s = prefilled(spec, tokens(kN));
+    auto s = prefilled(spec, tokens(kStiefTokens));
     const CompressionPlan p = plan_with_model(*s);
     for (int il = 0; il < p.n_layer; ++il) {
       const StiefLayerFit& L = cal()->stief().layers[il];
@@ -119,25 +119,25 @@ TEST_F(StiefPress, EigenAttentionUnderTheSameBudgetWalksItsThresholds) {
 
 TEST_F(StiefPress, FixedRanksMustBeTrainedAndErrorsAreClear) {
   test::CalibrationScope scope(cal());
-  auto s = prefilled("stiefattention:ratio=0.5,prefill=full", tokens(kN));
+  auto s = prefilled("stiefattention:ratio=0.5,prefill=full", tokens(kStiefTokens));
   const CompressionPlan p = plan_with_model(*s);
   for (int il = 0; il < p.n_layer; ++il) {
     EXPECT_EQ(p.at(il, 0).key.rank, 8);
     EXPECT_EQ(p.at(il, 1).value.rank, 8);
     EXPECT_EQ(p.at(il, 1).value.basis, first_cols(cal()->stief().layers[il].value[1][1], 16, 8));
   }
-  const std::string e = error_of([&] { prefilled("stiefattention:ratio=0.3,prefill=full", tokens(kN))->compress(); });
+  const std::string e = test::error_of([&] { prefilled("stiefattention:ratio=0.3,prefill=full", tokens(kStiefTokens))->compress(); });
   EXPECT_NE(e.find("was not trained"), std::string::npos) << e;
   EXPECT_NE(e.find("4, 8, 12"), std::string::npos) << e;
-  EXPECT_NE(error_of([] { make_press("stiefattention:alloc=greedy"); }).find("uniform, pareto or wpareto"),
+  EXPECT_NE(test::error_of([] { make_press("stiefattention:alloc=greedy"); }).find("uniform, pareto or wpareto"),
             std::string::npos);
-  EXPECT_NE(error_of([] { make_press("stiefattention:energy=0.9"); }).find("does not apply"),
+  EXPECT_NE(test::error_of([] { make_press("stiefattention:energy=0.9"); }).find("does not apply"),
             std::string::npos);
   // a calibration without the StiefAttention section names the command that makes one
   test::CalibrationScope plain(test::tiny_calibration(*model_, capture(test::calib_tokens())));
-  const std::string e2 = error_of([&] { prefilled("stiefattention:prefill=full", tokens(kN))->compress(); });
+  const std::string e2 = test::error_of([&] { prefilled("stiefattention:prefill=full", tokens(kStiefTokens))->compress(); });
   EXPECT_NE(e2.find("kvtrim calibrate --stief"), std::string::npos) << e2;
-  const std::string e3 = error_of([&] { prefilled("eigenattention:eps=0.1,prefill=full", tokens(kN))->compress(); });
+  const std::string e3 = test::error_of([&] { prefilled("eigenattention:eps=0.1,prefill=full", tokens(kStiefTokens))->compress(); });
   EXPECT_NE(e3.find("kvtrim calibrate --stief"), std::string::npos) << e3;
 }
 

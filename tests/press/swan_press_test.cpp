@@ -17,7 +17,7 @@ namespace {
 
 class SwanPress : public test::PressFixture {};
 
-constexpr int kN = 40;
+constexpr int kSwanTokens = 40;
 
 // c = Pᵀ x for a [d, d] row-major P.
 std::vector<double> rotate(const std::vector<float>& P, const float* x, int d) {
@@ -45,7 +45,7 @@ TEST_F(SwanPress, PrunedTokensKeepTheirTopKRotatedCoordinates) {
   test::CalibrationScope scope(test::tiny_calibration(*model_, capture(test::calib_tokens())));
   const HParams& hp = model_->hparams();
   const int d = hp.head_dim_k;
-  const std::vector<int32_t> prompt = tokens(kN);
+  const std::vector<int32_t> prompt = tokens(kSwanTokens);
   const test::CaptureAll c = capture(prompt);
   auto s = prefilled("swan:k=5,kv=9,buffer=8", prompt);
   s->compress();
@@ -57,9 +57,9 @@ TEST_F(SwanPress, PrunedTokensKeepTheirTopKRotatedCoordinates) {
       EXPECT_EQ(lay.basis_v, f.v.enc_cols(d));
       std::vector<float> k, v;
       s->cache().read_head(il, ih, &k, &v, nullptr);
-      for (int t = 0; t < kN; ++t) {
-        ASSERT_EQ(lay.epoch[static_cast<size_t>(t)] < 0, t >= kN - 8) << "buffer: the last 8 stay dense";
-        if (t >= kN - 8) continue;
+      for (int t = 0; t < kSwanTokens; ++t) {
+        ASSERT_EQ(lay.epoch[static_cast<size_t>(t)] < 0, t >= kSwanTokens - 8) << "buffer: the last 8 stay dense";
+        if (t >= kSwanTokens - 8) continue;
         for (auto [P, got, orig, T] : {std::tuple{&f.k.enc, k.data() + t * d, c.krow(il, t, ih), 5},
                                        std::tuple{&f.v.enc, v.data() + t * d, c.vrow(il, t, ih), 9}}) {
           const std::vector<double> want = rotate(*P, orig, d), have = rotate(*P, got, d);
@@ -74,19 +74,19 @@ TEST_F(SwanPress, PrunedTokensKeepTheirTopKRotatedCoordinates) {
   for (int il = 0; il < hp.n_layer; ++il)
     for (int ih = 0; ih < hp.n_head_kv; ++ih) {
       const KvCache::HeadLayout lay = s->cache().head_layout(il, ih);
-      ASSERT_EQ(lay.epoch.size(), static_cast<size_t>(kN + 5));
-      for (int t = 0; t < kN + 5; ++t) EXPECT_EQ(lay.epoch[static_cast<size_t>(t)] < 0, t >= kN + 5 - 8);
+      ASSERT_EQ(lay.epoch.size(), static_cast<size_t>(kSwanTokens + 5));
+      for (int t = 0; t < kSwanTokens + 5; ++t) EXPECT_EQ(lay.epoch[static_cast<size_t>(t)] < 0, t >= kSwanTokens + 5 - 8);
     }
   const KvBytes b = s->cache().bytes();
   const size_t nh = static_cast<size_t>(hp.n_layer * hp.n_head_kv), mb = static_cast<size_t>(d + 7) / 8;
-  EXPECT_EQ(b.indices, nh * (kN + 5 - 8) * 2 * mb);  // auto: a bitmask is smaller than 5 or 9 indices
-  EXPECT_EQ(b.keys, nh * ((kN + 5 - 8) * 5 * 2 + 8 * static_cast<size_t>(d) * 4));  // f16 entries, f32 buffer
+  EXPECT_EQ(b.indices, nh * (kSwanTokens + 5 - 8) * 2 * mb);  // auto: a bitmask is smaller than 5 or 9 indices
+  EXPECT_EQ(b.keys, nh * ((kSwanTokens + 5 - 8) * 5 * 2 + 8 * static_cast<size_t>(d) * 4));  // f16 entries, f32 buffer
   // the paper's layout (a uint8 index per entry): other bytes, the same attention up to the order
   // of the float additions (the list and bitmask kernels sum the kept entries differently)
   auto l = prefilled("swan:k=5,kv=9,buffer=8,index=list", prompt);
   l->compress();
   for (int i = 0; i < 5; ++i) l->decode(3 + i);
-  EXPECT_EQ(l->cache().bytes().indices, nh * (kN + 5 - 8) * (5 + 9));
+  EXPECT_EQ(l->cache().bytes().indices, nh * (kSwanTokens + 5 - 8) * (5 + 9));
   const std::vector<float> a = l->decode(9), bm = s->decode(9);
   ASSERT_EQ(a.size(), bm.size());
   for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], bm[i], 1e-4f * (1.f + std::fabs(a[i]))) << i;
@@ -96,7 +96,7 @@ TEST_F(SwanPress, PrunedTokensKeepTheirTopKRotatedCoordinates) {
 // lossless, Lemmas A.1 / A.2), here through decode steps that read the rotated cache.
 TEST_F(SwanPress, RetentionOneIsLossless) {
   test::CalibrationScope scope(test::tiny_calibration(*model_, capture(test::calib_tokens())));
-  const std::vector<int32_t> prompt = tokens(kN);
+  const std::vector<int32_t> prompt = tokens(kSwanTokens);
   SessionParams sp = params();
   Session plain(*model_, sp);
   plain.prefill(prompt);
@@ -119,7 +119,7 @@ TEST_F(SwanPress, ProjectionAblations) {
   const HParams& hp = model_->hparams();
   const int d = hp.head_dim_k, nl = hp.n_layer, nkv = hp.n_head_kv;
   auto layouts = [&](const std::string& spec) {
-    auto s = prefilled(spec, tokens(kN));
+    auto s = prefilled(spec, tokens(kSwanTokens));
     s->compress();
     std::vector<KvCache::HeadLayout> out;
     for (int il = 0; il < nl; ++il)
@@ -179,11 +179,11 @@ TEST_F(SwanPress, ComposesWithEvictionAndBytesMultiply) {
   test::CalibrationScope scope(test::tiny_calibration(*model_, capture(test::calib_tokens())));
   const HParams& hp = model_->hparams();
   const size_t nh = static_cast<size_t>(hp.n_layer * hp.n_head_kv), d = static_cast<size_t>(hp.head_dim_k);
-  auto s = prefilled("snapkv:0.5+swan:ratio=0.75,buffer=4,values=fp8", tokens(kN));
+  auto s = prefilled("snapkv:0.5+swan:ratio=0.75,buffer=4,values=fp8", tokens(kSwanTokens));
   s->compress();
-  EXPECT_EQ(total_tokens(s->cache()), static_cast<int64_t>(nh * kN / 2));
+  EXPECT_EQ(total_tokens(s->cache()), static_cast<int64_t>(nh * kSwanTokens / 2));
   const KvBytes b = s->cache().bytes();
-  const size_t T = d / 4, pruned = kN / 2 - 4;
+  const size_t T = d / 4, pruned = kSwanTokens / 2 - 4;
   EXPECT_EQ(b.indices, nh * pruned * 2 * ((d + 7) / 8));  // bitmask rows
   EXPECT_EQ(b.keys, nh * (pruned * T + 4 * d * 4));  // fp8 entries + the f32 buffer
   EXPECT_EQ(b.scales, nh * pruned * 2 * 4);         // one f32 per fp8 row, keys and values
@@ -199,7 +199,7 @@ TEST_F(SwanPress, ComposesWithEvictionAndBytesMultiply) {
 TEST_F(SwanPress, PrefillThroughout) {
   test::CalibrationScope scope(test::tiny_calibration(*model_, capture(test::calib_tokens())));
   const HParams& hp = model_->hparams();
-  auto s = prefilled("swan:k=5,buffer=8,prefill=throughout", tokens(kN), 16);
+  auto s = prefilled("swan:k=5,buffer=8,prefill=throughout", tokens(kSwanTokens), 16);
   for (int il = 0; il < hp.n_layer; ++il)
     for (int ih = 0; ih < hp.n_head_kv; ++ih) {
       const KvCache::HeadLayout lay = s->cache().head_layout(il, ih);
@@ -208,7 +208,7 @@ TEST_F(SwanPress, PrefillThroughout) {
       EXPECT_EQ(dense, 15) << il << "," << ih;
     }
   Session plain(*model_, params(16));
-  const std::vector<float> a = plain.prefill(tokens(kN));
+  const std::vector<float> a = plain.prefill(tokens(kSwanTokens));
   const std::vector<float> b = s->decode(3), a2 = plain.decode(3);
   double diff = 0;
   for (size_t j = 0; j < b.size(); ++j) diff = std::max(diff, std::fabs(static_cast<double>(b[j]) - a2[j]));
@@ -221,10 +221,10 @@ TEST_F(SwanPress, ClearErrors) {
                           "swan:seed=-1", "swan:nosuch=1"})
     EXPECT_THROW(make_press(bad), Error) << bad;
   test::CalibrationScope scope(test::tiny_calibration(*model_, capture(test::calib_tokens())));
-  auto s = prefilled("swan:k=1000", tokens(kN));
+  auto s = prefilled("swan:k=1000", tokens(kSwanTokens));
   test::expect_error([&] { s->compress(); }, "head size");
   set_calibration_override(nullptr);
-  auto m = prefilled("swan", tokens(kN));
+  auto m = prefilled("swan", tokens(kSwanTokens));
   test::expect_error([&] { m->compress(); }, "kvtrim calibrate");
 }
 

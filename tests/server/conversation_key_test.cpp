@@ -15,7 +15,7 @@ using nlohmann::json;
 
 using test_api::limits;
 
-CompletionRequest chat(const std::string& messages, const std::string& extra = "") {
+CompletionRequest chat_request(const std::string& messages, const std::string& extra = "") {
   return parse_completion_request("{\"messages\":" + messages + extra + "}", Endpoint::kChat, limits());
 }
 
@@ -28,7 +28,7 @@ const std::string kTurn2 =
 void expect_bad_key(const std::string& extra, const std::string& header, const std::string& param,
                     const std::string& frag) {
   try {
-    const CompletionRequest r = chat(kTurn1, extra);
+    const CompletionRequest r = chat_request(kTurn1, extra);
     resolve_conversation_key(r, header);
     ADD_FAILURE() << "no error for body key " << extra << " header " << header;
   } catch (const ApiError& e) {
@@ -39,12 +39,12 @@ void expect_bad_key(const std::string& extra, const std::string& header, const s
 }
 
 TEST(ConversationKey, HeaderAndBodyMeanTheSame) {
-  const CompletionRequest body = chat(kTurn1, R"(,"prompt_cache_key":"user-42:conv_7")");
+  const CompletionRequest body = chat_request(kTurn1, R"(,"prompt_cache_key":"user-42:conv_7")");
   EXPECT_EQ(body.prompt_cache_key, "user-42:conv_7");
   ConversationKey k = resolve_conversation_key(body, "");
   EXPECT_EQ(k.key, "user-42:conv_7");
   EXPECT_EQ(k.source, "body");
-  k = resolve_conversation_key(chat(kTurn1), "user-42:conv_7");
+  k = resolve_conversation_key(chat_request(kTurn1), "user-42:conv_7");
   EXPECT_EQ(k.key, "user-42:conv_7");
   EXPECT_EQ(k.source, "header");
   k = resolve_conversation_key(body, "user-42:conv_7");  // both, equal: fine
@@ -63,25 +63,25 @@ TEST(ConversationKey, BadKeysAre400s) {
   expect_bad_key(R"(,"prompt_cache_key":"one")", "two", "prompt_cache_key", "different conversations");
   // the longest allowed key passes
   const std::string longest(kMaxConversationKey, 'k');
-  EXPECT_EQ(resolve_conversation_key(chat(kTurn1), longest).key, longest);
+  EXPECT_EQ(resolve_conversation_key(chat_request(kTurn1), longest).key, longest);
 }
 
 TEST(ConversationKey, DerivedKeyFollowsTheConversation) {
-  const ConversationKey k1 = resolve_conversation_key(chat(kTurn1), "");
+  const ConversationKey k1 = resolve_conversation_key(chat_request(kTurn1), "");
   EXPECT_EQ(k1.source, "derived");
   EXPECT_EQ(k1.key.rfind("auto-", 0), 0u);
   EXPECT_EQ(k1.key.size(), 5u + 16u);
   // a later turn of the same conversation: the same key (the system + first user message)
-  EXPECT_EQ(resolve_conversation_key(chat(kTurn2), "").key, k1.key);
+  EXPECT_EQ(resolve_conversation_key(chat_request(kTurn2), "").key, k1.key);
   // another first question, another system prompt: another key
-  EXPECT_NE(resolve_conversation_key(chat(R"([{"role":"system","content":"be brief"},{"role":"user","content":"yo"}])"), "")
+  EXPECT_NE(resolve_conversation_key(chat_request(R"([{"role":"system","content":"be brief"},{"role":"user","content":"yo"}])"), "")
                 .key,
             k1.key);
-  EXPECT_NE(resolve_conversation_key(chat(R"([{"role":"system","content":"be long"},{"role":"user","content":"hi"}])"), "")
+  EXPECT_NE(resolve_conversation_key(chat_request(R"([{"role":"system","content":"be long"},{"role":"user","content":"hi"}])"), "")
                 .key,
             k1.key);
   // text moved between the system and the user message: another key
-  EXPECT_NE(resolve_conversation_key(chat(R"([{"role":"system","content":"be brief h"},{"role":"user","content":"i"}])"), "")
+  EXPECT_NE(resolve_conversation_key(chat_request(R"([{"role":"system","content":"be brief h"},{"role":"user","content":"i"}])"), "")
                 .key,
             k1.key);
   // completions: the prompt's start; a prompt that extends it keeps the key
@@ -92,7 +92,7 @@ TEST(ConversationKey, DerivedKeyFollowsTheConversation) {
   EXPECT_EQ(resolve_conversation_key(comp(start), "").key, resolve_conversation_key(comp(start + " more"), "").key);
   EXPECT_NE(resolve_conversation_key(comp(start), "").key, resolve_conversation_key(comp("b" + start), "").key);
   // the derived key is the same as a client sending it back: it is a valid key
-  EXPECT_EQ(resolve_conversation_key(chat(kTurn2), k1.key).source, "header");
+  EXPECT_EQ(resolve_conversation_key(chat_request(kTurn2), k1.key).source, "header");
 }
 
 TEST(ConversationKey, EchoedInTheResponse) {

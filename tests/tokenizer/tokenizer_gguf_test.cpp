@@ -14,15 +14,13 @@
 #include "model/chat_template.h"
 #include "model/tokenizer.h"
 #include "model/tokenizer_unicode.h"
+#include "tokenizer_test_util.h"
 
 namespace kvtrim {
 namespace {
 
-std::string bl(std::string_view bytes) {
-  std::string out;
-  for (char c : bytes) tok::utf8_append(tok::byte_to_cpt(static_cast<uint8_t>(c)), &out);
-  return out;
-}
+using test::bl;
+using test::error_of;
 
 // A byte-level BPE vocabulary: 256 byte tokens, "he", "hel", "hello", two control tokens.
 // skip: a key left out (a test writes its own value instead); pre: tokenizer.ggml.pre.
@@ -51,15 +49,6 @@ std::unique_ptr<GgufFile> write_and_open(const GgufWriter& w, const std::string&
   const std::string path = test::temp_dir("tokenizer_gguf") + "/" + name + ".gguf";
   w.write(path);
   return GgufFile::open(path);
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 TEST(TokenizerGguf, LoadsVocabularyAndMerges) {

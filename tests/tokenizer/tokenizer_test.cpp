@@ -16,18 +16,16 @@
 #include "model/tokenizer_pretok.h"
 #include "model/tokenizer_unicode.h"
 #include "model/tokenizer_vocab.h"
+#include "test_util.h"
+#include "tokenizer_test_util.h"
 
 namespace kvtrim {
 namespace {
 
 // ----------------------------------------------------------------------------- helpers
 
-// GPT-2 byte-level form of raw bytes ("a b" -> "aĠb").
-std::string bl(std::string_view bytes) {
-  std::string out;
-  for (char c : bytes) tok::utf8_append(tok::byte_to_cpt(static_cast<uint8_t>(c)), &out);
-  return out;
-}
+using test::bl;
+using test::error_of;
 
 // A byte-level BPE vocabulary: the 256 byte characters (id = byte value), then extras.
 VocabData bpe_vocab(const std::vector<std::string>& extra_raw,
@@ -77,16 +75,6 @@ std::vector<std::string> words(std::string_view text, tok::PreSplit mode) {
   }
   EXPECT_EQ(b, norm.size());
   return out;
-}
-
-// Runs f and returns the Error message ("" if nothing was thrown).
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 using Words = std::vector<std::string>;
