@@ -116,9 +116,11 @@ bool press_loss_on(const PressOptions& o) { return loss_estimate_on(o) && !o.spe
 
 std::string loss_text(const PressLoss& l) {
   if (!l.measured) return "";
-  std::string t = strprintf("loss estimate %.4f (attention output error over the last %lld queries, mean of the layers; "
+  const bool q = l.queries == LossQueries::kQuestion;
+  std::string t = strprintf("loss estimate %.4f (attention output error over the %s %lld queries, mean of the layers; "
                             "max %.4f at layer %d)",
-                            l.rel_err, static_cast<long long>(l.n_queries), l.rel_err_max, l.max_layer);
+                            l.rel_err, q ? "question's last" : "context's last", static_cast<long long>(l.n_queries),
+                            l.rel_err_max, l.max_layer);
   if (l.tokens_removed > 0) t += strprintf(", evicted attention mass %.4f", l.evicted_mass);
   return t + strprintf(", estimated in %.3f s", l.seconds);
 }
