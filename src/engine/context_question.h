@@ -56,7 +56,7 @@ struct ContextCompressOptions {
   // (halve_press_ratios: every press of a composition that has a ratio), at most
   // kMaxLossRetries times; when every attempt exceeds it, or the press has no ratio to halve,
   // the context is left uncompressed (the note says so). 1 = off: no copy, no retry (an
-  // estimate of 1 means the window's attention output is as far off as it is large). Needs
+  // estimate of 1 means the probe queries' attention output is as far off as it is large). Needs
   // SessionParams::press_loss.
   double max_loss = 1;
   // false: the question is not the press's to see (one compression shared by several questions:
