@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "core/error.h"
+#include "engine/limit_error.h"
 #include "press/press_spec.h"
 
 namespace kvtrim {
@@ -84,8 +85,12 @@ ContextCompression compress_context(Session& s, const std::vector<int32_t>& ques
     const bool aware = press.needs().question;
     const bool observe = aware ? o.press_sees_question : s.params().press_loss;
     if (observe && !question.empty()) {
-      s.observe_question(question);
-      r.saw_question = aware;
+      try {
+        s.observe_question(question);
+        r.saw_question = aware;
+      } catch (const LimitError&) {
+        if (aware) throw;  // for the estimate alone: without room for it, the window's queries serve
+      }
     }
     std::optional<PressSpec> spec;  // the press the guard weakens
     if (guard) {

@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "engine/context_question.h"
+#include "engine/limit_error.h"
 #include "engine/observation_stats.h"
 #include "press/press_spec.h"
 #include "test_util.h"
@@ -227,6 +228,14 @@ TEST_F(PressLossTest, FallsBackToTheWindowWithoutAQuestion) {
   EXPECT_EQ(l.queries, LossQueries::kWindow);
   const DirectLoss d = direct_loss(*model_, *before.cache, t->cache(), t->observations()->window);
   EXPECT_NEAR(l.rel_err, d.rel_err, 1e-4);
+  // a question with no room after the context (120 + 140 > n_ctx 256): the window, no error —
+  // unless the press is query-aware and needs it
+  auto u = session("snapkv:ratio=0.5");
+  const ContextCompression cu = compress_context(*u, test::tiny_tokens(140, 3));
+  ASSERT_TRUE(cu.ran);
+  EXPECT_EQ(cu.stats.loss.queries, LossQueries::kWindow);
+  auto aware = session("snapkv:ratio=0.5,query_aware=true");
+  EXPECT_THROW(compress_context(*aware, test::tiny_tokens(140, 3)), LimitError);
 }
 
 // The question is observed for the estimate only: the plan of a press that is not query-aware is
