@@ -28,6 +28,7 @@ nb::dict compress_stats_dict(const CompressStats& st) {
   if (st.loss.measured) {
     d["loss"] = st.loss.rel_err;
     d["evicted_mass"] = st.loss.evicted_mass;
+    d["loss_queries"] = std::string(loss_queries_name(st.loss.queries));
   }
   return d;
 }

@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "core/error.h"
+#include "engine/limit_error.h"
 #include "press/press_spec.h"
 
 namespace kvtrim {
@@ -79,10 +80,17 @@ ContextCompression compress_context(Session& s, const std::vector<int32_t>& ques
   const Press& press = *s.press();
   std::unique_ptr<Session::State> before;  // the guard's copy of the uncompressed context
   try {
-    // query-aware: the question's queries first (its tokens are dropped again), as eval does
-    if (press.needs().question && !question.empty()) {
-      s.observe_question(question);
-      r.saw_question = true;
+    // the question's queries first (its tokens are dropped again), as eval does: for a
+    // query-aware press, and for the loss estimate (which a press that is not query-aware ignores)
+    const bool aware = press.needs().question;
+    const bool observe = aware ? o.press_sees_question : s.params().press_loss;
+    if (observe && !question.empty()) {
+      try {
+        s.observe_question(question);
+        r.saw_question = aware;
+      } catch (const LimitError&) {
+        if (aware) throw;  // for the estimate alone: without room for it, the window's queries serve
+      }
     }
     std::optional<PressSpec> spec;  // the press the guard weakens
     if (guard) {

@@ -6,7 +6,10 @@
 // uncompressed, at the positions that continue the context's uncompressed length. A query-aware
 // press (query_aware=true: PressNeeds::question) sees the question's queries first
 // (Session::observe_question), exactly as `kvtrim eval` runs it: run, chat, serve and the
-// evaluation harness share this one function.
+// evaluation harness share this one function. With the session's loss estimate on
+// (SessionParams::press_loss) the question is observed for any press, and the estimate is
+// measured on its queries (src/engine/press_loss.h); a press that is not query-aware does not
+// read them.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -53,9 +56,14 @@ struct ContextCompressOptions {
   // (halve_press_ratios: every press of a composition that has a ratio), at most
   // kMaxLossRetries times; when every attempt exceeds it, or the press has no ratio to halve,
   // the context is left uncompressed (the note says so). 1 = off: no copy, no retry (an
-  // estimate of 1 means the window's attention output is as far off as it is large). Needs
+  // estimate of 1 means the probe queries' attention output is as far off as it is large). Needs
   // SessionParams::press_loss.
   double max_loss = 1;
+  // false: the question is not the press's to see (one compression shared by several questions:
+  // eval's and run's query-agnostic protocol gives the first question) — it is observed only
+  // for the loss estimate, and only when the press is not query-aware (a query-aware press must
+  // not score with it; it then fails for want of a question, as without one).
+  bool press_sees_question = true;
 };
 
 constexpr int kMaxLossRetries = 2;
@@ -78,14 +86,15 @@ struct ContextCompression {
   std::vector<CompressAttempt> attempts;  // every compression tried, in order (empty: none ran)
   bool refused = false;      // the guard refused every attempt: the context is uncompressed
   int64_t n_context = 0;     // positions of the context (the compressed part)
-  bool saw_question = false;  // the press scored with the question's queries
+  bool saw_question = false;  // the press scored with the question's queries (a query-aware press)
   bool failed = false;       // the press threw and skip_on_error made it the note
   CompressStats stats;       // when it ran: tokens and bytes of the context, all (layer, kv head)
 };
 
 // Compresses what the session holds — the context, before `question` is prefilled — with the
 // session's press (Session::compress). `question` (may be empty) is what a query-aware press
-// sees; it is not left in the cache. Throws Error without a press.
+// sees (ContextCompressOptions::press_sees_question) and what the loss estimate is measured on
+// (SessionParams::press_loss); it is not left in the cache. Throws Error without a press.
 ContextCompression compress_context(Session& s, const std::vector<int32_t>& question,
                                     const ContextCompressOptions& o = {});
 

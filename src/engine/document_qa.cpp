@@ -79,7 +79,11 @@ QaRun answer_questions(Session& s, const PromptLayout& layout, const QaOptions& 
   if (!prefill_chunks(s, layout.context, o.interrupted)) throw Error("interrupted");
   run.context_s = now_seconds() - t0;
   ContextCompression cc;
-  if (s.press() && !query_aware) cc = compress_context(s, {}, o.compress);  // once, for every question
+  if (s.press() && !query_aware) {  // once, for every question; the first one for the loss estimate only
+    ContextCompressOptions co = o.compress;
+    co.press_sees_question = false;
+    cc = compress_context(s, layout.questions[0], co);
+  }
   std::unique_ptr<Session::State> saved;
   if (layout.questions.size() > 1) saved = std::make_unique<Session::State>(s.save_state());
   for (size_t qi = 0; qi < layout.questions.size(); ++qi) {

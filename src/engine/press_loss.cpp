@@ -9,6 +9,23 @@
 
 namespace kvtrim {
 
+const char* loss_queries_name(LossQueries q) { return q == LossQueries::kQuestion ? "question" : "window"; }
+
+namespace {
+
+// Every layer has queries, all after the cache's stored positions (a question observed for this
+// compression; one from before the last prefill or decode is stale).
+bool usable(const std::vector<ObservedQueries>& qs, int n_layer, int32_t n_past, bool after_stored) {
+  if (static_cast<int>(qs.size()) != n_layer) return false;
+  for (const ObservedQueries& q : qs) {
+    if (q.n <= 0) return false;
+    if (after_stored && q.pos.front() < n_past) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 AttnParams PressLossProbe::layer_params(int il) const {
   const HParams& hp = model_.hparams();
   AttnParams p;
@@ -23,9 +40,16 @@ PressLossProbe::PressLossProbe(const Model& model, const KvCache& cache, const O
                                ThreadPool* pool)
     : model_(model), pool_(pool) {
   const KvCacheConfig& c = cache.config();
-  if (!obs || static_cast<int>(obs->window.size()) != c.n_layer) return;
-  for (const ObservedQueries& w : obs->window)
-    if (w.n <= 0) return;
+  if (!obs) return;
+  const std::vector<ObservedQueries>* src = nullptr;
+  if (usable(obs->question, c.n_layer, cache.n_past(), true)) {
+    src = &obs->question;
+    which_ = LossQueries::kQuestion;
+  } else if (usable(obs->window, c.n_layer, cache.n_past(), false)) {
+    src = &obs->window;
+  } else {
+    return;
+  }
   const double t0 = now_seconds();
   const int n_head = model.hparams().n_head, group = n_head / c.n_head_kv;
   q_.resize(static_cast<size_t>(c.n_layer));
@@ -35,13 +59,13 @@ PressLossProbe::PressLossProbe(const Model& model, const KvCache& cache, const O
   std::vector<float> k, acc;
   for (int il = 0; il < c.n_layer; ++il) {
     ObservedQueries& q = q_[static_cast<size_t>(il)];
-    q = last_queries(obs->window[static_cast<size_t>(il)], kLossWindow);
+    q = last_queries((*src)[static_cast<size_t>(il)], kLossWindow);
     const AttnParams p = layer_params(il);
     // o_full: the cache's own attention over what it holds before the plan
     std::vector<float>& o = o_full_[static_cast<size_t>(il)];
     o.assign(static_cast<size_t>(q.n * n_head * c.head_dim_v), 0.f);
     cache.attend(il, q.n, q.q.data(), q.pos.data(), p, o.data(), pool);
-    // each stored token's attention mass: A[h, t, m] summed over the window queries m and the
+    // each stored token's attention mass: A[h, t, m] summed over the probe queries m and the
     // group's query heads h (softcap not applied: the models with one keep every token's rank)
     for (int ih = 0; ih < c.n_head_kv; ++ih) {
       const size_t hi = static_cast<size_t>(il * c.n_head_kv + ih);
@@ -70,6 +94,7 @@ PressLoss PressLossProbe::finish(const KvCache& cache) const {
   const KvCacheConfig& c = cache.config();
   const int n_head = model_.hparams().n_head;
   r.measured = true;
+  r.queries = which_;
   r.n_queries = q_.empty() ? 0 : q_[0].n;
   std::vector<float> o;
   std::vector<int32_t> after;

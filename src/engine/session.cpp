@@ -240,7 +240,10 @@ void Session::set_press(std::unique_ptr<Press> press, PressSchedule sched, const
 // `cache`, capturing `needs`, on the session's pool, with the press's after-append hook.
 std::unique_ptr<PressObserver> Session::make_observer(const KvCache& cache, const PressNeeds& press_needs) const {
   PressNeeds needs = press_needs;
-  if (p_.press_loss) needs.window = std::max(needs.window, kLossWindow);  // the loss estimate's window
+  if (p_.press_loss) {  // the loss estimate's queries: the window, and a question when one is observed
+    needs.window = std::max(needs.window, kLossWindow);
+    needs.question = true;  // only captured; a press reads it only when it is query-aware itself
+  }
   auto obs = std::make_unique<PressObserver>(model_, cache, needs);
   obs->set_pool(pool_);
   if (press_ && press_->plans_after_append()) obs->set_after_append_press(press_.get());
@@ -277,7 +280,7 @@ CompressStats Session::compress(const Budget& budget_override) {
 }
 
 void Session::observe_question(const std::vector<int32_t>& question) {
-  KVTRIM_CHECK(press_ != nullptr, "observe_question: no press set on this session");
+  KVTRIM_CHECK(observer_ != nullptr, "observe_question: no press (or observer) set on this session");
   KVTRIM_CHECK(!question.empty(), "observe_question: empty question");
   check_room(static_cast<int64_t>(question.size()));
   const int32_t p0 = n_past();

@@ -41,8 +41,10 @@ struct SessionParams {
   // a cache small that would not fit uncompressed).
   int64_t kv_mem_limit = 0;
   // Estimate what each compression loses (src/engine/press_loss.h, CompressStats::loss): the
-  // press's observer then also keeps the last kLossWindow (32) queries of each layer, and every
-  // compress measures the window's attention output before and after the plan.
+  // press's observer then also keeps the last kLossWindow (32) queries of each layer and the
+  // queries of a question given to observe_question, and every compress measures the attention
+  // output of the question's queries (when one was observed for it) or else the window's,
+  // before and after the plan.
   bool press_loss = false;
 };
 
@@ -133,8 +135,9 @@ class Session {
   // The same with a budget replacing the press's own (every scorer press of a composition
   // keeps budget.keep_count(n) tokens per (layer, kv head)): decode-time compression.
   CompressStats compress(const Budget& budget_override);
-  // Query-aware presses: runs `question` through the model to capture its queries, then
-  // drops its tokens from the cache again (n_past() unchanged). Needs a press.
+  // Query-aware presses and the loss estimate (press_loss): runs `question` through the model
+  // to capture its queries (Observations::question), then drops its tokens from the cache again
+  // (n_past() unchanged). Needs a press or an observer (set_observer).
   void observe_question(const std::vector<int32_t>& question);
   // Drops every token at position >= pos (chat keeps the common prefix of a conversation).
   void truncate(int32_t pos);

@@ -115,6 +115,11 @@ std::vector<QuestionResult> run_sample(Session& s, const PromptBuilder& pb, cons
     kv_dense = s.cache().dense_bytes_f16();
     have_context = true;
   };
+  // The shared compression's loss estimate is measured on the sample's first question (not the
+  // first one run: the estimate must not depend on which questions a resumed run skips).
+  std::vector<int32_t> first;
+  if (!opt.query_aware && s.params().press_loss && !sample.questions.empty())
+    first = pb.question_tokens(sample.questions[0].question, sample.questions[0].answer_prefix);
   for (int qi = 0; qi < static_cast<int>(sample.questions.size()); ++qi) {
     if (skip.count(qi)) continue;
     const EvalQuestion& q = sample.questions[static_cast<size_t>(qi)];
@@ -123,7 +128,7 @@ std::vector<QuestionResult> run_sample(Session& s, const PromptBuilder& pb, cons
     if (opt.query_aware) {
       prepare(&qt);
     } else if (!have_context) {
-      prepare(nullptr);
+      prepare(first.empty() ? nullptr : &first);
     } else {
       s.truncate(n_context);  // back to the (compressed) context for the next question
     }
@@ -154,6 +159,7 @@ std::vector<QuestionResult> run_sample(Session& s, const PromptBuilder& pb, cons
     if (loss.measured) {
       r.press_loss = loss.rel_err;
       r.press_evicted_mass = loss.evicted_mass;
+      r.press_loss_queries = loss_queries_name(loss.queries);
     }
     out.push_back(std::move(r));
   }
@@ -182,6 +188,7 @@ json question_result_json(const QuestionResult& r) {
   if (r.press_loss >= 0) {
     j["press_loss"] = r.press_loss;
     j["press_evicted_mass"] = r.press_evicted_mass;
+    if (!r.press_loss_queries.empty()) j["press_loss_queries"] = r.press_loss_queries;
   }
   return j;
 }
@@ -210,6 +217,7 @@ QuestionResult from_json(const json& j) {
   r.stop = j.at("stop").get<std::string>();
   r.press_loss = j.contains("press_loss") ? j.at("press_loss").get<double>() : -1;
   r.press_evicted_mass = j.contains("press_evicted_mass") ? j.at("press_evicted_mass").get<double>() : -1;
+  r.press_loss_queries = j.contains("press_loss_queries") ? j.at("press_loss_queries").get<std::string>() : "";
   return r;
 }
 

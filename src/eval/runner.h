@@ -1,9 +1,11 @@
 // Running evaluation samples through a Session with kvpress's protocol:
 //  1. the context alone is prefilled (BOS first when the model adds one);
 //  2. `after_context` runs once: the place where a press compresses the cache. It sees
-//     the context only, never the question (query-agnostic compression). With
-//     query_aware, the context is prefilled again for every question and the hook also
-//     gets the question's tokens (kvpress's query-aware mode; no cache reuse then);
+//     the context only, never the question (query-agnostic compression; with the loss
+//     estimate on, the sample's first question is observed for the estimate alone: the
+//     press's plan does not read it). With query_aware, the context is prefilled again for
+//     every question and the hook also gets the question's tokens (kvpress's query-aware
+//     mode; no cache reuse then);
 //  3. for each question: the question + answer prefix are prefilled at positions continuing
 //     the context (after compression too: n_past() is the uncompressed length), then greedy
 //     decoding up to the question's max_new_tokens (stopping at end-of-generation);
@@ -68,16 +70,22 @@ struct QuestionResult {
   int64_t kv_bases = -1;      // of kv_bytes: bases, rotations, dictionaries (-1: a row written before)
   double context_prefill_s = 0, decode_tps = 0;
   std::string stop;
-  // The context's compression's loss estimate (src/engine/press_loss.h: the window's attention
-  // output error, the evicted attention mass); -1: none (no press, not measured, or a row
-  // written before the estimate existed).
+  // The context's compression's loss estimate (src/engine/press_loss.h: the attention output
+  // error of the question's queries or the window's, the evicted attention mass); -1: none (no
+  // press, not measured, or a row written before the estimate existed).
   double press_loss = -1, press_evicted_mass = -1;
+  // The queries it was measured on: "question" (with query_aware this question, else the
+  // sample's first: the compression is shared) | "window" | "" (none, or a row written before).
+  std::string press_loss_queries;
   std::string id() const { return task + "/" + std::to_string(index); }
 };
 
 struct RunnerOptions {
-  // Runs after the context prefill, before any question (compress here). `question` is
-  // nullptr unless query_aware. Empty = no compression.
+  // Runs after the context prefill, before any question (compress here). `question`: with
+  // query_aware the question the press sees; otherwise, when the session's press_loss is on,
+  // the sample's first question, for the loss estimate only (the hook must not let a press score
+  // with it: ContextCompressOptions::press_sees_question = false); else nullptr. Empty = no
+  // compression.
   std::function<void(Session&, const std::vector<int32_t>* question)> after_context;
   bool query_aware = false;
   // Replaces "reset, then prefill the context tokens" (a sweep restores a saved prefill of

@@ -360,7 +360,10 @@ int64_t sweep_ruler(Session& s, const PromptBuilder& pb, const std::vector<EvalS
           }
         };
         if (press)
-          ro.after_context = [press](Session& ss, const std::vector<int32_t>*) {
+          ro.after_context = [press](Session& ss, const std::vector<int32_t>* question) {
+            // the sample's first question, for the loss estimate only (RunnerOptions): observed
+            // after the shared state's restore, and never for a press that would score with it
+            if (question && !press->needs().question) ss.observe_question(*question);
             ss.compress_with(*press);
           };
       } else {
@@ -373,10 +376,12 @@ int64_t sweep_ruler(Session& s, const PromptBuilder& pb, const std::vector<EvalS
           sched.after_prefill = false;
           s.set_press(make_press(c.spec), sched);
           ro.query_aware = opt.query_aware;
-          ro.after_context = [](Session& ss, const std::vector<int32_t>* question) {
-            // query-aware: the press sees the question first (the path run, chat and serve share)
+          ro.after_context = [qa = opt.query_aware](Session& ss, const std::vector<int32_t>* question) {
+            // query-aware: the press sees the question first (the path run, chat and serve
+            // share); else the first question is there for the loss estimate only
             ContextCompressOptions co;
             co.min_tokens = 0;
+            co.press_sees_question = qa;
             compress_context(ss, question ? *question : std::vector<int32_t>{}, co);
           };
         } else {

@@ -307,7 +307,8 @@ json loss_json(const PressLoss& l) {
   json j = {{"estimate", l.rel_err},
             {"max_layer_estimate", l.rel_err_max},
             {"max_layer", l.max_layer},
-            {"window_queries", l.n_queries}};
+            {"window_queries", l.n_queries},
+            {"queries", loss_queries_name(l.queries)}};
   if (l.tokens_removed > 0) j["evicted_attention_mass"] = l.evicted_mass;
   return j;
 }

@@ -1,7 +1,9 @@
 // The loss estimate (src/engine/press_loss.h) and the quality guard (--press-max-loss,
 // ContextCompressOptions::max_loss) on a tiny qwen2 model: 0 for a compression that changes
 // nothing, growing with the ratio, equal to a direct computation in this file for an eviction
-// press; measured for a channel press too; the guard with limit 0 leaves the context whole
+// press, on the window's queries or, when a question was observed, on the question's (an
+// observed question changes no plan of a press that is not query-aware); measured for a
+// channel press too; the guard with limit 0 leaves the context whole
 // (every attempt reported), with limit 1 changes nothing, in between keeps half the ratio.
 #include "engine/press_loss.h"
 
@@ -12,6 +14,7 @@
 
 #include "core/error.h"
 #include "engine/context_question.h"
+#include "engine/limit_error.h"
 #include "engine/observation_stats.h"
 #include "press/press_spec.h"
 #include "test_util.h"
@@ -110,28 +113,28 @@ TEST_F(PressLossTest, GrowsWithTheRatio) {
   }
 }
 
-// The estimate of an eviction press equals the relative error and the evicted mass computed
-// here from the keys and values before and after, with the window queries the session kept.
-TEST_F(PressLossTest, EqualsADirectComputationForAnEvictionPress) {
-  auto s = session("snapkv:ratio=0.6");
-  const Session::State before = s->save_state();  // the uncompressed cache
-  const CompressStats st = s->compress();
-  ASSERT_TRUE(st.loss.measured);
-  const HParams& hp = model_->hparams();
-  const KvCacheConfig& c = s->cache().config();
+struct DirectLoss {
+  double rel_err = 0, rel_err_max = 0, evicted_mass = 0;
+};
+
+// The estimate written out from the keys and values `before` and `after` the plan, for the last
+// kLossWindow of each layer's queries qs[il].
+DirectLoss direct_loss(const Model& model, const KvCache& before, const KvCache& after,
+                       const std::vector<ObservedQueries>& qs) {
+  const HParams& hp = model.hparams();
+  const KvCacheConfig& c = before.config();
   const int group = hp.n_head / c.n_head_kv, hd = c.head_dim_k;
   const float scale = attention_scale(hp);
-  double err_sum = 0, err_max = 0, evicted = 0, mass = 0;
+  DirectLoss r;
+  double evicted = 0, mass = 0;
   for (int il = 0; il < c.n_layer; ++il) {
-    const ObservedQueries q =
-        last_queries(s->observations()->window[static_cast<size_t>(il)], kLossWindow);
-    ASSERT_EQ(q.n, kLossWindow);
+    const ObservedQueries q = last_queries(qs[static_cast<size_t>(il)], kLossWindow);
     double diff = 0, norm = 0;
     for (int ih = 0; ih < c.n_head_kv; ++ih) {
       std::vector<float> kb, vb, ka, va;
       std::vector<int32_t> pb, pa;
-      before.cache->read_head(il, ih, &kb, &vb, &pb);
-      s->cache().read_head(il, ih, &ka, &va, &pa);
+      before.read_head(il, ih, &kb, &vb, &pb);
+      after.read_head(il, ih, &ka, &va, &pa);
       for (int64_t iq = 0; iq < q.n; ++iq)
         for (int g = 0; g < group; ++g) {
           const float* qh = q.query(iq, ih * group + g, hp.n_head, hd);
@@ -151,13 +154,121 @@ TEST_F(PressLossTest, EqualsADirectComputationForAnEvictionPress) {
         }
     }
     const double e = std::sqrt(diff / norm);
-    err_sum += e;
-    err_max = std::max(err_max, e);
+    r.rel_err += e / c.n_layer;
+    r.rel_err_max = std::max(r.rel_err_max, e);
   }
+  r.evicted_mass = evicted / mass;
+  return r;
+}
+
+// The estimate of an eviction press equals the relative error and the evicted mass computed
+// here from the keys and values before and after, with the window queries the session kept.
+TEST_F(PressLossTest, EqualsADirectComputationForAnEvictionPress) {
+  auto s = session("snapkv:ratio=0.6");
+  const Session::State before = s->save_state();  // the uncompressed cache
+  const CompressStats st = s->compress();
+  ASSERT_TRUE(st.loss.measured);
+  EXPECT_EQ(st.loss.queries, LossQueries::kWindow);
+  const std::vector<ObservedQueries>& w = s->observations()->window;
+  for (const ObservedQueries& q : w) ASSERT_GE(q.n, kLossWindow);
+  const DirectLoss d = direct_loss(*model_, *before.cache, s->cache(), w);
   EXPECT_GT(st.loss.rel_err, 0.0);
-  EXPECT_NEAR(st.loss.rel_err, err_sum / c.n_layer, 1e-4);
-  EXPECT_NEAR(st.loss.rel_err_max, err_max, 1e-4);
-  EXPECT_NEAR(st.loss.evicted_mass, evicted / mass, 1e-4);
+  EXPECT_NEAR(st.loss.rel_err, d.rel_err, 1e-4);
+  EXPECT_NEAR(st.loss.rel_err_max, d.rel_err_max, 1e-4);
+  EXPECT_NEAR(st.loss.evicted_mass, d.evicted_mass, 1e-4);
+}
+
+// With a question observed for the compression (the kvpress protocol: the question after the
+// compressed context), the estimate is measured on the question's queries — equal to the direct
+// computation with them, not to the window's — for a press that is not query-aware too.
+TEST_F(PressLossTest, UsesTheQuestionsQueriesWhenGiven) {
+  for (int n_question : {12, 40}) {  // 40: the question's last kLossWindow
+    auto s = session("snapkv:ratio=0.6");
+    const std::vector<int32_t> question = test::tiny_tokens(n_question, 3);
+    const Session::State before = s->save_state();
+    const ContextCompression cc = compress_context(*s, question);
+    ASSERT_TRUE(cc.ran);
+    EXPECT_FALSE(cc.saw_question);  // snapkv is not query-aware: it did not score with it
+    const PressLoss& l = cc.stats.loss;
+    ASSERT_TRUE(l.measured);
+    EXPECT_EQ(l.queries, LossQueries::kQuestion);
+    EXPECT_STREQ(loss_queries_name(l.queries), "question");
+    EXPECT_EQ(l.n_queries, std::min<int64_t>(n_question, kLossWindow));
+    const std::vector<ObservedQueries>& qs = s->observations()->question;
+    ASSERT_EQ(qs.size(), static_cast<size_t>(model_->hparams().n_layer));
+    EXPECT_EQ(qs[0].n, n_question);
+    EXPECT_EQ(qs[0].pos.front(), 120);  // after the context
+    const DirectLoss d = direct_loss(*model_, *before.cache, s->cache(), qs);
+    EXPECT_GT(l.rel_err, 0.0);
+    EXPECT_NEAR(l.rel_err, d.rel_err, 1e-4) << n_question;
+    EXPECT_NEAR(l.rel_err_max, d.rel_err_max, 1e-4);
+    EXPECT_NEAR(l.evicted_mass, d.evicted_mass, 1e-4);
+    const DirectLoss w = direct_loss(*model_, *before.cache, s->cache(), s->observations()->window);
+    EXPECT_GT(std::abs(l.rel_err - w.rel_err), 1e-3);  // not the window's
+  }
+}
+
+// Without a question, or with one since prefilled (stale: a decode-time compression), the
+// estimate falls back to the window.
+TEST_F(PressLossTest, FallsBackToTheWindowWithoutAQuestion) {
+  auto s = session("snapkv:ratio=0.6");
+  const ContextCompression cc = compress_context(*s, {});
+  ASSERT_TRUE(cc.stats.loss.measured);
+  EXPECT_EQ(cc.stats.loss.queries, LossQueries::kWindow);
+  EXPECT_EQ(cc.stats.loss.n_queries, kLossWindow);
+  EXPECT_STREQ(loss_queries_name(cc.stats.loss.queries), "window");
+  auto t = session("snapkv:ratio=0.3");
+  const std::vector<int32_t> question = test::tiny_tokens(10, 3);
+  EXPECT_EQ(compress_context(*t, question).stats.loss.queries, LossQueries::kQuestion);
+  t->prefill(question);  // the question is in the cache now, and more after it
+  t->prefill(test::tiny_tokens(40, 5));
+  const Session::State before = t->save_state();
+  const PressLoss l = t->compress().loss;
+  ASSERT_TRUE(l.measured);
+  EXPECT_EQ(l.queries, LossQueries::kWindow);
+  const DirectLoss d = direct_loss(*model_, *before.cache, t->cache(), t->observations()->window);
+  EXPECT_NEAR(l.rel_err, d.rel_err, 1e-4);
+  // a question with no room after the context (120 + 140 > n_ctx 256): the window, no error —
+  // unless the press is query-aware and needs it
+  auto u = session("snapkv:ratio=0.5");
+  const ContextCompression cu = compress_context(*u, test::tiny_tokens(140, 3));
+  ASSERT_TRUE(cu.ran);
+  EXPECT_EQ(cu.stats.loss.queries, LossQueries::kWindow);
+  auto aware = session("snapkv:ratio=0.5,query_aware=true");
+  EXPECT_THROW(compress_context(*aware, test::tiny_tokens(140, 3)), LimitError);
+}
+
+// The question is observed for the estimate only: the plan of a press that is not query-aware is
+// the same with and without the loss estimate (which observes the question), token for token;
+// a query-aware press given a question it must not see (eval's shared compression) does not
+// get it.
+TEST_F(PressLossTest, AnObservedQuestionChangesNoPlanOfAPressThatIsNotQueryAware) {
+  const std::vector<int32_t> question = test::tiny_tokens(12, 3);
+  for (const char* press : {"snapkv:ratio=0.5", "tova:ratio=0.5", "expected_attention:ratio=0.5"}) {
+    auto on = session(press, 120, /*loss=*/true);
+    auto off = session(press, 120, /*loss=*/false);
+    const ContextCompression a = compress_context(*on, question);
+    const ContextCompression b = compress_context(*off, question);
+    ASSERT_TRUE(a.ran && b.ran) << press;
+    EXPECT_EQ(a.stats.loss.queries, LossQueries::kQuestion) << press;
+    EXPECT_FALSE(b.stats.loss.measured);
+    EXPECT_FALSE(on->observations()->question.empty() || on->observations()->question[0].n == 0);
+    EXPECT_FALSE(off->observations()->has_question()) << press;  // the question was not observed
+    EXPECT_EQ(a.stats.tokens_after, b.stats.tokens_after) << press;
+    const KvCacheConfig& c = on->cache().config();
+    for (int il = 0; il < c.n_layer; ++il)
+      for (int ih = 0; ih < c.n_head_kv; ++ih) {
+        std::vector<int32_t> pa, pb;
+        on->cache().read_head(il, ih, nullptr, nullptr, &pa);
+        off->cache().read_head(il, ih, nullptr, nullptr, &pb);
+        EXPECT_EQ(pa, pb) << press << " layer " << il << " kv head " << ih;
+      }
+  }
+  auto aware = session("snapkv:ratio=0.5,query_aware=true");
+  ContextCompressOptions co;
+  co.press_sees_question = false;
+  EXPECT_THROW(compress_context(*aware, question, co), Error);  // no question for it to score with
+  EXPECT_TRUE(compress_context(*aware, question).saw_question);
 }
 
 // A press that keeps every token and stores fewer coordinates of each is measured too (the

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "engine/context_question.h"
 #include "engine/press_runner.h"
 #include "press/press.h"
 #include "engine/session.h"
@@ -122,6 +123,52 @@ TEST(Runner, RowsRecordTheLossEstimate) {
   EXPECT_DOUBLE_EQ(back.rows()[0].press_evicted_mass, r[0].press_evicted_mass);
   EXPECT_EQ(back.rows()[1].press_loss, -1.0);
   EXPECT_EQ(back.rows()[1].press_evicted_mass, -1.0);
+}
+
+// The shared compression (one per sample, before its questions) with the loss estimate on: the
+// hook gets the sample's first question for the estimate only — whichever questions run, so a
+// resumed run records the same estimate — and the rows say it was measured on the question.
+TEST(Runner, SharedCompressionsLossIsMeasuredOnTheFirstQuestion) {
+  SessionParams p = tiny_session_params();
+  p.press_loss = true;
+  Session s(tiny_model(), p);
+  PressSchedule sched;
+  sched.after_prefill = false;
+  s.set_press(make_press("knorm:0.5"), sched);
+  const auto samples = small_samples();
+  const std::vector<int32_t> first =
+      tiny_prompts().question_tokens(samples[1].questions[0].question, samples[1].questions[0].answer_prefix);
+  RunnerOptions o;
+  o.after_context = [&](Session& ss, const std::vector<int32_t>* q) {
+    ASSERT_NE(q, nullptr);
+    EXPECT_EQ(*q, first);
+    ContextCompressOptions co;
+    co.min_tokens = 0;
+    co.press_sees_question = false;
+    compress_context(ss, *q, co);
+  };
+  const auto r = run_sample(s, tiny_prompts(), samples[1], o);
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_GT(r[0].press_loss, 0.0);
+  EXPECT_EQ(r[0].press_loss_queries, "question");
+  EXPECT_EQ(r[1].press_loss, r[0].press_loss);
+  const auto second = run_sample(s, tiny_prompts(), samples[1], o, {0});  // a resume
+  ASSERT_EQ(second.size(), 1u);
+  EXPECT_EQ(second[0].press_loss, r[0].press_loss);
+  EXPECT_EQ(question_result_json(r[0]).at("press_loss_queries"), "question");
+  // a hook that ignores the question: measured on the window
+  o.after_context = [](Session& ss, const std::vector<int32_t>*) { ss.compress(); };
+  const auto w = run_sample(s, tiny_prompts(), samples[1], o);
+  EXPECT_EQ(w[0].press_loss_queries, "window");
+  const std::string out = test::temp_dir("eval_loss_q") + "/results.jsonl";
+  std::filesystem::remove(out);
+  {
+    ResultsFile f(out, "cfg");
+    f.append(r[0]);
+  }
+  const ResultsFile back(out, "cfg");
+  ASSERT_EQ(back.rows().size(), 1u);
+  EXPECT_EQ(back.rows()[0].press_loss_queries, "question");
 }
 
 TEST(Runner, ResumeRunsOnlyMissingQuestions) {

@@ -441,6 +441,40 @@ TEST(Sweep, CellEqualsTheSinglePressRun) {
   }
 }
 
+// With the loss estimate on (eval sweep's default), a shared cell's compression observes the
+// sample's first question for the estimate: the rows say so, and every cell's answers and bytes
+// are those of the sweep without the estimate (the presses, not query-aware, do not read it).
+TEST(Sweep, LossOnTheFirstQuestionChangesNoCell) {
+  const auto smp = samples();
+  const auto cs = cells({"snapkv:window=8", "streamingllm", "tova"}, {0.5});
+  SweepRunOptions opt;
+  opt.model = "tiny";
+  SweepResultsFile off(fresh_path("sweep", "loss_off.jsonl"), configs_of(cs));
+  Session s(tiny_model(), tiny_session_params());
+  ASSERT_EQ(sweep_ruler(s, tiny_prompts(), smp, cs, off, opt), 16);
+  SessionParams p = tiny_session_params();
+  p.press_loss = true;
+  SweepResultsFile on(fresh_path("sweep", "loss_on.jsonl"), configs_of(cs));
+  Session t(tiny_model(), p);
+  ASSERT_EQ(sweep_ruler(t, tiny_prompts(), smp, cs, on, opt), 16);
+  std::map<std::tuple<std::string, std::string, int>, const SweepRow*> by_key;
+  for (const auto& r : off.rows()) by_key[{r.spec, r.id, r.q}] = &r;
+  for (const auto& r : on.rows()) {
+    const SweepRow* o = by_key.at({r.spec, r.id, r.q});
+    const nlohmann::json e = nlohmann::json::parse(r.extra), eo = nlohmann::json::parse(o->extra);
+    EXPECT_EQ(e.at("output"), eo.at("output")) << r.spec << " " << r.id;
+    EXPECT_EQ(r.kv_bytes, o->kv_bytes) << r.spec;
+    EXPECT_TRUE(r.shared_prefill);
+    EXPECT_FALSE(eo.contains("press_loss"));
+    if (r.press == "none") {
+      EXPECT_FALSE(e.contains("press_loss"));
+    } else {
+      ASSERT_TRUE(e.contains("press_loss")) << r.spec;
+      EXPECT_EQ(e.at("press_loss_queries"), "question") << r.spec;
+    }
+  }
+}
+
 TEST(Sweep, QueryAwareCellEqualsTheSinglePressRun) {
   const auto smp = samples();
   const auto cs = cells({"snapkv:window=8,query_aware=true"}, {0.5});

@@ -188,6 +188,7 @@ TEST(Api, LossGuardFieldsAndCompressionJson) {
   EXPECT_DOUBLE_EQ(c["loss"]["max_layer_estimate"].get<double>(), 0.4);
   EXPECT_EQ(c["loss"]["max_layer"], 1);
   EXPECT_EQ(c["loss"]["window_queries"], 32);
+  EXPECT_EQ(c["loss"]["queries"], "window");
   EXPECT_DOUBLE_EQ(c["loss"]["evicted_attention_mass"].get<double>(), 0.3);
   EXPECT_FALSE(c.contains("attempts"));
   EXPECT_FALSE(c.contains("max_loss"));

@@ -424,6 +424,7 @@ TEST_F(ServerTest, LossGuardPerRequest) {
   ASSERT_EQ(plain["applied"], true) << plain.dump();
   EXPECT_GT(plain["loss"]["estimate"].get<double>(), 0.0) << plain.dump();
   EXPECT_GT(plain["loss"]["window_queries"].get<int>(), 0);
+  EXPECT_EQ(plain["loss"]["queries"], "question");  // the protected tail's (the last user turn)
   EXPECT_TRUE(plain["loss"].contains("evicted_attention_mass"));
   EXPECT_FALSE(plain.contains("attempts"));
 

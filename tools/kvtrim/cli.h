@@ -63,8 +63,9 @@ void add_press_guard_options(CLI::App* app, PressOptions& o);
 bool loss_estimate_on(const PressOptions& o);
 // SessionParams::press_loss for these options: a press is set and loss_estimate_on.
 bool press_loss_on(const PressOptions& o);
-// "loss estimate 0.0312 (attention output error over the last 32 queries, mean of 30 layers;
-// max 0.1204 at layer 2), evicted attention mass 0.187" ("" when not measured).
+// "loss estimate 0.0312 (attention output error over the question's last 14 queries, mean of
+// the layers; max 0.1204 at layer 2), evicted attention mass 0.187" (or "the context's last 32
+// queries" when measured on the window; "" when not measured).
 std::string loss_text(const PressLoss& l);
 // Parses --press and installs it on the session (no-op when empty); prints the press to stderr.
 // after_prefill = false: generate() does not compress after its prompt (the caller compresses the

@@ -162,10 +162,12 @@ void run_generation(const EvalRulerOptions& o, const EvalGsm8kOptions* g) {
     calib = p->calibration_id(*model);
     std::fprintf(stderr, "press: %s%s\n", press_desc.c_str(), calibration_note(calib).c_str());
     s.set_press(std::move(p), sched);
-    ro.after_context = [](Session& ss, const std::vector<int32_t>* question) {
-      // query-aware: the press sees the question first (the path run, chat and serve share)
+    ro.after_context = [qa = o.query_aware](Session& ss, const std::vector<int32_t>* question) {
+      // query-aware: the press sees the question first (the path run, chat and serve share);
+      // else the sample's first question is there for the loss estimate only (RunnerOptions)
       ContextCompressOptions co;
       co.min_tokens = 0;
+      co.press_sees_question = qa;
       compress_context(ss, question ? *question : std::vector<int32_t>{}, co);
     };
   }

@@ -94,7 +94,7 @@ void add_press_min_tokens_option(CLI::App* app, PressOptions& o) {
 void add_press_guard_options(CLI::App* app, PressOptions& o) {
   app->add_option("--press-max-loss", o.max_loss,
                   "quality guard: when a compression's loss estimate (the attention output's relative error over the "
-                  "last 32 queries, in [0, 1]) exceeds X, restore the context and retry with half the press's ratio, at "
+                  "question's last <= 32 queries, or the context's last 32 without a question, in [0, 1]) exceeds X, restore the context and retry with half the press's ratio, at "
                   "most twice, then leave it uncompressed (1 = off)")
       ->capture_default_str()
       ->check([](const std::string& v) {
@@ -104,7 +104,8 @@ void add_press_guard_options(CLI::App* app, PressOptions& o) {
         return max_loss_problem(x, "--press-max-loss");
       });
   app->add_flag("--no-loss-estimate", o.no_loss_estimate,
-                "do not estimate what each compression loses (saves the window's attention before and after the plan)");
+                "do not estimate what each compression loses (saves the question's or the window's attention before and "
+                "after the plan, and the question's pass for a press that is not query-aware)");
 }
 
 bool loss_estimate_on(const PressOptions& o) {
@@ -116,9 +117,11 @@ bool press_loss_on(const PressOptions& o) { return loss_estimate_on(o) && !o.spe
 
 std::string loss_text(const PressLoss& l) {
   if (!l.measured) return "";
-  std::string t = strprintf("loss estimate %.4f (attention output error over the last %lld queries, mean of the layers; "
+  const bool q = l.queries == LossQueries::kQuestion;
+  std::string t = strprintf("loss estimate %.4f (attention output error over the %s %lld queries, mean of the layers; "
                             "max %.4f at layer %d)",
-                            l.rel_err, static_cast<long long>(l.n_queries), l.rel_err_max, l.max_layer);
+                            l.rel_err, q ? "question's last" : "context's last", static_cast<long long>(l.n_queries),
+                            l.rel_err_max, l.max_layer);
   if (l.tokens_removed > 0) t += strprintf(", evicted attention mass %.4f", l.evicted_mass);
   return t + strprintf(", estimated in %.3f s", l.seconds);
 }
