@@ -484,35 +484,23 @@ McResult from_json(const json& j) {
 }
 }  // namespace
 
+namespace {
+const ResultsFormat<McResult, std::pair<std::string, int64_t>> kMcFormat = {
+    "item", "results line", "--out", from_json,
+    [](const McResult& r, const std::string& config) {
+      return to_json(r, config).dump(-1, ' ', false, json::error_handler_t::replace);
+    },
+    [](const McResult& r) { return std::make_pair(r.bench, r.index); },
+    [](const McResult& r) -> const std::string& { return r.item_hash; }};
+}  // namespace
+
 McResultsFile::McResultsFile(std::string path, std::string config_hash)
-    : path_(std::move(path)), config_(std::move(config_hash)) {
-  read_results_rows(
-      path_, "item", "results line", "--out", [&](const std::string& c) { return c == config_; },
-      [&](const json& j) {
-        McResult r = from_json(j);
-        done_[{r.bench, r.index}] = r.item_hash;
-        rows_.push_back(std::move(r));
-      },
-      &n_other_);
-}
+    : ResultsFile(std::move(path), kMcFormat, {std::move(config_hash)}) {}
 
 bool McResultsFile::done(const std::string& bench, const McItem& item) const {
-  auto it = done_.find({bench, item.index});
-  if (it == done_.end()) return false;
-  KVTRIM_CHECK(it->second == item.hash(),
-               "%s: %s item %lld was scored on different data (hash %s, now %s) under the same config: use a new --out",
-               path_.c_str(), bench.c_str(), static_cast<long long>(item.index), it->second.c_str(), item.hash().c_str());
-  return true;
-}
-
-void McResultsFile::append(const McResult& r) {
-  std::ofstream f(path_, std::ios::binary | std::ios::app);
-  KVTRIM_CHECK(f.good(), "cannot write results file '%s'", path_.c_str());
-  f << to_json(r, config_).dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
-  f.flush();
-  KVTRIM_CHECK(f.good(), "error writing results file '%s'", path_.c_str());
-  done_[{r.bench, r.index}] = r.item_hash;
-  rows_.push_back(r);
+  return ResultsFile::done({bench, item.index}, item.hash(),
+                           strprintf("%s item %lld", bench.c_str(), static_cast<long long>(item.index)),
+                           "was scored on different data");
 }
 
 McSummary summarize(const std::vector<McResult>& rows) {

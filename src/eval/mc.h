@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "eval/results_file.h"
+
 namespace kvtrim {
 class Model;
 class Session;
@@ -108,22 +110,13 @@ double loglik_full(Session& s, const std::vector<int32_t>& tokens, size_t from);
 
 // ---- results ----
 
-// Results JSONL, one line per item with "config"; resume as in ResultsFile (rows of other
-// configs are kept but ignored, a torn last line is cut off).
-class McResultsFile {
+// The results file of `kvtrim eval mc` (results_file.h): one McResult a line, keyed by
+// (bench, item index), with the item's hash; one config per file.
+class McResultsFile : public ResultsFile<McResult, std::pair<std::string, int64_t>> {
  public:
   McResultsFile(std::string path, std::string config_hash);
   // Throws Error if the item is there with a different hash (the data changed).
   bool done(const std::string& bench, const McItem& item) const;
-  void append(const McResult& r);
-  const std::vector<McResult>& rows() const { return rows_; }
-  int64_t n_other_config() const { return n_other_; }
-
- private:
-  std::string path_, config_;
-  std::vector<McResult> rows_;
-  std::map<std::pair<std::string, int64_t>, std::string> done_;
-  int64_t n_other_ = 0;
 };
 
 struct McSummary {

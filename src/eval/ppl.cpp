@@ -231,35 +231,30 @@ PplWindow ppl_window_from_json(const json& j) {
   return r;
 }
 
+namespace {
+const ResultsFormat<PplWindow, int64_t> kPplFormat = {
+    "window", "results line", "--out", ppl_window_from_json,
+    [](const PplWindow& r, const std::string& config) {
+      json j = ppl_window_json(r);
+      j["config"] = config;
+      return j.dump();
+    },
+    [](const PplWindow& r) { return r.index; },
+    [](const PplWindow& r) -> const std::string& { return r.tokens_hash; }};
+}  // namespace
+
 PplResultsFile::PplResultsFile(std::string path, std::string config_hash)
-    : path_(std::move(path)), config_(std::move(config_hash)) {
-  read_results_rows(
-      path_, "window", "results line", "--out", [&](const std::string& c) { return c == config_; },
-      [&](const json& j) {
-        PplWindow r = ppl_window_from_json(j);
-        rows_[r.index] = std::move(r);
-      },
-      &n_other_);
-}
+    : ResultsFile(std::move(path), kPplFormat, {std::move(config_hash)}) {}
 
 bool PplResultsFile::done(int64_t index, const std::string& tokens_hash) const {
-  auto it = rows_.find(index);
-  if (it == rows_.end()) return false;
-  KVTRIM_CHECK(it->second.tokens_hash == tokens_hash,
-               "%s: window %lld was scored on other tokens (hash %s, now %s) under the same config: use a new --out",
-               path_.c_str(), static_cast<long long>(index), it->second.tokens_hash.c_str(), tokens_hash.c_str());
-  return true;
+  return ResultsFile::done(index, tokens_hash, strprintf("window %lld", static_cast<long long>(index)),
+                           "was scored on other tokens");
 }
 
-void PplResultsFile::append(const PplWindow& r) {
-  std::ofstream f(path_, std::ios::binary | std::ios::app);
-  KVTRIM_CHECK(f.good(), "cannot write results file '%s'", path_.c_str());
-  json j = ppl_window_json(r);
-  j["config"] = config_;
-  f << j.dump() << "\n";
-  f.flush();
-  KVTRIM_CHECK(f.good(), "error writing results file '%s'", path_.c_str());
-  rows_[r.index] = r;
+const PplWindow& PplResultsFile::row(int64_t index) const {
+  const PplWindow* r = find(index);
+  KVTRIM_CHECK(r, "%s: no window %lld", path().c_str(), static_cast<long long>(index));
+  return *r;
 }
 
 PplSummary summarize_ppl(const std::vector<PplWindow>& rows) {

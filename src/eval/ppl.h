@@ -25,6 +25,8 @@
 #include <string>
 #include <vector>
 
+#include "eval/results_file.h"
+
 namespace kvtrim {
 class Session;
 }  // namespace kvtrim
@@ -75,22 +77,15 @@ PplWindow score_ppl_window(Session& s, const std::vector<int32_t>& win, int64_t 
 nlohmann::json ppl_window_json(const PplWindow& w);
 PplWindow ppl_window_from_json(const nlohmann::json& j);
 
-// Results JSONL, one line per window with "config"; resume as McResultsFile (rows of other
-// configs kept but ignored, a torn last line cut off; a window already there with other
-// tokens under the same config throws Error).
-class PplResultsFile {
+// The results file of `kvtrim eval ppl` (results_file.h): one window a line, keyed by its
+// index, with its tokens' hash; one config per file.
+class PplResultsFile : public ResultsFile<PplWindow, int64_t> {
  public:
   PplResultsFile(std::string path, std::string config_hash);
+  // Throws Error if the window is there with other tokens under the same config.
   bool done(int64_t index, const std::string& tokens_hash) const;
-  const PplWindow& row(int64_t index) const { return rows_.at(index); }
-  void append(const PplWindow& r);
-  int64_t n_other_config() const { return n_other_; }
-  int64_t n_rows() const { return static_cast<int64_t>(rows_.size()); }
-
- private:
-  std::string path_, config_;
-  std::map<int64_t, PplWindow> rows_;
-  int64_t n_other_ = 0;
+  // The stored window `index` (Error if it is not there).
+  const PplWindow& row(int64_t index) const;
 };
 
 struct PplSummary {

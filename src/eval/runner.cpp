@@ -223,42 +223,27 @@ QuestionResult from_json(const json& j) {
 
 }  // namespace
 
-ResultsFile::ResultsFile(std::string path, std::string config_hash) : path_(std::move(path)), config_(std::move(config_hash)) {
-  bool torn = false;
-  read_results_rows(
-      path_, "question", "results line", "--out", [&](const std::string& c) { return c == config_; },
-      [&](const json& j) {
-        QuestionResult r = from_json(j);
-        done_[{r.id(), r.q}] = r.sample_hash;
-        rows_.push_back(std::move(r));
-      },
-      &n_other_, &torn);
-  n_torn_ = torn ? 1 : 0;
+namespace {
+const ResultsFormat<QuestionResult, std::pair<std::string, int>> kQuestionFormat = {
+    "question", "results line", "--out", from_json,
+    [](const QuestionResult& r, const std::string& config) {
+      json j = question_result_json(r);
+      j["config"] = config;
+      return j.dump(-1, ' ', false, json::error_handler_t::replace);
+    },
+    [](const QuestionResult& r) { return std::make_pair(r.id(), r.q); },
+    [](const QuestionResult& r) -> const std::string& { return r.sample_hash; }};
+}  // namespace
+
+QuestionResultsFile::QuestionResultsFile(std::string path, std::string config_hash)
+    : ResultsFile(std::move(path), kQuestionFormat, {std::move(config_hash)}) {}
+
+bool QuestionResultsFile::done(const EvalSample& s, int q) const {
+  return ResultsFile::done({s.id(), q}, s.content_hash(), strprintf("%s question %d", s.id().c_str(), q),
+                           "was run on different sample text; the generator or data changed");
 }
 
-bool ResultsFile::done(const EvalSample& s, int q) const {
-  auto it = done_.find({s.id(), q});
-  if (it == done_.end()) return false;
-  KVTRIM_CHECK(it->second == s.content_hash(),
-               "%s: %s question %d was run on different sample text (hash %s, now %s) under the same config; "
-               "the generator or data changed: use a new --out",
-               path_.c_str(), s.id().c_str(), q, it->second.c_str(), s.content_hash().c_str());
-  return true;
-}
-
-void ResultsFile::append(const QuestionResult& r) {
-  std::ofstream f(path_, std::ios::binary | std::ios::app);
-  KVTRIM_CHECK(f.good(), "cannot write results file '%s'", path_.c_str());
-  json j = question_result_json(r);
-  j["config"] = config_;
-  f << j.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
-  f.flush();
-  KVTRIM_CHECK(f.good(), "error writing results file '%s'", path_.c_str());
-  done_[{r.id(), r.q}] = r.sample_hash;
-  rows_.push_back(r);
-}
-
-int64_t count_pending(const std::vector<EvalSample>& samples, const ResultsFile* results) {
+int64_t count_pending(const std::vector<EvalSample>& samples, const QuestionResultsFile* results) {
   int64_t n = 0;
   for (const auto& smp : samples) {
     for (int q = 0; q < static_cast<int>(smp.questions.size()); ++q) n += !(results && results->done(smp, q));
@@ -267,7 +252,7 @@ int64_t count_pending(const std::vector<EvalSample>& samples, const ResultsFile*
 }
 
 RunStats run_samples(Session& s, const PromptBuilder& pb, const std::vector<EvalSample>& samples,
-                     ResultsFile* results, const RunnerOptions& opt, std::vector<QuestionResult>* rows,
+                     QuestionResultsFile* results, const RunnerOptions& opt, std::vector<QuestionResult>* rows,
                      const std::function<void(const QuestionResult&, int64_t, int64_t)>& on_result) {
   RunStats st;
   const int64_t pending = count_pending(samples, results);

@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "eval/results_file.h"
 #include "eval/sample.h"
 
 namespace kvtrim {
@@ -101,28 +102,14 @@ std::vector<QuestionResult> run_sample(Session& s, const PromptBuilder& pb, cons
 // of a results file, also the per-question fields of a sweep row.
 nlohmann::json question_result_json(const QuestionResult& r);
 
-// Results JSONL with resume. Each line is one QuestionResult plus "config" (the hash of
-// everything that determines the result: model, prompt format, cache settings, press,
-// generator or data file). Opening an existing file keeps its rows; rows of another config
-// stay in the file but are ignored; a torn last line (an interrupted write) is cut off.
-class ResultsFile {
+// The results file of `kvtrim eval ruler / gsm8k` (results_file.h): one QuestionResult a line,
+// keyed by (sample id, question), with the sample's content hash; one config per file.
+class QuestionResultsFile : public ResultsFile<QuestionResult, std::pair<std::string, int>> {
  public:
-  ResultsFile(std::string path, std::string config_hash);
+  QuestionResultsFile(std::string path, std::string config_hash);
   // True if question q of the sample is already in the file for this config. Throws Error if
   // it is there with a different sample hash (the samples changed under the same config).
   bool done(const EvalSample& s, int q) const;
-  // Appends one line and flushes (so an interruption loses at most the running sample).
-  void append(const QuestionResult& r);
-  const std::vector<QuestionResult>& rows() const { return rows_; }  // this config's rows
-  int64_t n_other_config() const { return n_other_; }
-  int64_t n_dropped_torn() const { return n_torn_; }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_, config_;
-  std::vector<QuestionResult> rows_;
-  std::map<std::pair<std::string, int>, std::string> done_;  // (id, q) -> sample hash
-  int64_t n_other_ = 0, n_torn_ = 0;
 };
 
 // Runs every question of `samples` not already in `results` (nullptr: run all), appending
@@ -132,10 +119,10 @@ struct RunStats {
   int64_t run = 0, reused = 0;
 };
 RunStats run_samples(Session& s, const PromptBuilder& pb, const std::vector<EvalSample>& samples,
-                     ResultsFile* results, const RunnerOptions& opt, std::vector<QuestionResult>* rows,
+                     QuestionResultsFile* results, const RunnerOptions& opt, std::vector<QuestionResult>* rows,
                      const std::function<void(const QuestionResult&, int64_t, int64_t)>& on_result = {});
 // Questions of `samples` not yet in `results`.
-int64_t count_pending(const std::vector<EvalSample>& samples, const ResultsFile* results);
+int64_t count_pending(const std::vector<EvalSample>& samples, const QuestionResultsFile* results);
 
 // Hash (hex) of the parts that identify a configuration.
 std::string config_hash(const std::vector<std::string>& parts);

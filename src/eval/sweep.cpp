@@ -210,39 +210,23 @@ SweepRow sweep_row_from_json(const json& j) {
 
 }  // namespace
 
+namespace {
+const ResultsFormat<SweepRow, std::tuple<std::string, std::string, int>> kSweepFormat = {
+    "row", "sweep results line", "--out-dir", sweep_row_from_json,
+    [](const SweepRow& r, const std::string&) {  // the row carries its config
+      return row_to_json(r).dump(-1, ' ', false, json::error_handler_t::replace);
+    },
+    [](const SweepRow& r) { return std::make_tuple(r.config, r.id, r.q); },
+    [](const SweepRow& r) -> const std::string& { return r.unit_hash; }};
+}  // namespace
+
 SweepResultsFile::SweepResultsFile(std::string path, std::set<std::string> configs, bool every_config)
-    : path_(std::move(path)), configs_(std::move(configs)) {
-  read_results_rows(
-      path_, "row", "sweep results line", "--out-dir",
-      [&](const std::string& c) { return every_config || configs_.count(c) != 0; },
-      [&](const json& j) {
-        SweepRow r = sweep_row_from_json(j);
-        done_[{r.config, r.id, r.q}] = r.unit_hash;
-        rows_.push_back(std::move(r));
-      },
-      &n_other_);
-}
+    : ResultsFile(std::move(path), kSweepFormat, std::move(configs), every_config) {}
 
 bool SweepResultsFile::done(const std::string& config, const std::string& id, int q,
                             const std::string& unit_hash) const {
-  auto it = done_.find({config, id, q});
-  if (it == done_.end()) return false;
-  KVTRIM_CHECK(it->second == unit_hash,
-               "%s: %s question %d was run on a different sample (hash %s, now %s) under the same "
-               "config; the "
-               "generator or data changed: use a new --out-dir",
-               path_.c_str(), id.c_str(), q, it->second.c_str(), unit_hash.c_str());
-  return true;
-}
-
-void SweepResultsFile::append(const SweepRow& r) {
-  std::ofstream f(path_, std::ios::binary | std::ios::app);
-  KVTRIM_CHECK(f.good(), "cannot write results file '%s'", path_.c_str());
-  f << row_to_json(r).dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
-  f.flush();
-  KVTRIM_CHECK(f.good(), "error writing results file '%s'", path_.c_str());
-  done_[{r.config, r.id, r.q}] = r.unit_hash;
-  rows_.push_back(r);
+  return ResultsFile::done({config, id, q}, unit_hash, strprintf("%s question %d", id.c_str(), q),
+                           "was run on a different sample; the generator or data changed");
 }
 
 // ---------------------------------------------------------------------------------------

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "eval/mc.h"
+#include "eval/results_file.h"
 #include "eval/runner.h"
 #include "eval/sample.h"
 #include "press/press.h"
@@ -108,30 +109,15 @@ struct SweepRow {
   std::string extra;  // the benchmark's own fields, a JSON object (output, answers, loglik ...)
 };
 
-// results.jsonl with resume: rows whose config is one of `configs` are this run's; other rows
-// stay in the file and are ignored; a torn last line is cut off (read_results_for_resume).
-class SweepResultsFile {
+// A sweep's results.jsonl (results_file.h): one row a line, keyed by (config, sample id,
+// question), with the unit's hash; rows whose config is one of `configs` are this run's
+// (every_config: every row, for `kvtrim eval sweep summary`).
+class SweepResultsFile : public ResultsFile<SweepRow, std::tuple<std::string, std::string, int>> {
  public:
-  // every_config: every row of the file is this run's, whatever its config (kvtrim eval sweep
-  // summary: the summaries of a results file as it stands).
   SweepResultsFile(std::string path, std::set<std::string> configs, bool every_config = false);
   // True if (config, id, q) is there. Throws Error if it is there with another unit hash (the
   // samples changed under the same config).
-  bool done(const std::string& config, const std::string& id, int q,
-            const std::string& unit_hash) const;
-  // Appends one line and flushes.
-  void append(const SweepRow& r);
-  const std::vector<SweepRow>& rows() const { return rows_; }
-  int64_t n_other_config() const { return n_other_; }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-  std::set<std::string> configs_;
-  std::vector<SweepRow> rows_;
-  std::map<std::tuple<std::string, std::string, int>, std::string>
-      done_;  // (config, id, q) -> unit hash
-  int64_t n_other_ = 0;
+  bool done(const std::string& config, const std::string& id, int q, const std::string& unit_hash) const;
 };
 
 // ---------------------------------------------------------------------------------------

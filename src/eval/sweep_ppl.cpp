@@ -47,41 +47,22 @@ PplSweepRow ppl_row_from_json(const json& j) {
 
 }  // namespace
 
+namespace {
+const ResultsFormat<PplSweepRow, std::pair<std::string, int64_t>> kPplSweepFormat = {
+    "window", "ppl sweep results line", "--out-dir", ppl_row_from_json,
+    [](const PplSweepRow& r, const std::string&) {  // the row carries its config
+      return row_to_json(r).dump(-1, ' ', false, json::error_handler_t::replace);
+    },
+    [](const PplSweepRow& r) { return std::make_pair(r.config, r.w.index); },
+    [](const PplSweepRow& r) -> const std::string& { return r.w.tokens_hash; }};
+}  // namespace
+
 PplSweepResultsFile::PplSweepResultsFile(std::string path, std::set<std::string> configs, bool every_config)
-    : path_(std::move(path)), configs_(std::move(configs)) {
-  read_results_rows(
-      path_, "window", "ppl sweep results line", "--out-dir",
-      [&](const std::string& c) { return every_config || configs_.count(c) != 0; },
-      [&](const json& j) {
-        PplSweepRow r = ppl_row_from_json(j);
-        if (done_.count({r.config, r.w.index})) return;  // a duplicate line: the first one counts
-        done_[{r.config, r.w.index}] = r.w.tokens_hash;
-        rows_.push_back(std::move(r));
-      },
-      &n_other_);
-}
+    : ResultsFile(std::move(path), kPplSweepFormat, std::move(configs), every_config) {}
 
-bool PplSweepResultsFile::done(const std::string& config, int64_t window,
-                               const std::string& tokens_hash) const {
-  auto it = done_.find({config, window});
-  if (it == done_.end()) return false;
-  KVTRIM_CHECK(it->second == tokens_hash,
-               "%s: window %lld was scored on other tokens (hash %s, now %s) under the same "
-               "config: use a new "
-               "--out-dir",
-               path_.c_str(), static_cast<long long>(window), it->second.c_str(),
-               tokens_hash.c_str());
-  return true;
-}
-
-void PplSweepResultsFile::append(const PplSweepRow& r) {
-  std::ofstream f(path_, std::ios::binary | std::ios::app);
-  KVTRIM_CHECK(f.good(), "cannot write results file '%s'", path_.c_str());
-  f << row_to_json(r).dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
-  f.flush();
-  KVTRIM_CHECK(f.good(), "error writing results file '%s'", path_.c_str());
-  done_[{r.config, r.w.index}] = r.w.tokens_hash;
-  rows_.push_back(r);
+bool PplSweepResultsFile::done(const std::string& config, int64_t window, const std::string& tokens_hash) const {
+  return ResultsFile::done({config, window}, tokens_hash, strprintf("window %lld", static_cast<long long>(window)),
+                           "was scored on other tokens");
 }
 
 // ---------------------------------------------------------------------------------------

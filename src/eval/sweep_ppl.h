@@ -40,25 +40,14 @@ struct PplSweepRow {
   PplWindow w;
 };
 
-// results.jsonl with resume, as SweepResultsFile: rows of other configs kept and ignored, a
-// torn last line cut off; a (config, window) there with other tokens throws Error.
-class PplSweepResultsFile {
+// A perplexity sweep's results.jsonl (results_file.h): one window under one cell a line, keyed
+// by (config, window), with the window's tokens' hash; rows whose config is one of `configs` are
+// this run's (every_config: every row, for `kvtrim eval sweep summary`).
+class PplSweepResultsFile : public ResultsFile<PplSweepRow, std::pair<std::string, int64_t>> {
  public:
-  // every_config: every row of the file is this run's, whatever its config (kvtrim eval sweep
-  // summary: the summaries of a results file as it stands).
   PplSweepResultsFile(std::string path, std::set<std::string> configs, bool every_config = false);
+  // Throws Error if (config, window) is there with other tokens.
   bool done(const std::string& config, int64_t window, const std::string& tokens_hash) const;
-  void append(const PplSweepRow& r);
-  const std::vector<PplSweepRow>& rows() const { return rows_; }
-  int64_t n_other_config() const { return n_other_; }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-  std::set<std::string> configs_;
-  std::vector<PplSweepRow> rows_;
-  std::map<std::pair<std::string, int64_t>, std::string> done_;  // (config, window) -> tokens hash
-  int64_t n_other_ = 0;
 };
 
 struct PplSweepRunOptions {

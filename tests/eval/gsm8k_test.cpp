@@ -164,10 +164,10 @@ TEST(Gsm8k, StopStringsAndMetricSurviveJsonlAndHash) {
   const std::string rpath = ::testing::TempDir() + "/gsm8k_results.jsonl";
   std::remove(rpath.c_str());
   {
-    ResultsFile f(rpath, "cfg");
+    QuestionResultsFile f(rpath, "cfg");
     f.append(r);
   }
-  const ResultsFile f(rpath, "cfg");
+  const QuestionResultsFile f(rpath, "cfg");
   ASSERT_EQ(f.rows().size(), 1u);
   EXPECT_EQ(f.rows()[0].metric, Metric::kNumber);
   EXPECT_EQ(f.rows()[0].kv_bases, 4096);

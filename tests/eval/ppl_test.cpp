@@ -194,14 +194,14 @@ TEST(EvalPpl, ResumeAfterATornLine) {
     o << "{\"config\":\"cfgA\",\"window\":2,\"tok";  // interrupted write
   }
   PplResultsFile f(path, "cfgA");
-  EXPECT_EQ(f.n_rows(), 2);
+  EXPECT_EQ(f.rows().size(), 2u);
   EXPECT_TRUE(f.done(0, "h0"));
   EXPECT_TRUE(f.done(1, "h1"));
   EXPECT_FALSE(f.done(2, "h2"));
   EXPECT_DOUBLE_EQ(f.row(1).nll_press, 21);
   f.append(fake_window(2));
   PplResultsFile g(path, "cfgA");
-  EXPECT_EQ(g.n_rows(), 3);
+  EXPECT_EQ(g.rows().size(), 3u);
   EXPECT_EQ(g.n_other_config(), 0);
 }
 
@@ -213,12 +213,12 @@ TEST(EvalPpl, ConfigHashMismatch) {
     f.append(fake_window(0));
   }
   PplResultsFile b(path, "cfgB");  // another config: its rows are kept but ignored
-  EXPECT_EQ(b.n_rows(), 0);
+  EXPECT_EQ(b.rows().size(), 0u);
   EXPECT_EQ(b.n_other_config(), 1);
   EXPECT_FALSE(b.done(0, "h0"));
   b.append(fake_window(0));
   PplResultsFile a(path, "cfgA");
-  EXPECT_EQ(a.n_rows(), 1);
+  EXPECT_EQ(a.rows().size(), 1u);
   EXPECT_EQ(a.n_other_config(), 1);
   EXPECT_THROW(a.done(0, "other-tokens"), Error);  // same config, different tokens
 }

@@ -113,11 +113,11 @@ TEST(Runner, RowsRecordTheLossEstimate) {
   const std::string out = test::temp_dir("eval_loss") + "/results.jsonl";
   std::filesystem::remove(out);
   {
-    ResultsFile f(out, "cfg");
+    QuestionResultsFile f(out, "cfg");
     f.append(r[0]);
     f.append(n[0]);  // as an older row: no press_loss field
   }
-  const ResultsFile back(out, "cfg");
+  const QuestionResultsFile back(out, "cfg");
   ASSERT_EQ(back.rows().size(), 2u);
   EXPECT_DOUBLE_EQ(back.rows()[0].press_loss, r[0].press_loss);
   EXPECT_DOUBLE_EQ(back.rows()[0].press_evicted_mass, r[0].press_evicted_mass);
@@ -178,7 +178,7 @@ TEST(Runner, ResumeRunsOnlyMissingQuestions) {
   Session s(tiny_model(), tiny_session_params());
   std::vector<QuestionResult> full_rows;
   {
-    ResultsFile rf(out, "cfgA");
+    QuestionResultsFile rf(out, "cfgA");
     const RunStats st = run_samples(s, tiny_prompts(), samples, &rf, {}, &full_rows);
     EXPECT_EQ(st.run, 6);
     EXPECT_EQ(st.reused, 0);
@@ -193,7 +193,7 @@ TEST(Runner, ResumeRunsOnlyMissingQuestions) {
   }
   std::vector<QuestionResult> rows;
   {
-    ResultsFile rf(out, "cfgA");
+    QuestionResultsFile rf(out, "cfgA");
     EXPECT_EQ(rf.n_dropped_torn(), 1);
     EXPECT_EQ(rf.rows().size(), 3u);
     EXPECT_EQ(count_pending(samples, &rf), 3);
@@ -220,12 +220,12 @@ TEST(Runner, ResumeRunsOnlyMissingQuestions) {
   EXPECT_EQ(average_over_tasks(rows), average_over_tasks(full_rows));
   // Nothing left: a third run runs nothing.
   {
-    ResultsFile rf(out, "cfgA");
+    QuestionResultsFile rf(out, "cfgA");
     EXPECT_EQ(run_samples(s, tiny_prompts(), samples, &rf, {}, nullptr).run, 0);
   }
   // Another configuration runs everything again and keeps the old lines.
   {
-    ResultsFile rf(out, "cfgB");
+    QuestionResultsFile rf(out, "cfgB");
     EXPECT_EQ(rf.n_other_config(), 6);
     EXPECT_EQ(run_samples(s, tiny_prompts(), samples, &rf, {}, nullptr).run, 6);
   }
@@ -239,11 +239,11 @@ TEST(Runner, ChangedSampleUnderSameConfigIsAnError) {
   samples.resize(1);
   Session s(tiny_model(), tiny_session_params());
   {
-    ResultsFile rf(out, "cfg");
+    QuestionResultsFile rf(out, "cfg");
     run_samples(s, tiny_prompts(), samples, &rf, {}, nullptr);
   }
   samples[0].context += " Changed.";
-  ResultsFile rf(out, "cfg");
+  QuestionResultsFile rf(out, "cfg");
   EXPECT_THROW(rf.done(samples[0], 0), Error);
 }
 
@@ -255,7 +255,7 @@ TEST(Runner, MalformedResultsLineNamesTheLine) {
     f << "{\"config\": \"cfg\", \"task\": \"vt\"}\n";
   }
   try {
-    ResultsFile rf(out, "cfg");
+    QuestionResultsFile rf(out, "cfg");
     FAIL();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("results.jsonl:1: not a results line"), std::string::npos) << e.what();

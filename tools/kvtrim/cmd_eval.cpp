@@ -184,8 +184,8 @@ void run_generation(const EvalRulerOptions& o, const EvalGsm8kOptions* g) {
   eval::RunIdentity id = run_identity(o.common, *model);
   id.calib = calib;
   const std::string cfg = eval::generation_config(id, format, press_desc, source);
-  std::unique_ptr<eval::ResultsFile> results;
-  if (!o.out.empty()) results = std::make_unique<eval::ResultsFile>(o.out, cfg);
+  std::unique_ptr<eval::QuestionResultsFile> results;
+  if (!o.out.empty()) results = std::make_unique<eval::QuestionResultsFile>(o.out, cfg);
   const int64_t pending = eval::count_pending(samples, results.get());
   if (results) {
     std::fprintf(stderr, "results: %s (config %s): %lld questions to run%s\n", o.out.c_str(), cfg.c_str(),
