@@ -289,7 +289,6 @@ struct Packed {
   }
 };
 Packed pack(KvDtype type, const std::vector<uint32_t>& off, std::mt19937& rng) {
-  using KvDtype;
   std::normal_distribution<float> nd;
   const size_t n = off.size() - 1, nnz = off.back(), slack = kv::kMaskedSlack;  // bytes
   Packed pk;  // exactly kMaskedSlack bytes past the last entry (so ASan sees any longer read)
@@ -318,6 +317,9 @@ Packed pack(KvDtype type, const std::vector<uint32_t>& off, std::mt19937& rng) {
       case KvDtype::kFP8:
         pk.scale[t] = kv::fp8_encode(x.data(), static_cast<int64_t>(x.size()), &pk.fp8[b], 1);
         break;
+      case KvDtype::kQ4:  // no sparse-row kernels (kv_type(kQ4).sparse_kernels)
+        ADD_FAILURE() << "q4 sparse rows";
+        break;
     }
     for (size_t j = b; j < off[t + 1]; ++j) {
       switch (type) {
@@ -336,6 +338,8 @@ Packed pack(KvDtype type, const std::vector<uint32_t>& off, std::mt19937& rng) {
         case KvDtype::kFP8:
           pk.decoded[j] = pk.scale[t] * kv::fp8_e4m3_to_f32(pk.fp8[j]);
           break;
+        case KvDtype::kQ4:
+          break;
       }
     }
   }
@@ -347,7 +351,6 @@ Packed pack(KvDtype type, const std::vector<uint32_t>& off, std::mt19937& rng) {
 // decoded to dense [n, dim] with zeros in the dropped channels; wide rows (600, 1100: Lexico's
 // dictionaries) take the same SIMD kernels.
 void sparse_matches_loops() {
-  using KvDtype;
   std::mt19937 rng(23);
   std::normal_distribution<float> nd;
   const KvDtype types[] = {KvDtype::kF32, KvDtype::kF16, KvDtype::kBF16,
@@ -425,7 +428,6 @@ void sparse_matches_loops() {
 // fill, or SPARK's signed recovery ±fill · w_c; scores, accumulation and decoding against the
 // rows built here as dense f32. dim > 512 takes the scalar path.
 void masked_matches_loops() {
-  using KvDtype;
   std::mt19937 rng(29);
   std::normal_distribution<float> nd;
   std::uniform_int_distribution<int> byte(0, 255);
