@@ -230,7 +230,7 @@ Head make_head(Fmt f, int64_t n, int64_t d, uint64_t seed) {
 // The masked kernels' view of h's keys (value = false) or values.
 kv::MaskedRows masked_rows(const Head& h, Fmt f, int64_t d, bool value) {
   kv::MaskedRows r;
-  r.type = kv::SparseType::kF16;
+  r.type = KvDtype::kF16;
   r.vals = value ? h.v.data() : h.k.data();
   r.mask = value ? h.vidx.data() : h.kidx.data();
   r.T = static_cast<int>(f == Fmt::kSpark ? d - static_cast<int64_t>(0.8 * static_cast<double>(d)) : d / 4);
@@ -245,7 +245,7 @@ kv::MaskedRows masked_rows(const Head& h, Fmt f, int64_t d, bool value) {
 
 kv::SparseRows sparse_rows(const Head& h, Fmt f, int64_t d, bool value) {
   kv::SparseRows r;
-  r.type = f == Fmt::kSpF16 ? kv::SparseType::kF16 : kv::SparseType::kFP8;
+  r.type = f == Fmt::kSpF16 ? KvDtype::kF16 : KvDtype::kFP8;
   r.vals = value ? h.v.data() : h.k.data();
   r.idx = value ? h.vidx.data() : h.kidx.data();
   r.idx_bytes = 1;

@@ -185,7 +185,7 @@ class PySession {
       delete g;
     });
     const size_t shape[2] = {static_cast<size_t>(r.n), static_cast<size_t>(r.dim)};
-    const size_t esz = r.dtype == KvDtype::kF32 ? 4 : 2;
+    const size_t esz = static_cast<size_t>(kv_type(r.dtype).code_bits / 8);
     const int64_t strides[2] = {static_cast<int64_t>(r.row_bytes / esz), 1};
     nb::dlpack::dtype dt{static_cast<uint8_t>(r.dtype == KvDtype::kBF16 ? nb::dlpack::dtype_code::Bfloat
                                                                           : nb::dlpack::dtype_code::Float),

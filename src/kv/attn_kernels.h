@@ -17,6 +17,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "kv/kv_type.h"
+
 namespace kvtrim::kv {
 
 // Keys are stored in tiles of kKeyTile tokens, transposed inside the tile: element (t, i)
@@ -104,15 +106,8 @@ void attn_accum_q4(const float* p, int n_g, int64_t ld_p, const uint8_t* v,
 // off is uint32 [n + 1] (off_t = off[t], cnt_t = off[t + 1] − off[t]). Channels within a row are
 // strictly increasing and < dim. q8 / fp8 rows have one f32 scale per row over the row's kept
 // values, scale [n] (element value = scale[t] · code); other types: scale == nullptr.
-enum class SparseType : uint8_t {
-  kF32,   // vals: float
-  kF16,   // vals: uint16 f16 bits
-  kBF16,  // vals: uint16 bf16 bits
-  kQ8,    // vals: int8 codes, scale [n]
-  kFP8,   // vals: uint8 E4M3 codes, scale [n]
-};
 struct SparseRows {
-  SparseType type = SparseType::kF16;
+  KvDtype type = KvDtype::kF16;  // a type with kernels for these rows: kv_type(type).sparse_kernels
   const void* vals = nullptr;     // [off_n] elements of type
   const void* idx = nullptr;      // [off_n] channel indices: uint8 (idx_bytes 1) or uint16 (2)
   int idx_bytes = 1;              // 1 (dim <= 256) or 2
@@ -150,7 +145,7 @@ void sparse_accum(const SparseRows& r, const float* p, int n_g, int64_t ld_p, in
 // stores allocate the slack). Rows are addressed absolutely: t0 ..  t0 + n_t - 1.
 constexpr int64_t kMaskedSlack = 32;
 struct MaskedRows {
-  SparseType type = SparseType::kF16;
+  KvDtype type = KvDtype::kF16;
   const void* vals = nullptr;      // entries of type
   const uint8_t* mask = nullptr;   // [n][mask_bytes]
   const uint32_t* off = nullptr;   // [n + 1] row offsets, or nullptr: fixed count T

@@ -516,16 +516,18 @@ void decode_typed(const MaskedRows& r, int64_t t0, int64_t n_t, float* out, int6
 template <class F>
 HWY_INLINE void with_type(const MaskedRows& r, F&& f) {
   switch (r.type) {
-    case SparseType::kF32:
+    case KvDtype::kF32:
       return f.template operator()<float>();
-    case SparseType::kF16:
+    case KvDtype::kF16:
       return f.template operator()<uint16_t>();
-    case SparseType::kBF16:
+    case KvDtype::kBF16:
       return f.template operator()<Bf16>();
-    case SparseType::kQ8:
+    case KvDtype::kQ8:
       return f.template operator()<int8_t>();
-    case SparseType::kFP8:
+    case KvDtype::kFP8:
       return f.template operator()<uint8_t>();
+    case KvDtype::kQ4:  // no kernel (kv_type(t).sparse_kernels): callers take the generic path
+      break;
   }
 }
 

@@ -419,20 +419,22 @@ template <class F>
 HWY_INLINE void with_types(const SparseRows& r, F&& f) {
   const bool i8 = r.idx_bytes == 1;
   switch (r.type) {
-    case SparseType::kF32:
+    case KvDtype::kF32:
       return i8 ? f.template operator()<float, uint8_t>()
                 : f.template operator()<float, uint16_t>();
-    case SparseType::kF16:
+    case KvDtype::kF16:
       return i8 ? f.template operator()<uint16_t, uint8_t>()
                 : f.template operator()<uint16_t, uint16_t>();
-    case SparseType::kBF16:
+    case KvDtype::kBF16:
       return i8 ? f.template operator()<Bf16, uint8_t>() : f.template operator()<Bf16, uint16_t>();
-    case SparseType::kQ8:
+    case KvDtype::kQ8:
       return i8 ? f.template operator()<int8_t, uint8_t>()
                 : f.template operator()<int8_t, uint16_t>();
-    case SparseType::kFP8:
+    case KvDtype::kFP8:
       return i8 ? f.template operator()<uint8_t, uint8_t>()
                 : f.template operator()<uint8_t, uint16_t>();
+    case KvDtype::kQ4:  // no kernel (kv_type(t).sparse_kernels): callers take the generic path
+      break;
   }
 }
 

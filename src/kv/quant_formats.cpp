@@ -123,4 +123,45 @@ void q4_decode_row(const uint8_t* row, const uint16_t* scale, int64_t dv, float*
   }
 }
 
+namespace {
+// The q4 code of z = x·id + 8.5: floor(z) clamped to [0, 15], clamped as a float so that a NaN
+// or huge z (a non-finite row, from a damaged model) never reaches an undefined conversion; NaN
+// gives 8 (zero).
+int q4_code(float z) {
+  return z == z ? static_cast<int>(std::clamp(std::floor(z), 0.f, 15.f)) : 8;
+}
+
+}  // namespace
+
+// (quant_formats.h)
+float q4_encode_search(const float* x, int64_t n, uint8_t* codes, bool round_f16) {
+  float amax = 0, m = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    if (std::fabs(x[j]) > amax) {
+      amax = std::fabs(x[j]);
+      m = x[j];
+    }
+  }
+  static constexpr float kShrink[] = {1.f, 15.f / 16, 7.f / 8, 13.f / 16, 3.f / 4};
+  float best_d = m / -8.f, best_err = std::numeric_limits<float>::infinity();
+  for (float f : kShrink) {
+    const float d = m / -8.f * f, id = d != 0.f ? 1.f / d : 0.f;
+    const float ds = round_f16 ? fp16_to_fp32(fp32_to_fp16(d)) : d;
+    float err = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      const int c = q4_code(x[j] * id + 8.5f);
+      const float e = x[j] - ds * static_cast<float>(c - 8);
+      err += e * e;
+    }
+    if (err < best_err) {
+      best_err = err;
+      best_d = d;
+    }
+  }
+  const float id = best_d != 0.f ? 1.f / best_d : 0.f;
+  for (int64_t j = 0; j < n; ++j)
+    codes[j] = static_cast<uint8_t>(q4_code(x[j] * id + 8.5f));
+  return best_d;
+}
+
 }  // namespace kvtrim::kv

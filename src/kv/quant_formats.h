@@ -72,4 +72,12 @@ void q4_decode_key(const uint8_t* k, const uint16_t* k_scale, int64_t t, int64_t
 void q4_encode_row(const float* x, int64_t dv, uint8_t* row, uint16_t* scale);
 void q4_decode_row(const uint8_t* row, const uint16_t* scale, int64_t dv, float* x);
 
+// q4 codes of x [n] (one per byte, 0..15; code c stands for scale·(c − 8)) under one scale,
+// searched: q4_0's own choice m / −8 (m = the element of largest |x|, signed) and four smaller ones
+// (m / −8 · {15/16, 7/8, 13/16, 3/4}, which clip the largest element for a finer grid elsewhere);
+// the least squared error wins, computed with the scale as stored (f16 when round_f16: dense
+// block scales); ties keep q4_0's. A NaN or huge element never reaches an undefined conversion
+// (NaN codes 8, zero). Returns the scale. The cache's q4 encoder (kv_type.h).
+float q4_encode_search(const float* x, int64_t n, uint8_t* codes, bool round_f16);
+
 }  // namespace kvtrim::kv

@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "kv/attn_kernels.h"
+#include "kv/kv_type.h"
 #include "kv/quant_formats.h"
 #include "kv/token_cache.h"
 
@@ -22,28 +23,7 @@ int value_stored(const SideEncoding& v) { return v.per_token() ? v.width() : v.s
 // s[g, t - b] (rows ld apart) = qs_g · k_t for rows [b, b + nb) of a dense key store.
 void dense_scores(const SideStore& k, const float* qs, int G, int64_t b, int64_t nb, float* s,
                   int64_t ld) {
-  const int64_t d = k.row_elems();
-  switch (k.dtype()) {
-    case KvDtype::kF32:
-      attn_scores_f32(qs, G, d, reinterpret_cast<const float*>(k.data()), b, nb, s, ld);
-      return;
-    case KvDtype::kF16:
-      attn_scores_f16(qs, G, d, reinterpret_cast<const uint16_t*>(k.data()), b, nb, s, ld);
-      return;
-    case KvDtype::kBF16:
-      attn_scores_bf16(qs, G, d, reinterpret_cast<const uint16_t*>(k.data()), b, nb, s, ld);
-      return;
-    case KvDtype::kQ8:
-      attn_scores_q8(qs, G, d, reinterpret_cast<const int8_t*>(k.data()), k.row_scale(), b, nb, s,
-                     ld);
-      return;
-    case KvDtype::kFP8:
-      attn_scores_fp8(qs, G, d, k.data(), k.row_scale(), b, nb, s, ld);
-      return;
-    case KvDtype::kQ4:
-      attn_scores_q4(qs, G, d, k.data(), k.block_scale(), b, nb, s, ld);
-      return;
-  }
+  kv_type(k.dtype()).ops.scores(qs, G, k.row_elems(), k.data(), k.row_scale(), k.block_scale(), b, nb, s, ld);
 }
 
 // s[g, t - b] = qs_g · R_pos[t] (D · c_t) for rows [b, b + nb) of a pre-RoPE key basis (rows ld
@@ -65,33 +45,15 @@ void rope_key_scores(const SideStore& k, const SideEncoding& e, const float* qs,
   attn_accum_f32(qs, G, d, kt.data(), d, kBlock, s);
 }
 
-SparseType sparse_type(KvDtype t) {
-  switch (t) {
-    case KvDtype::kF32:
-      return SparseType::kF32;
-    case KvDtype::kF16:
-      return SparseType::kF16;
-    case KvDtype::kBF16:
-      return SparseType::kBF16;
-    case KvDtype::kQ8:
-      return SparseType::kQ8;
-    case KvDtype::kFP8:
-      return SparseType::kFP8;
-    case KvDtype::kQ4:
-      break;
-  }
-  return SparseType::kF16;  // (q4 rows have no kernel: callers check first)
-}
-
 // The per-row scales a kernel view carries (q8 / fp8 rows), else nullptr.
 const float* view_scales(const SideStore& st) {
-  return st.dtype() == KvDtype::kQ8 || st.dtype() == KvDtype::kFP8 ? st.row_scale() : nullptr;
+  return kv_type(st.dtype()).scale == KvScale::kRow ? st.row_scale() : nullptr;
 }
 
 // The list kernels' view of per-token list rows; false for q4 rows and bitmask rows.
 bool sparse_view(const SideStore& st, int w, SparseRows* r) {
-  if (st.dtype() == KvDtype::kQ4 || st.bitmask()) return false;
-  r->type = sparse_type(st.dtype());
+  if (!kv_type(st.dtype()).sparse_kernels || st.bitmask()) return false;
+  r->type = st.dtype();
   r->vals = st.data();
   r->idx = st.idx();
   r->idx_bytes = st.idx_bytes();
@@ -106,10 +68,10 @@ bool sparse_view(const SideStore& st, int w, SparseRows* r) {
 // degenerate key recovery ±fill · r_c (weight = e.recovery); false for q4 rows, list rows and
 // sampled recoveries (drawn per coordinate: the generic path).
 bool masked_view(const SideStore& st, const SideEncoding& e, int w, bool keys, MaskedRows* r) {
-  if (st.dtype() == KvDtype::kQ4 || !st.bitmask()) return false;
+  if (!kv_type(st.dtype()).sparse_kernels || !st.bitmask()) return false;
   const bool rec = keys && e.recovers();
   if (keys && e.sampled_recovery()) return false;
-  r->type = sparse_type(st.dtype());
+  r->type = st.dtype();
   r->vals = st.data();
   r->mask = st.mask_row(0);
   r->off = st.offsets();
@@ -273,42 +235,20 @@ void sparse_scores(const SideStore& k, const SideEncoding& e, int w, const float
 // acc[g, :] (rows aw apart) += Σ_t p[g, t - b] v_t over rows [b, b + nb) of a dense value store.
 void dense_accum(const SideStore& v, const float* p, int G, int64_t ldp, int64_t b, int64_t nb,
                  float* acc) {
+  const KvTypeInfo& tt = kv_type(v.dtype());
   const int64_t dv = v.row_elems();
-  thread_local std::vector<float> pv;
-  switch (v.dtype()) {
-    case KvDtype::kF32:
-      attn_accum_f32(p, G, ldp, reinterpret_cast<const float*>(v.data()) + b * dv, nb, dv, acc);
-      return;
-    case KvDtype::kF16:
-      attn_accum_f16(p, G, ldp, reinterpret_cast<const uint16_t*>(v.data()) + b * dv, nb, dv, acc);
-      return;
-    case KvDtype::kBF16:
-      attn_accum_bf16(p, G, ldp, reinterpret_cast<const uint16_t*>(v.data()) + b * dv, nb, dv, acc);
-      return;
-    case KvDtype::kQ8: {
-      // v_t = v_scale[t] · code_t: fold the scale into the weights, p'[g, t] = p[g, t] · v_scale[t]
-      pv.resize(static_cast<size_t>(G) * static_cast<size_t>(nb));
-      const float* vsc = v.row_scale() + b;
-      for (int g = 0; g < G; ++g)
-        for (int64_t t = 0; t < nb; ++t) pv[static_cast<size_t>(g * nb + t)] = p[g * ldp + t] * vsc[t];
-      attn_accum_q8(pv.data(), G, nb, reinterpret_cast<const int8_t*>(v.data()) + b * dv, nb, dv,
-                    acc);
-      return;
-    }
-    case KvDtype::kFP8: {  // the per-row scale folded into the weights, as for q8
-      pv.resize(static_cast<size_t>(G) * static_cast<size_t>(nb));
-      const float* vsc = v.row_scale() + b;
-      for (int g = 0; g < G; ++g)
-        for (int64_t t = 0; t < nb; ++t) pv[static_cast<size_t>(g * nb + t)] = p[g * ldp + t] * vsc[t];
-      attn_accum_fp8(pv.data(), G, nb, v.data() + b * dv, nb, dv, acc);
-      return;
-    }
-    case KvDtype::kQ4: {  // the kernel applies the block scales
-      const int64_t rb = q4_row_bytes(dv), nblk = q4_blocks(dv);
-      attn_accum_q4(p, G, ldp, v.data() + b * rb, v.block_scale() + b * nblk, nb, dv, acc);
-      return;
-    }
+  if (tt.scale == KvScale::kRow) {
+    // v_t = v_scale[t] · code_t: fold the scale into the weights, p'[g, t] = p[g, t] · v_scale[t]
+    thread_local std::vector<float> pv;
+    pv.resize(static_cast<size_t>(G) * static_cast<size_t>(nb));
+    const float* vsc = v.row_scale() + b;
+    for (int g = 0; g < G; ++g)
+      for (int64_t t = 0; t < nb; ++t) pv[static_cast<size_t>(g * nb + t)] = p[g * ldp + t] * vsc[t];
+    p = pv.data();
+    ldp = nb;
   }
+  const uint16_t* bs = tt.scale == KvScale::kBlock ? v.block_scale() + b * ((dv + kKvBlock - 1) / kKvBlock) : nullptr;
+  tt.ops.accum(p, G, ldp, v.data() + b * static_cast<int64_t>(tt.code_bytes(dv)), bs, nb, dv, acc);
 }
 
 // Per-token value rows. Bitmask rows: acc[g, c] += p·ṽ_tc for every c (pruned: the fill or 0), the

@@ -3,59 +3,19 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "core/error.h"
 #include "core/fp16.h"
 #include "kv/attn_kernels.h"
+#include "kv/kv_type.h"
 #include "kv/quant_formats.h"
 
 namespace kvtrim::kv {
 namespace {
 
 int n_blocks(int s) { return static_cast<int>(q4_blocks(s)); }
-
-// The q4 code of z = x·id + 8.5: floor(z) clamped to [0, 15], clamped as a float so that a NaN
-// or huge z (a non-finite row, from a damaged model) never reaches an undefined conversion; NaN
-// gives 8 (zero).
-int q4_code(float z) {
-  return z == z ? static_cast<int>(std::clamp(std::floor(z), 0.f, 15.f)) : 8;
-}
-
-// q4 codes of x [n]: q4_0's layout (code c stands for scale·(c − 8), codes 0..15) with the
-// scale searched: q4_0's own choice m / −8 (m = the element of largest |x|, signed) and four
-// smaller ones (m / −8 · {15/16, 7/8, 13/16, 3/4}, which clip the largest element for a finer
-// grid elsewhere); the one with the least squared error, computed with the scale as stored (f16
-// for dense rows: round_f16), wins; ties keep q4_0's. Returns the scale.
-float q4_encode_any(const float* x, int64_t n, uint8_t* codes, bool round_f16) {
-  float amax = 0, m = 0;
-  for (int64_t j = 0; j < n; ++j) {
-    if (std::fabs(x[j]) > amax) {
-      amax = std::fabs(x[j]);
-      m = x[j];
-    }
-  }
-  static constexpr float kShrink[] = {1.f, 15.f / 16, 7.f / 8, 13.f / 16, 3.f / 4};
-  float best_d = m / -8.f, best_err = std::numeric_limits<float>::infinity();
-  for (float f : kShrink) {
-    const float d = m / -8.f * f, id = d != 0.f ? 1.f / d : 0.f;
-    const float ds = round_f16 ? fp16_to_fp32(fp32_to_fp16(d)) : d;
-    float err = 0;
-    for (int64_t j = 0; j < n; ++j) {
-      const int c = q4_code(x[j] * id + 8.5f);
-      const float e = x[j] - ds * static_cast<float>(c - 8);
-      err += e * e;
-    }
-    if (err < best_err) {
-      best_err = err;
-      best_d = d;
-    }
-  }
-  const float id = best_d != 0.f ? 1.f / best_d : 0.f;
-  for (int64_t j = 0; j < n; ++j)
-    codes[j] = static_cast<uint8_t>(q4_code(x[j] * id + 8.5f));
-  return best_d;
-}
 
 // Where element i of a stored vector goes: elem index (f32/f16/bf16/q8/fp8: element units;
 // q4: nibble units, byte = idx / 2, high nibble if odd).
@@ -80,68 +40,39 @@ int get_nibble(const uint8_t* base, int64_t nib) {
   return (nib & 1) ? base[nib >> 1] >> 4 : base[nib >> 1] & 0x0F;
 }
 
-// Encodes x[n] (plain precisions: into dst element slots at(j)); returns the scale (q8 / fp8 /
-// q4-per-row) or 1.
+// Encodes x[n] under one scale (the type's codec, kv_type.h) into dst's element slots at(j)
+// (nibble slots for 4-bit types); returns the scale (1 for unscaled types). The codes are made
+// as a contiguous row first (SIMD conversions: the element-wise f16 conversion was ~2 % of a
+// SmolLM2 prefill), then placed.
 template <class At>
 float encode_elems(KvDtype t, const float* x, int64_t n, uint8_t* dst, At at, bool round_f16 = false) {
-  thread_local std::vector<uint8_t> codes;  // q8 / fp8 / q4 codes before they are placed (no
-                                            // allocation per appended row)
-  switch (t) {
-    case KvDtype::kF32:
-      for (int64_t j = 0; j < n; ++j) reinterpret_cast<float*>(dst)[at(j)] = x[j];
-      return 1.f;
-    case KvDtype::kF16: {  // converted as a row (SIMD), then placed: the element-wise software
-                           // conversion was ~2 % of a SmolLM2 prefill (tiled keys, on the caller)
-      thread_local std::vector<uint16_t> h;
-      h.resize(static_cast<size_t>(n));
-      f32_to_f16_row(x, h.data(), n);
-      for (int64_t j = 0; j < n; ++j) reinterpret_cast<uint16_t*>(dst)[at(j)] = h[static_cast<size_t>(j)];
-      return 1.f;
-    }
-    case KvDtype::kBF16:
-      for (int64_t j = 0; j < n; ++j) reinterpret_cast<uint16_t*>(dst)[at(j)] = fp32_to_bf16(x[j]);
-      return 1.f;
-    case KvDtype::kQ8: {
-      codes.resize(static_cast<size_t>(n));
-      const float sc = q8_encode(x, n, reinterpret_cast<int8_t*>(codes.data()), 1);
+  const KvTypeInfo& tt = kv_type(t);
+  thread_local std::vector<uint8_t> codes;  // (no allocation per appended row)
+  const size_t width = tt.code_bits >= 8 ? static_cast<size_t>(tt.code_bits / 8) : 1;
+  codes.resize(static_cast<size_t>(n) * width);
+  const float sc = tt.ops.encode(x, n, codes.data(), round_f16);
+  switch (tt.code_bits) {
+    case 32:
+      for (int64_t j = 0; j < n; ++j) std::memcpy(dst + 4 * at(j), codes.data() + 4 * j, 4);
+      break;
+    case 16:
+      for (int64_t j = 0; j < n; ++j) std::memcpy(dst + 2 * at(j), codes.data() + 2 * j, 2);
+      break;
+    case 8:
       for (int64_t j = 0; j < n; ++j) dst[at(j)] = codes[static_cast<size_t>(j)];
-      return sc;
-    }
-    case KvDtype::kFP8: {
-      codes.resize(static_cast<size_t>(n));
-      const float sc = fp8_encode(x, n, codes.data(), 1);
-      for (int64_t j = 0; j < n; ++j) dst[at(j)] = codes[static_cast<size_t>(j)];
-      return sc;
-    }
-    case KvDtype::kQ4: {  // at(j) is a nibble index; one scale over the n elements
-      codes.resize(static_cast<size_t>(n));
-      const float sc = q4_encode_any(x, n, codes.data(), round_f16);
+      break;
+    default:  // 4
       for (int64_t j = 0; j < n; ++j) put_nibble(dst, at(j), codes[static_cast<size_t>(j)]);
-      return sc;
-    }
   }
-  return 1.f;
+  return sc;
 }
 
 float decode_elem(KvDtype t, const uint8_t* src, int64_t at, float scale) {
-  switch (t) {
-    case KvDtype::kF32:
-      return reinterpret_cast<const float*>(src)[at];
-    case KvDtype::kF16:
-      return fp16_to_fp32(reinterpret_cast<const uint16_t*>(src)[at]);
-    case KvDtype::kBF16:
-      return bf16_to_fp32(reinterpret_cast<const uint16_t*>(src)[at]);
-    case KvDtype::kQ8:
-      return static_cast<float>(reinterpret_cast<const int8_t*>(src)[at]) * scale;
-    case KvDtype::kFP8:
-      return fp8_e4m3_to_f32(src[at]) * scale;
-    case KvDtype::kQ4:
-      return static_cast<float>(get_nibble(src, at) - 8) * scale;
-  }
-  return 0.f;
+  return kv_type(t).ops.decode(src, at, scale);
 }
 
-bool has_row_scale(KvDtype t) { return t == KvDtype::kQ8 || t == KvDtype::kFP8; }
+bool has_row_scale(KvDtype t) { return kv_type(t).scale == KvScale::kRow; }
+bool block_scaled(KvDtype t) { return kv_type(t).scale == KvScale::kBlock; }
 
 }  // namespace
 
@@ -165,21 +96,7 @@ void SideStore::init(const SideEncoding& e, bool keys) {
   if (var_) off_.push_back(0);
 }
 
-size_t SideStore::elem_bytes(int64_t count) const {
-  switch (dtype_) {
-    case KvDtype::kF32:
-      return static_cast<size_t>(count) * 4;
-    case KvDtype::kF16:
-    case KvDtype::kBF16:
-      return static_cast<size_t>(count) * 2;
-    case KvDtype::kQ8:
-    case KvDtype::kFP8:
-      return static_cast<size_t>(count);
-    case KvDtype::kQ4:
-      return static_cast<size_t>(count + 1) / 2;
-  }
-  return 0;
-}
+size_t SideStore::elem_bytes(int64_t count) const { return kv_type(dtype_).code_bytes(count); }
 
 void SideStore::realloc_to(int64_t cap, int64_t cap_ent, bool grow, const int32_t* keep,
                            int64_t n_keep) {
@@ -209,7 +126,7 @@ void SideStore::realloc_to(int64_t cap, int64_t cap_ent, bool grow, const int32_
     std::memset(data_.p.get() + elem_bytes(cap_ent), 0, kMaskedSlack);
     idx_.alloc(mask_ ? static_cast<size_t>(cap) * static_cast<size_t>(mb_)
                      : static_cast<size_t>(cap_ent) * static_cast<size_t>(isz_));
-    if (has_row_scale(dtype_) || dtype_ == KvDtype::kQ4) scale_.alloc(static_cast<size_t>(cap) * 4);
+    if (has_row_scale(dtype_) || block_scaled(dtype_)) scale_.alloc(static_cast<size_t>(cap) * 4);
     if (fill_) fills_.alloc(static_cast<size_t>(cap * nf_) * 4);
     if (rec_) signs_.alloc(static_cast<size_t>(cap * sb_));
     if (var_) off_.assign(1, 0);
@@ -217,7 +134,7 @@ void SideStore::realloc_to(int64_t cap, int64_t cap_ent, bool grow, const int32_
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t t = grow ? r : keep[r];
       const int64_t b = N.row_begin(t), c = N.row_count(t);
-      if (dtype_ == KvDtype::kQ4) {
+      if (block_scaled(dtype_)) {
         for (int64_t j = 0; j < c; ++j) put_nibble(data_.p.get(), ent + j, get_nibble(N.data_.p.get(), b + j));
       } else {
         const size_t es = elem_bytes(1);
@@ -242,19 +159,19 @@ void SideStore::realloc_to(int64_t cap, int64_t cap_ent, bool grow, const int32_
   if (tiled_) {
     data_.alloc(elem_bytes(cap * s_));
   } else {
-    data_.alloc(dtype_ == KvDtype::kQ4 ? static_cast<size_t>(cap) * ((s_ + 1) / 2)
+    data_.alloc(block_scaled(dtype_) ? static_cast<size_t>(cap) * ((s_ + 1) / 2)
                                        : elem_bytes(cap * s_));
   }
   if (has_row_scale(dtype_)) scale_.alloc(static_cast<size_t>(cap) * 4);
-  if (dtype_ == KvDtype::kQ4) scale_.alloc(static_cast<size_t>(cap) * nblk * 2);
+  if (block_scaled(dtype_)) scale_.alloc(static_cast<size_t>(cap) * nblk * 2);
   if (grow && rows > 0) {  // the stored prefix (whole key tiles) copied as is
     const int64_t up = tiled_ ? (rows + kKeyTile - 1) / kKeyTile * kKeyTile : rows;
     const size_t nbytes = tiled_ ? elem_bytes(up * s_)
-                                 : (dtype_ == KvDtype::kQ4 ? static_cast<size_t>(up) * ((s_ + 1) / 2)
+                                 : (block_scaled(dtype_) ? static_cast<size_t>(up) * ((s_ + 1) / 2)
                                                            : elem_bytes(up * s_));
     std::memcpy(data_.p.get(), N.data_.p.get(), nbytes);
     if (scale_.n) {
-      const size_t sbytes = dtype_ == KvDtype::kQ4 ? static_cast<size_t>(up) * nblk * 2 : static_cast<size_t>(rows) * 4;
+      const size_t sbytes = block_scaled(dtype_) ? static_cast<size_t>(up) * nblk * 2 : static_cast<size_t>(rows) * 4;
       std::memcpy(scale_.p.get(), N.scale_.p.get(), sbytes);
     }
   } else if (rows > 0) {
@@ -268,7 +185,7 @@ void SideStore::copy_dense_row(const SideStore& src, int64_t t, int64_t r) {
   const int nblk = n_blocks(s_);
   const uint8_t* from = src.data_.p.get();
   uint8_t* to = data_.p.get();
-  if (dtype_ == KvDtype::kQ4) {
+  if (block_scaled(dtype_)) {
     for (int i = 0; i < s_; ++i) put_nibble(to, sl.nib(r, i), get_nibble(from, sl.nib(t, i)));
     for (int b = 0; b < nblk; ++b) {
       const int64_t fr = tiled_ ? ((t / kKeyTile) * nblk + b) * kKeyTile + t % kKeyTile : t * nblk + b;
@@ -290,7 +207,7 @@ void SideStore::erase_rows(int64_t first, int64_t count) {
   KVTRIM_ASSERT(!sparse_ && first >= 0 && count >= 0 && first + count <= n_);
   if (count == 0) return;
   const int64_t moved = n_ - first - count;  // rows after the erased ones, moved down by count
-  if (dtype_ == KvDtype::kQ4) {
+  if (block_scaled(dtype_)) {
     for (int64_t r = 0; r < moved; ++r) copy_dense_row(*this, first + count + r, first + r);
   } else if (tiled_) {
     // element i of consecutive tokens is contiguous inside a tile: move runs that stay inside
@@ -336,7 +253,7 @@ void SideStore::push_dense(const float* x) {
   KVTRIM_ASSERT(!sparse_ && n_ < cap_);
   const int64_t t = n_;
   const Slot sl{tiled_, s_};
-  if (dtype_ == KvDtype::kQ4) {
+  if (block_scaled(dtype_)) {
     const int nblk = n_blocks(s_);
     for (int b = 0; b < nblk; ++b) {
       const int i0 = b * static_cast<int>(kQ4Block), nb = std::min(static_cast<int>(kQ4Block), s_ - i0);
@@ -348,10 +265,8 @@ void SideStore::push_dense(const float* x) {
   } else if (tiled_) {
     const float sc = encode_elems(dtype_, x, s_, data_.p.get(), [&](int64_t j) { return sl.at(t, j); });
     if (has_row_scale(dtype_)) scale_.as<float>()[t] = sc;
-  } else if (dtype_ == KvDtype::kF16) {
-    f32_to_f16_row(x, data_.as<uint16_t>() + t * s_, s_);
-  } else {
-    const float sc = encode_elems(dtype_, x, s_, data_.p.get(), [&](int64_t j) { return t * s_ + j; });
+  } else {  // a contiguous row of whole-byte codes: encoded in place
+    const float sc = kv_type(dtype_).ops.encode(x, s_, data_.p.get() + elem_bytes(t * s_), false);
     if (has_row_scale(dtype_)) scale_.as<float>()[t] = sc;
   }
   ++n_;
@@ -391,7 +306,7 @@ void SideStore::push_sparse(const float* c, const int32_t* ch, int cnt, const fl
 
 float SideStore::dense_at(int64_t t, int j) const {
   const Slot sl{tiled_, s_};
-  if (dtype_ == KvDtype::kQ4) {
+  if (block_scaled(dtype_)) {
     const int nblk = n_blocks(s_), b = j / static_cast<int>(kQ4Block);
     const int64_t at = tiled_ ? ((t / kKeyTile) * nblk + b) * kKeyTile + t % kKeyTile : t * nblk + b;
     return decode_elem(dtype_, data_.p.get(), sl.nib(t, j), fp16_to_fp32(scale_.as<uint16_t>()[at]));
@@ -486,10 +401,10 @@ SideBytes SideStore::bytes() const {
     if (rec_) b.bitmasks = n * static_cast<size_t>(sb_);
     return b;
   }
-  b.elems = dtype_ == KvDtype::kQ4 && !tiled_ ? n * static_cast<size_t>((s_ + 1) / 2)
+  b.elems = block_scaled(dtype_) && !tiled_ ? n * static_cast<size_t>((s_ + 1) / 2)
                                                : elem_bytes(n_ * s_);
   if (has_row_scale(dtype_)) b.scales = n * 4;
-  if (dtype_ == KvDtype::kQ4) b.scales = n * static_cast<size_t>(n_blocks(s_)) * 2;
+  if (block_scaled(dtype_)) b.scales = n * static_cast<size_t>(n_blocks(s_)) * 2;
   return b;
 }
 

@@ -370,7 +370,7 @@ void Scheduler::finish(Slot& s, const std::string& finish_reason) {
   st.kv_bytes = s.session->cache().bytes().total();
   st.kv_bytes_dense = static_cast<size_t>(st.n_past) * bytes_per_token(s.k, s.v);
   st.press = s.press;
-  st.kv_cache_type = types_name(s.k, s.v);
+  st.kv_cache_type = kv_pair_name(s.k, s.v);
   st.compression = s.compression;
   const double t_end = now_seconds();
   const double pre_s = s.t_prefill_end - s.t_start;
@@ -424,7 +424,7 @@ void Scheduler::publish() {
     v.id = s->id;
     v.state = state_name(static_cast<int>(s->state));
     v.press = s->press;
-    v.kv_cache_type = types_name(s->k, s->v);
+    v.kv_cache_type = kv_pair_name(s->k, s->v);
     if (s->session) {
       const KvCache& c = s->session->cache();
       const KvBytes b = c.bytes();

@@ -46,9 +46,6 @@ inline const char* state_name(int s) {
   static const char* names[] = {"empty", "idle", "prefill", "decode"};
   return names[s];
 }
-inline std::string types_name(KvDtype k, KvDtype v) {
-  return k == v ? kv_dtype_name(k) : std::string("k=") + kv_dtype_name(k) + ",v=" + kv_dtype_name(v);
-}
 inline size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
   size_t n = 0;
   while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;

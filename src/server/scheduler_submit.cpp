@@ -142,7 +142,7 @@ std::shared_ptr<Job> Scheduler::submit(const CompletionRequest& r) {
                                "shorten the prompt%s or use a smaller kv_cache_type",
                                alone, static_cast<long long>(n_prompt), static_cast<long long>(peak_beside_prompt(*j)),
                                j->refeed_peak > j->max_tokens ? "re-feed chunk (kv_press's second pass)" : "max_tokens",
-                               bytes_per_token(j->k, j->v), types_name(j->k, j->v).c_str(), opt_.kv_budget,
+                               bytes_per_token(j->k, j->v), kv_pair_name(j->k, j->v).c_str(), opt_.kv_budget,
                                j->refeed_peak > j->max_tokens ? ", use a smaller refeed_chunk / chunk" : ""),
                      {}, "kv_budget_exceeded");
     }

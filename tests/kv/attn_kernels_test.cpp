@@ -264,7 +264,7 @@ void random_rows(int64_t n, int64_t dim, int64_t T, bool fixed, std::mt19937& rn
   }
 }
 
-// Packed per-token entries (rows off[t] .. off[t + 1]) of random values encoded in a SparseType
+// Packed per-token entries (rows off[t] .. off[t + 1]) of random values encoded in a KvDtype
 // (q8 / fp8: one scale per row), with kv::kMaskedSlack bytes of readable slack after the last
 // entry, and the values the kernels must read back (decoded, scales applied).
 struct Packed {
@@ -272,24 +272,23 @@ struct Packed {
   std::vector<uint16_t> u16;
   std::vector<int8_t> q8;
   std::vector<uint8_t> fp8;
-  const void* vals(kv::SparseType type) const {
+  const void* vals(KvDtype type) const {
     switch (type) {
-      case kv::SparseType::kF32:
+      case KvDtype::kF32:
         return f32.data();
-      case kv::SparseType::kQ8:
+      case KvDtype::kQ8:
         return q8.data();
-      case kv::SparseType::kFP8:
+      case KvDtype::kFP8:
         return fp8.data();
       default:
         return u16.data();
     }
   }
-  const float* row_scale(kv::SparseType type) const {
-    return type == kv::SparseType::kQ8 || type == kv::SparseType::kFP8 ? scale.data() : nullptr;
+  const float* row_scale(KvDtype type) const {
+    return type == KvDtype::kQ8 || type == KvDtype::kFP8 ? scale.data() : nullptr;
   }
 };
-Packed pack(kv::SparseType type, const std::vector<uint32_t>& off, std::mt19937& rng) {
-  using kv::SparseType;
+Packed pack(KvDtype type, const std::vector<uint32_t>& off, std::mt19937& rng) {
   std::normal_distribution<float> nd;
   const size_t n = off.size() - 1, nnz = off.back(), slack = kv::kMaskedSlack;  // bytes
   Packed pk;  // exactly kMaskedSlack bytes past the last entry (so ASan sees any longer read)
@@ -304,37 +303,42 @@ Packed pack(kv::SparseType type, const std::vector<uint32_t>& off, std::mt19937&
     for (float& e : x) e = nd(rng);
     const size_t b = off[t];
     switch (type) {
-      case SparseType::kF32:
+      case KvDtype::kF32:
         std::copy(x.begin(), x.end(), pk.f32.begin() + static_cast<std::ptrdiff_t>(b));
         break;
-      case SparseType::kF16:
-      case SparseType::kBF16:
+      case KvDtype::kF16:
+      case KvDtype::kBF16:
         for (size_t j = 0; j < x.size(); ++j)
-          pk.u16[b + j] = type == SparseType::kF16 ? fp32_to_fp16(x[j]) : fp32_to_bf16(x[j]);
+          pk.u16[b + j] = type == KvDtype::kF16 ? fp32_to_fp16(x[j]) : fp32_to_bf16(x[j]);
         break;
-      case SparseType::kQ8:
+      case KvDtype::kQ8:
         pk.scale[t] = kv::q8_encode(x.data(), static_cast<int64_t>(x.size()), &pk.q8[b], 1);
         break;
-      case SparseType::kFP8:
+      case KvDtype::kFP8:
         pk.scale[t] = kv::fp8_encode(x.data(), static_cast<int64_t>(x.size()), &pk.fp8[b], 1);
+        break;
+      case KvDtype::kQ4:  // no sparse-row kernels (kv_type(kQ4).sparse_kernels)
+        ADD_FAILURE() << "q4 sparse rows";
         break;
     }
     for (size_t j = b; j < off[t + 1]; ++j) {
       switch (type) {
-        case SparseType::kF32:
+        case KvDtype::kF32:
           pk.decoded[j] = pk.f32[j];
           break;
-        case SparseType::kF16:
+        case KvDtype::kF16:
           pk.decoded[j] = fp16_to_fp32(pk.u16[j]);
           break;
-        case SparseType::kBF16:
+        case KvDtype::kBF16:
           pk.decoded[j] = bf16_to_fp32(pk.u16[j]);
           break;
-        case SparseType::kQ8:
+        case KvDtype::kQ8:
           pk.decoded[j] = pk.scale[t] * pk.q8[j];
           break;
-        case SparseType::kFP8:
+        case KvDtype::kFP8:
           pk.decoded[j] = pk.scale[t] * kv::fp8_e4m3_to_f32(pk.fp8[j]);
+          break;
+        case KvDtype::kQ4:
           break;
       }
     }
@@ -347,16 +351,15 @@ Packed pack(kv::SparseType type, const std::vector<uint32_t>& off, std::mt19937&
 // decoded to dense [n, dim] with zeros in the dropped channels; wide rows (600, 1100: Lexico's
 // dictionaries) take the same SIMD kernels.
 void sparse_matches_loops() {
-  using kv::SparseType;
   std::mt19937 rng(23);
   std::normal_distribution<float> nd;
-  const SparseType types[] = {SparseType::kF32, SparseType::kF16, SparseType::kBF16,
-                              SparseType::kQ8, SparseType::kFP8};
+  const KvDtype types[] = {KvDtype::kF32, KvDtype::kF16, KvDtype::kBF16,
+                              KvDtype::kQ8, KvDtype::kFP8};
   for (int64_t dim : {1, 7, 16, 33, 64, 128, 256, 300, 600, 1100}) {
     for (int idx_bytes : {1, 2}) {
       if (idx_bytes == 1 && dim > 256) continue;
       for (bool fixed : {true, false}) {
-        for (SparseType type : types) {
+        for (KvDtype type : types) {
           const int64_t n = 45, T = std::max<int64_t>(1, dim / 4);
           // rows: channel lists and counts
           std::vector<uint32_t> off;
@@ -425,17 +428,16 @@ void sparse_matches_loops() {
 // fill, or SPARK's signed recovery ±fill · w_c; scores, accumulation and decoding against the
 // rows built here as dense f32. dim > 512 takes the scalar path.
 void masked_matches_loops() {
-  using kv::SparseType;
   std::mt19937 rng(29);
   std::normal_distribution<float> nd;
   std::uniform_int_distribution<int> byte(0, 255);
-  const SparseType types[] = {SparseType::kF32, SparseType::kF16, SparseType::kBF16, SparseType::kQ8,
-                              SparseType::kFP8};
+  const KvDtype types[] = {KvDtype::kF32, KvDtype::kF16, KvDtype::kBF16, KvDtype::kQ8,
+                              KvDtype::kFP8};
   enum class Pruned { kZero, kFill, kWeighted, kSigned };
   for (int64_t dim : {1, 7, 16, 33, 64, 128, 256, 512, 600}) {  // 512: the SIMD path's largest
     const int64_t n = 45, mb = (dim + 7) / 8, T = std::max<int64_t>(1, dim / 5);
     for (bool fixed : {true, false}) {
-      for (SparseType type : types) {
+      for (KvDtype type : types) {
         for (Pruned mode : {Pruned::kZero, Pruned::kFill, Pruned::kWeighted, Pruned::kSigned}) {
           std::vector<uint32_t> off;
           std::vector<uint8_t> mask(n * mb, 0), signs(n * mb);

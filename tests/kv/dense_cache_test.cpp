@@ -210,9 +210,9 @@ TEST(DenseCache, BytesAreExactAndTruncateDropsTokens) {
 // KvCacheConfig::dense_bytes_per_token (Session's memory check) equals what a cache holds per
 // uncompressed token, for every precision on each side and head dims with partial q4 blocks.
 TEST(DenseCache, DenseBytesPerTokenEqualsWhatTheCacheHolds) {
-  const KvDtype all[] = {KvDtype::kF32, KvDtype::kF16, KvDtype::kBF16, KvDtype::kQ8, KvDtype::kFP8, KvDtype::kQ4};
-  for (KvDtype tk : all) {
-    for (KvDtype tv : all) {
+  for (const KvTypeInfo& ik : kv_types()) {
+    for (const KvTypeInfo& iv : kv_types()) {
+      const KvDtype tk = ik.type, tv = iv.type;
       for (int d : {64, 48}) {
         KvCacheConfig cfg;
         cfg.n_layer = 2;

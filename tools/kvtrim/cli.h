@@ -32,8 +32,9 @@ struct CommonOptions {
 
 void add_common_options(CLI::App* app, CommonOptions& o);
 // The cache types as recorded in results files: "f16", or "k=q8,v=q4" when they differ, with
-// "+hadamard" when quantized rows are rotated (the default).
-std::string kv_tag(const CommonOptions& o);
+// "+hadamard" when the cache rotates a side's rows (the default, for the types and head widths
+// kv_rotation_applies accepts: the same rule as the cache's).
+std::string kv_tag(const CommonOptions& o, const HParams& hp);
 // The prefill precision as recorded in results files: "int8" (the default) or "" (--f32-prefill:
 // f32 activations times the dequantized weights).
 std::string prefill_tag(const CommonOptions& o);

@@ -86,7 +86,7 @@ void bench(const BenchOptions& o) {
   std::vector<Row> rows;
   const char* prefill = int8_prefill() ? "8-bit activations" : "f32 activations (--f32-prefill)";
   std::fprintf(stderr, "threads: %d, reps: %d (+1 warm-up), kv: %s, prefill: %s\n", s.pool().n_threads(), o.reps,
-               kv_tag(o.common).c_str(), prefill);
+               kv_tag(o.common, model->hparams()).c_str(), prefill);
   const Bandwidth bw = measure_read_bandwidth(&s.pool());
   const double weight_bytes = static_cast<double>(model->decode_weight_bytes());
   std::fprintf(stderr, "read bandwidth: %.1f GB/s (best of %d; median %.1f) on %d threads; weights read per decode step: %s\n",

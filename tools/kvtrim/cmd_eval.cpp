@@ -42,7 +42,7 @@ namespace evalcmd {
 std::string default_haystack_dir() { return eval::shared_data_path("haystack/paul_graham", "--haystack DIR"); }
 
 eval::RunIdentity run_identity(const CommonOptions& common, const Model& model) {
-  return {model.gguf().path(), kv_tag(common), common.batch, prefill_tag(common), ""};
+  return {model.gguf().path(), kv_tag(common, model.hparams()), common.batch, prefill_tag(common), ""};
 }
 
 void set_cell_calibrations(std::vector<eval::SweepCell>* cells, const Model& model) {

@@ -150,7 +150,7 @@ void serve(const ServeOptions& o) {
                "kvtrim serve: http://%s:%d  (%d slots of %lld tokens, %d threads, kv %s, press %s, pressure press %s, "
                "kv budget %s)\n",
                o.host.c_str(), http.bound_port(), so.n_parallel, static_cast<long long>(so.n_ctx), pool.n_threads(),
-               kv_tag(o.common).c_str(), so.press.empty() ? "none" : so.press.c_str(),
+               kv_tag(o.common, model->hparams()).c_str(), so.press.empty() ? "none" : so.press.c_str(),
                so.pressure_press.empty() ? "none" : so.pressure_press.c_str(),
                so.kv_budget ? human_bytes(so.kv_budget).c_str() : "none");
   // First stop signal: a drain, as a service manager's SIGTERM expects: /health answers 503 (a

@@ -28,9 +28,8 @@ void add_common_options(CLI::App* app, CommonOptions& o) {
       ->capture_default_str()->check(CLI::NonNegativeNumber);
   app->add_option("-b,--batch", o.batch, "prefill chunk size in tokens")
       ->capture_default_str()->check(CLI::Range(1, 1 << 16));
-  const std::vector<std::string> types = {"f16", "f32", "bf16", "q8", "q8_0", "fp8", "fp8_e4m3", "q4", "q4_0"};
-  app->add_option("--kv-type", o.kv_type,
-                  "precision of stored keys and values: f16, f32, bf16, q8 (= q8_0), fp8 (e4m3), q4 (= q4_0)")
+  const std::vector<std::string> types = kv_type_names();
+  app->add_option("--kv-type", o.kv_type, std::string("precision of stored keys and values: ") + kv_type_list())
       ->capture_default_str()->check(CLI::IsMember(types));
   app->add_option("--cache-type-k", o.cache_type_k, "precision of stored keys, also -ctk (default: --kv-type)")
       ->check(CLI::IsMember(types));
@@ -58,16 +57,12 @@ void add_common_options(CLI::App* app, CommonOptions& o) {
                 "that spreads outlier channels before quantization");
 }
 
-std::string kv_tag(const CommonOptions& o) {
-  const std::string k = o.cache_type_k.empty() ? o.kv_type : o.cache_type_k;
-  const std::string v = o.cache_type_v.empty() ? o.kv_type : o.cache_type_v;
-  auto canon = [](const std::string& t) { return std::string(kv_dtype_name(kv_dtype_from_name(t))); };
-  const std::string types = canon(k) == canon(v) ? canon(k) : "k=" + canon(k) + ",v=" + canon(v);
-  auto quantized = [&](const std::string& t) {
-    const KvDtype d = kv_dtype_from_name(t);
-    return d == KvDtype::kQ8 || d == KvDtype::kQ4;
-  };
-  return types + (!o.no_kv_rotate && (quantized(k) || quantized(v)) ? "+hadamard" : "");
+std::string kv_tag(const CommonOptions& o, const HParams& hp) {
+  const KvDtype k = kv_dtype_from_name(o.cache_type_k.empty() ? o.kv_type : o.cache_type_k);
+  const KvDtype v = kv_dtype_from_name(o.cache_type_v.empty() ? o.kv_type : o.cache_type_v);
+  const std::string types = kv_pair_name(k, v);
+  const bool rotated = kv_rotation_applies(k, hp.head_dim_k) || kv_rotation_applies(v, hp.head_dim_v);
+  return types + (!o.no_kv_rotate && rotated ? "+hadamard" : "");
 }
 
 std::string prefill_tag(const CommonOptions& o) { return o.f32_prefill ? "" : "int8"; }

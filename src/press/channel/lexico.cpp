@@ -29,6 +29,7 @@
 
 #include "calib/lexico.h"
 #include "core/error.h"
+#include "kv/kv_type.h"
 #include "press/calibration_source.h"
 
 namespace kvtrim {
@@ -84,8 +85,9 @@ class LexicoPress : public Press {
                    "atoms %d)", static_cast<long long>(s), d, N);
       return static_cast<int>(s);
     }
-    const double val = o_.values == KvDtype::kFP8 ? 1.0 : 2.0, idx = N <= 256 ? 1.0 : 2.0;
-    const double scale = o_.values == KvDtype::kFP8 ? 4.0 : 0.0;
+    const KvTypeInfo& vt = kv_type(o_.values);
+    const double val = static_cast<double>(vt.code_bytes(1)), idx = N <= 256 ? 1.0 : 2.0;
+    const double scale = vt.scale == KvScale::kRow ? 4.0 : 0.0;
     const double budget = (1.0 - o_.ratio) * 2.0 * d - scale;
     return std::clamp(static_cast<int>(std::floor(budget / (val + idx) + 1e-9)), 1, hi);
   }

@@ -1,0 +1,126 @@
+// The storage types' table (kv/kv_type.h): every type has its entry, names and llama.cpp's aliases
+// parse, an unknown name is an error naming the accepted ones, each codec round-trips within its
+// format's own bound, the byte counts follow the formats, and the rotation rule is the one the
+// cache applies.
+#include "kv/kv_type.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "kv/kv_cache.h"
+
+namespace kvtrim {
+namespace {
+
+TEST(KvType, EveryTypeHasItsEntryInOrder) {
+  const auto& all = kv_types();
+  ASSERT_EQ(all.size(), 6u);
+  for (size_t i = 0; i < all.size(); ++i) {
+    EXPECT_EQ(static_cast<size_t>(all[i].type), i);
+    EXPECT_EQ(&kv_type(all[i].type), &all[i]);
+    EXPECT_TRUE(all[i].code_bits == 32 || all[i].code_bits == 16 || all[i].code_bits == 8 || all[i].code_bits == 4);
+    EXPECT_NE(all[i].ops.encode, nullptr);
+    EXPECT_NE(all[i].ops.decode, nullptr);
+    EXPECT_NE(all[i].ops.scores, nullptr);
+    EXPECT_NE(all[i].ops.accum, nullptr);
+  }
+  EXPECT_THROW(kv_type(static_cast<KvDtype>(200)), Error);
+}
+
+TEST(KvType, NamesAndLlamaCppAliasesParse) {
+  EXPECT_EQ(kv_dtype_from_name("f16"), KvDtype::kF16);
+  EXPECT_EQ(kv_dtype_from_name("q8_0"), KvDtype::kQ8);  // llama.cpp's -ctk names
+  EXPECT_EQ(kv_dtype_from_name("q4_0"), KvDtype::kQ4);
+  EXPECT_EQ(kv_dtype_from_name("fp8_e4m3"), KvDtype::kFP8);
+  for (const KvTypeInfo& t : kv_types()) {
+    EXPECT_EQ(kv_dtype_from_name(t.name), t.type);
+    EXPECT_STREQ(kv_dtype_name(t.type), t.name);
+    if (t.alias) {
+      EXPECT_EQ(kv_dtype_from_name(t.alias), t.type);
+    }
+  }
+  const std::vector<std::string> names = kv_type_names();
+  EXPECT_EQ(names.size(), 9u);  // six names, three aliases
+  EXPECT_EQ(kv_pair_name(KvDtype::kQ8, KvDtype::kQ8), "q8");
+  EXPECT_EQ(kv_pair_name(KvDtype::kQ8, KvDtype::kF16), "k=q8,v=f16");
+  try {
+    kv_dtype_from_name("q5_1");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("'q5_1'"), std::string::npos) << msg;
+    for (const std::string& n : names) EXPECT_NE(msg.find(n), std::string::npos) << msg;
+  }
+}
+
+// Bytes of one dense vector, from the formats (quant_formats.h), not from the table's formula.
+TEST(KvType, DenseRowBytesFollowTheFormats) {
+  EXPECT_EQ(kv_type(KvDtype::kF32).dense_row_bytes(64), 256u);
+  EXPECT_EQ(kv_type(KvDtype::kF16).dense_row_bytes(64), 128u);
+  EXPECT_EQ(kv_type(KvDtype::kBF16).dense_row_bytes(48), 96u);
+  EXPECT_EQ(kv_type(KvDtype::kQ8).dense_row_bytes(64), 64u + 4);   // codes + f32 scale
+  EXPECT_EQ(kv_type(KvDtype::kFP8).dense_row_bytes(80), 80u + 4);
+  EXPECT_EQ(kv_type(KvDtype::kQ4).dense_row_bytes(64), 32u + 2 * 2);  // two f16 block scales
+  EXPECT_EQ(kv_type(KvDtype::kQ4).dense_row_bytes(48), 24u + 2 * 2);  // a partial second block
+  EXPECT_EQ(kv_type(KvDtype::kQ4).dense_row_bytes(33), 17u + 2 * 2);  // an odd width: a half byte
+}
+
+// encode then decode: exact for f32; otherwise within the format's rounding: half an ulp of the
+// element (f16: 2^-11 relative, bf16: 2^-8; fp8 e4m3: 2^-4 of the scaled element) or half a grid
+// step (q8: scale / 2 = max|x| / 254; q4: |scale| / 2, plus how far an element lies beyond the
+// grid's ±7 steps: q4's search may pick a smaller scale that clips the largest elements).
+TEST(KvType, CodecsRoundTripWithinTheirFormatsBound) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (const KvTypeInfo& t : kv_types()) {
+    for (int n : {1, 31, 64, 77}) {
+      std::vector<float> x(static_cast<size_t>(n));
+      for (float& v : x) v = nd(rng);
+      float amax = 0;
+      for (float v : x) amax = std::max(amax, std::fabs(v));
+      std::vector<uint8_t> codes(static_cast<size_t>(n) * 4);
+      const float scale = t.ops.encode(x.data(), n, codes.data(), /*round_f16=*/false);
+      std::vector<uint8_t> packed = codes;
+      if (t.code_bits == 4) {  // one code per byte from encode; decode reads nibbles
+        std::fill(packed.begin(), packed.end(), uint8_t{0});
+        for (int j = 0; j < n; ++j) packed[j / 2] |= static_cast<uint8_t>(codes[j] << ((j & 1) * 4));
+      }
+      for (int j = 0; j < n; ++j) {
+        const float got = t.ops.decode(packed.data(), j, scale), want = x[static_cast<size_t>(j)];
+        double bound = 0;
+        switch (t.type) {
+          case KvDtype::kF32: bound = 0; break;
+          case KvDtype::kF16: bound = std::fabs(want) * std::ldexp(1.0, -11); break;
+          case KvDtype::kBF16: bound = std::fabs(want) * std::ldexp(1.0, -8); break;
+          case KvDtype::kFP8: bound = std::fabs(want) * std::ldexp(1.0, -4) + scale * std::ldexp(1.0, -10); break;
+          case KvDtype::kQ8: bound = amax / 254.0 * 1.0001; break;
+          case KvDtype::kQ4: {
+            const double st = std::fabs(scale);
+            bound = st * 0.5001 + std::max(0.0, std::fabs(want) - 7 * st);
+            EXPECT_GE(st, amax / 8.0 * 0.75 * 0.999) << "q4's search tries scales down to 3/4 of q4_0's";
+            break;
+          }
+        }
+        EXPECT_LE(std::fabs(got - want), bound) << t.name << " n " << n << " element " << j;
+      }
+    }
+  }
+}
+
+TEST(KvType, RotationOnIntegerGridsOfPowerOfTwoWidths) {
+  EXPECT_TRUE(kv_rotation_applies(KvDtype::kQ8, 64));
+  EXPECT_TRUE(kv_rotation_applies(KvDtype::kQ4, 128));
+  EXPECT_FALSE(kv_rotation_applies(KvDtype::kQ8, 48));  // no fast Hadamard transform of 48
+  EXPECT_FALSE(kv_rotation_applies(KvDtype::kFP8, 64));  // a floating grid
+  EXPECT_FALSE(kv_rotation_applies(KvDtype::kF16, 64));
+  EXPECT_FALSE(kv_rotation_applies(KvDtype::kBF16, 64));
+}
+
+}  // namespace
+}  // namespace kvtrim
