@@ -17,7 +17,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "kv/kv_type.h"
+#include "kv/kv_dtype.h"
 
 namespace kvtrim::kv {
 

@@ -11,16 +11,10 @@
 #include <string_view>
 #include <vector>
 
+#include "kv/kv_dtype.h"
+
 namespace kvtrim {
 
-// Precision of stored K or V elements (keys and values may differ: KvCacheConfig::dtype_k /
-// dtype_v, and each epoch of a plan may set its own).
-//  kF32 / kF16 / kBF16: IEEE float, half, bfloat16 (round to nearest even).
-//  kQ8:  int8 codes, one f32 scale per stored vector (scale = max|x| / 127).
-//  kFP8: fp8 E4M3 codes (OCP), one f32 scale per stored vector (scale = max|x| / 448).
-//  kQ4:  4-bit codes in blocks of 32 elements, one f16 scale per block (llama.cpp's q4_0 rule);
-//        in per-token channel rows (sparse) one f32 scale per row instead.
-enum class KvDtype : uint8_t { kF32, kF16, kBF16, kQ8, kFP8, kQ4 };
 
 // How a type's codes are scaled.
 enum class KvScale : uint8_t {
