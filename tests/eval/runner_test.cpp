@@ -163,10 +163,10 @@ TEST(Runner, SharedCompressionsLossIsMeasuredOnTheFirstQuestion) {
   const std::string out = test::temp_dir("eval_loss_q") + "/results.jsonl";
   std::filesystem::remove(out);
   {
-    ResultsFile f(out, "cfg");
+    QuestionResultsFile f(out, "cfg");
     f.append(r[0]);
   }
-  const ResultsFile back(out, "cfg");
+  const QuestionResultsFile back(out, "cfg");
   ASSERT_EQ(back.rows().size(), 1u);
   EXPECT_EQ(back.rows()[0].press_loss_queries, "question");
 }
