@@ -46,6 +46,14 @@ expect 2 "'--press-max-loss' must be a loss estimate in \[0, 1\]" "${run[@]}" -p
 expect 2 "'--press-max-loss' must be a loss estimate in \[0, 1\]" "${run[@]}" -p "hello" --press-max-loss nan
 expect 1 "--press-max-loss needs the loss estimate" \
   "${run[@]}" --chat -p "hello" --press snapkv:0.5 --press-max-loss 0.1 --no-loss-estimate
+# a compression that grows the cache says so (SPARK's per-token index, signs and fill on q4 rows
+# outweigh the pruned half of each row); one that shrinks it does not
+expect 0 "KV [0-9.]+ KiB -> [0-9.]+ KiB .*WARNING: the cache grew by [0-9.]+ KiB" \
+  "${run[@]}" --kv-type q4_0 --context "$tmp/doc.txt" -p "What?" --press spark:0.5
+if "$bin" "${run[@]}" --kv-type q4_0 --context "$tmp/doc.txt" -p "What?" --press snapkv:0.5 2>&1 >/dev/null \
+    | grep -q "WARNING: the cache grew"; then
+  failed=$((failed + 1)); echo "FAIL [grew_warning]: snapkv:0.5 on q4 warned that the cache grew"
+else pass=$((pass + 1)); fi
 
 # One document, two questions: each answer is the answer of a run with that question alone.
 for press in snapkv:0.5 snapkv:0.5,query_aware=true; do

@@ -136,6 +136,17 @@ void install_press(Session& s, const PressOptions& o, bool after_prefill) {
   s.set_press(std::move(p), sched);
 }
 
+namespace {
+// A compression that left the cache larger than it found it (SPARK's per-token index, signs and
+// fill on q4 rows outweigh the half of each row it prunes): said, not hidden in the numbers.
+std::string grew_warning(const CompressStats& st) {
+  if (st.bytes_after <= st.bytes_before) return "";
+  return strprintf("; WARNING: the cache grew by %s: what the press stores per token (kept-channel "
+                   "indices, signs, fills, scales) outweighs what it removed at this storage type",
+                   human_bytes(st.bytes_after - st.bytes_before).c_str());
+}
+}  // namespace
+
 std::string compress_line(const Press& p, const CompressStats& st, const std::string& part) {
   const double rss_drop = static_cast<double>(st.rss_before) - static_cast<double>(st.rss_after);
   return strprintf("press %s: %s%lld -> %lld tokens (all layers and kv heads, %.1f%% removed), KV %s -> %s in %.3f s; "
@@ -151,7 +162,7 @@ std::string compress_line(const Press& p, const CompressStats& st, const std::st
          (st.refeed_seconds > 0 ? strprintf("; re-feed pass first: %.2f s, process RSS at its fullest %s",
                                             st.refeed_seconds, human_bytes(st.refeed_rss_peak).c_str())
                                 : std::string()) +
-         (st.loss.measured ? "; " + loss_text(st.loss) : std::string());
+         (st.loss.measured ? "; " + loss_text(st.loss) : std::string()) + grew_warning(st);
 }
 
 std::string context_compress_line(const Press& p, const ContextCompression& c, int64_t n_protected,
