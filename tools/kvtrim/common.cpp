@@ -141,27 +141,31 @@ namespace {
 // fill on q4 rows outweigh the half of each row it prunes): said, not hidden in the numbers.
 std::string grew_warning(const CompressStats& st) {
   if (st.bytes_after <= st.bytes_before) return "";
-  return strprintf("; WARNING: the cache grew by %s: what the press stores per token (kept-channel "
-                   "indices, signs, fills, scales) outweighs what it removed at this storage type",
-                   human_bytes(st.bytes_after - st.bytes_before).c_str());
+  return strprintf(
+      "; WARNING: the cache grew by %s: what the press stores per token (kept-channel "
+      "indices, signs, fills, scales) outweighs what it removed at this storage type",
+      human_bytes(st.bytes_after - st.bytes_before).c_str());
 }
 }  // namespace
 
 std::string compress_line(const Press& p, const CompressStats& st, const std::string& part) {
   const double rss_drop = static_cast<double>(st.rss_before) - static_cast<double>(st.rss_after);
-  return strprintf("press %s: %s%lld -> %lld tokens (all layers and kv heads, %.1f%% removed), KV %s -> %s in %.3f s; "
-                   "process RSS %s -> %s (%s%.2f MiB)",
-                   p.spec().c_str(), part.c_str(), static_cast<long long>(st.tokens_before),
-                   static_cast<long long>(st.tokens_after),
-                   st.tokens_before ? 100.0 * static_cast<double>(st.tokens_before - st.tokens_after) /
-                                          static_cast<double>(st.tokens_before)
-                                    : 0.0,
-                   human_bytes(st.bytes_before).c_str(), human_bytes(st.bytes_after).c_str(), st.seconds,
-                   human_bytes(st.rss_before).c_str(), human_bytes(st.rss_after).c_str(), rss_drop >= 0 ? "-" : "+",
-                   std::abs(rss_drop) / (1024.0 * 1024.0)) +
-         (st.refeed_seconds > 0 ? strprintf("; re-feed pass first: %.2f s, process RSS at its fullest %s",
-                                            st.refeed_seconds, human_bytes(st.refeed_rss_peak).c_str())
-                                : std::string()) +
+  return strprintf(
+             "press %s: %s%lld -> %lld tokens (all layers and kv heads, %.1f%% removed), KV %s -> "
+             "%s in %.3f s; "
+             "process RSS %s -> %s (%s%.2f MiB)",
+             p.spec().c_str(), part.c_str(), static_cast<long long>(st.tokens_before),
+             static_cast<long long>(st.tokens_after),
+             st.tokens_before ? 100.0 * static_cast<double>(st.tokens_before - st.tokens_after) /
+                                    static_cast<double>(st.tokens_before)
+                              : 0.0,
+             human_bytes(st.bytes_before).c_str(), human_bytes(st.bytes_after).c_str(), st.seconds,
+             human_bytes(st.rss_before).c_str(), human_bytes(st.rss_after).c_str(),
+             rss_drop >= 0 ? "-" : "+", std::abs(rss_drop) / (1024.0 * 1024.0)) +
+         (st.refeed_seconds > 0
+              ? strprintf("; re-feed pass first: %.2f s, process RSS at its fullest %s",
+                          st.refeed_seconds, human_bytes(st.refeed_rss_peak).c_str())
+              : std::string()) +
          (st.loss.measured ? "; " + loss_text(st.loss) : std::string()) + grew_warning(st);
 }
 
