@@ -81,10 +81,7 @@ void PressObserver::after_append(int il, KvCache& cache) {
   PressContext ctx(cache, model_.hparams(), &obs_, pool_);
   ctx.set_model(&model_);
   ctx.set_new_from(cache.n_past());  // the engine advances n_past only after the whole forward call
-  const CompressionPlan plan = hook_press_->plan_after_append(ctx, il);
-  if (!plan_is_planned(plan)) return;
-  cache.apply(plan);
-  on_apply(plan);
+  apply_plan(hook_press_->plan_after_append(ctx, il), cache, this);
 }
 
 void PressObserver::on_apply(const CompressionPlan& plan) {
@@ -97,6 +94,13 @@ void PressObserver::on_truncate(int32_t pos) {
   StatContext c = stat_context();
   for (auto& st : stats_) st->on_truncate(c, pos);
   refeed_.on_truncate(c, pos);
+}
+
+bool apply_plan(const CompressionPlan& plan, KvCache& cache, PressObserver* obs) {
+  if (!plan_is_planned(plan)) return false;  // token selections, and basis / channel plans
+  cache.apply(plan);                          // that keep every token, are planned
+  if (obs) obs->on_apply(plan);
+  return true;
 }
 
 int64_t total_tokens(const KvCache& cache) {
@@ -116,11 +120,7 @@ CompressStats run_press(const Press& press, KvCache& cache, const Model& model, 
   PressContext ctx(cache, model.hparams(), obs ? &obs->observations() : nullptr, pool);
   ctx.set_model(&model);
   if (budget_override) ctx.set_budget_override(*budget_override);
-  const CompressionPlan plan = press.plan(ctx);
-  if (plan_is_planned(plan)) {  // token selections, and basis / channel plans that keep every token
-    cache.apply(plan);
-    if (obs) obs->on_apply(plan);
-  }
+  apply_plan(press.plan(ctx), cache, obs);
   st.rss_after = process_rss_bytes();
   st.tokens_after = total_tokens(cache);
   st.bytes_after = cache.bytes().total();

@@ -114,7 +114,15 @@ struct CompressStats {
   PressLoss loss;
 };
 
-// Plans with `press` over the cache and applies the plan; obs may be nullptr.
+// The one path from a press's plan to the cache (DESIGN.md §3: the press plans, only the cache
+// mutates storage). Every caller applies through here: run_press (compress), the after-append
+// hook (PressObserver::after_append) and the decode-time update (Session's plan_decode). A plan
+// that plans nothing (plan_is_planned false) is skipped; otherwise the cache applies it and the
+// observer (nullptr: none) keeps its observations aligned with the cache's tokens. Returns
+// whether the plan was applied.
+bool apply_plan(const CompressionPlan& plan, KvCache& cache, PressObserver* obs);
+
+// Plans with `press` over the cache and applies the plan (apply_plan); obs may be nullptr.
 // model's weights are visible to the press through PressContext::model().
 CompressStats run_press(const Press& press, KvCache& cache, const Model& model, PressObserver* obs, ThreadPool* pool,
                         const Budget* budget_override = nullptr);
