@@ -6,8 +6,6 @@
 #include "core/error.h"
 #include "core/memory.h"
 #include "core/timer.h"
-#include "engine/perplexity.h"
-#include "engine/session.h"
 #include "press/attention_stats.h"
 
 namespace kvtrim {
@@ -125,53 +123,6 @@ CompressStats run_press(const Press& press, KvCache& cache, const Model& model, 
   st.tokens_after = total_tokens(cache);
   st.bytes_after = cache.bytes().total();
   st.seconds = now_seconds() - t0;
-  return st;
-}
-
-}  // namespace kvtrim
-
-namespace kvtrim {
-
-PplResult perplexity_press(Session& s, const std::vector<int32_t>& tokens, int64_t n_ctx, int32_t bos,
-                           const std::function<void(int64_t, int64_t, double)>& progress, CompressStats* last) {
-  KVTRIM_CHECK(s.press() != nullptr, "perplexity_press: the session has no press");
-  const int64_t C = n_ctx;
-  KVTRIM_CHECK(C >= 16, "perplexity window must be at least 16 tokens (got %lld)", static_cast<long long>(C));
-  KVTRIM_CHECK(C <= s.n_ctx(), "perplexity window of %lld tokens exceeds the session's context limit of %lld",
-               static_cast<long long>(C), static_cast<long long>(s.n_ctx()));
-  const int64_t n_tok = static_cast<int64_t>(tokens.size());
-  KVTRIM_CHECK(n_tok >= C, "the text has %lld tokens, fewer than one window of %lld", static_cast<long long>(n_tok),
-               static_cast<long long>(C));
-  PplResult r;
-  r.n_windows = n_tok / C;
-  const int64_t h = C / 2;
-  const size_t n_vocab = static_cast<size_t>(s.model().hparams().n_vocab);
-  std::vector<float> logits(static_cast<size_t>(C - h) * n_vocab);
-  NllAccumulator acc;
-  const double t0 = now_seconds();
-  for (int64_t w = 0; w < r.n_windows; ++w) {
-    std::vector<int32_t> win(tokens.begin() + w * C, tokens.begin() + (w + 1) * C);
-    if (bos >= 0) win[0] = bos;
-    const CompressStats st = prefill_compress_continue(s, win, h, logits.data());
-    if (last) *last = st;
-    for (int64_t j = h; j < C - 1; ++j)
-      acc.add(logits.data() + static_cast<size_t>(j - h) * n_vocab, n_vocab, win[static_cast<size_t>(j + 1)]);
-    if (progress) progress(w + 1, r.n_windows, acc.ppl_so_far());
-  }
-  r.seconds = now_seconds() - t0;
-  acc.finish(&r);
-  return r;
-}
-
-CompressStats prefill_compress_continue(Session& s, const std::vector<int32_t>& win, int64_t prefix, float* logits) {
-  KVTRIM_CHECK(s.press() != nullptr, "prefill_compress_continue: the session has no press");
-  const int64_t n = static_cast<int64_t>(win.size());
-  KVTRIM_CHECK(prefix > 0 && prefix < n, "prefill_compress_continue: prefix %lld must be in (0, %lld)",
-               static_cast<long long>(prefix), static_cast<long long>(n));
-  s.reset();
-  s.prefill(std::vector<int32_t>(win.begin(), win.begin() + prefix));
-  const CompressStats st = s.compress();
-  s.eval_all(win.data() + prefix, n - prefix, logits);
   return st;
 }
 
