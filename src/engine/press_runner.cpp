@@ -1,3 +1,5 @@
+// The press observer, apply_plan and run_press (press_runner.h).
+// Dependencies: session -> press_runner -> observation_stats, press, kv, model; never session.h.
 #include "engine/press_runner.h"
 
 #include <algorithm>

@@ -1,3 +1,4 @@
+// Session (session.h). Dependencies: session -> press_runner, press_loss (never back).
 #include "engine/session.h"
 
 #include <algorithm>
