@@ -1,3 +1,5 @@
+// The press observer, apply_plan and run_press (press_runner.h).
+// Dependencies: session -> press_runner -> observation_stats, press, kv, model; never session.h.
 #include "engine/press_runner.h"
 
 #include <algorithm>
@@ -6,8 +8,6 @@
 #include "core/error.h"
 #include "core/memory.h"
 #include "core/timer.h"
-#include "engine/perplexity.h"
-#include "engine/session.h"
 #include "press/attention_stats.h"
 
 namespace kvtrim {
@@ -81,10 +81,7 @@ void PressObserver::after_append(int il, KvCache& cache) {
   PressContext ctx(cache, model_.hparams(), &obs_, pool_);
   ctx.set_model(&model_);
   ctx.set_new_from(cache.n_past());  // the engine advances n_past only after the whole forward call
-  const CompressionPlan plan = hook_press_->plan_after_append(ctx, il);
-  if (!plan_is_planned(plan)) return;
-  cache.apply(plan);
-  on_apply(plan);
+  apply_plan(hook_press_->plan_after_append(ctx, il), cache, this);
 }
 
 void PressObserver::on_apply(const CompressionPlan& plan) {
@@ -97,6 +94,13 @@ void PressObserver::on_truncate(int32_t pos) {
   StatContext c = stat_context();
   for (auto& st : stats_) st->on_truncate(c, pos);
   refeed_.on_truncate(c, pos);
+}
+
+bool apply_plan(const CompressionPlan& plan, KvCache& cache, PressObserver* obs) {
+  if (!plan_is_planned(plan)) return false;  // token selections, and basis / channel plans
+  cache.apply(plan);                          // that keep every token, are planned
+  if (obs) obs->on_apply(plan);
+  return true;
 }
 
 int64_t total_tokens(const KvCache& cache) {
@@ -116,62 +120,11 @@ CompressStats run_press(const Press& press, KvCache& cache, const Model& model, 
   PressContext ctx(cache, model.hparams(), obs ? &obs->observations() : nullptr, pool);
   ctx.set_model(&model);
   if (budget_override) ctx.set_budget_override(*budget_override);
-  const CompressionPlan plan = press.plan(ctx);
-  if (plan_is_planned(plan)) {  // token selections, and basis / channel plans that keep every token
-    cache.apply(plan);
-    if (obs) obs->on_apply(plan);
-  }
+  apply_plan(press.plan(ctx), cache, obs);
   st.rss_after = process_rss_bytes();
   st.tokens_after = total_tokens(cache);
   st.bytes_after = cache.bytes().total();
   st.seconds = now_seconds() - t0;
-  return st;
-}
-
-}  // namespace kvtrim
-
-namespace kvtrim {
-
-PplResult perplexity_press(Session& s, const std::vector<int32_t>& tokens, int64_t n_ctx, int32_t bos,
-                           const std::function<void(int64_t, int64_t, double)>& progress, CompressStats* last) {
-  KVTRIM_CHECK(s.press() != nullptr, "perplexity_press: the session has no press");
-  const int64_t C = n_ctx;
-  KVTRIM_CHECK(C >= 16, "perplexity window must be at least 16 tokens (got %lld)", static_cast<long long>(C));
-  KVTRIM_CHECK(C <= s.n_ctx(), "perplexity window of %lld tokens exceeds the session's context limit of %lld",
-               static_cast<long long>(C), static_cast<long long>(s.n_ctx()));
-  const int64_t n_tok = static_cast<int64_t>(tokens.size());
-  KVTRIM_CHECK(n_tok >= C, "the text has %lld tokens, fewer than one window of %lld", static_cast<long long>(n_tok),
-               static_cast<long long>(C));
-  PplResult r;
-  r.n_windows = n_tok / C;
-  const int64_t h = C / 2;
-  const size_t n_vocab = static_cast<size_t>(s.model().hparams().n_vocab);
-  std::vector<float> logits(static_cast<size_t>(C - h) * n_vocab);
-  NllAccumulator acc;
-  const double t0 = now_seconds();
-  for (int64_t w = 0; w < r.n_windows; ++w) {
-    std::vector<int32_t> win(tokens.begin() + w * C, tokens.begin() + (w + 1) * C);
-    if (bos >= 0) win[0] = bos;
-    const CompressStats st = prefill_compress_continue(s, win, h, logits.data());
-    if (last) *last = st;
-    for (int64_t j = h; j < C - 1; ++j)
-      acc.add(logits.data() + static_cast<size_t>(j - h) * n_vocab, n_vocab, win[static_cast<size_t>(j + 1)]);
-    if (progress) progress(w + 1, r.n_windows, acc.ppl_so_far());
-  }
-  r.seconds = now_seconds() - t0;
-  acc.finish(&r);
-  return r;
-}
-
-CompressStats prefill_compress_continue(Session& s, const std::vector<int32_t>& win, int64_t prefix, float* logits) {
-  KVTRIM_CHECK(s.press() != nullptr, "prefill_compress_continue: the session has no press");
-  const int64_t n = static_cast<int64_t>(win.size());
-  KVTRIM_CHECK(prefix > 0 && prefix < n, "prefill_compress_continue: prefix %lld must be in (0, %lld)",
-               static_cast<long long>(prefix), static_cast<long long>(n));
-  s.reset();
-  s.prefill(std::vector<int32_t>(win.begin(), win.begin() + prefix));
-  const CompressStats st = s.compress();
-  s.eval_all(win.data() + prefix, n - prefix, logits);
   return st;
 }
 

@@ -2,10 +2,14 @@
 // forward pass, exactly what the configured press needs (PressNeeds: the last W post-RoPE
 // queries of each layer, the cumulative attention each stored token received, the question's
 // queries, the task attention accumulators of task-agnostic KVCompose), and the compress step (plan with the press, apply with the cache, keep the
-// observations aligned with the cache's tokens).
+// observations aligned with the cache's tokens), and apply_plan, the one path from a plan to the
+// cache.
+// Dependencies (docs/architecture.md "src/engine"): session -> press_runner ->
+// observation_stats, press_loss, press, kv, model. This layer knows nothing of Session (it never
+// includes session.h): it works on the cache, the model and the observer it is given; the
+// session owns them and calls in here.
 #pragma once
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <vector>
 
@@ -114,37 +118,19 @@ struct CompressStats {
   PressLoss loss;
 };
 
-// Plans with `press` over the cache and applies the plan; obs may be nullptr.
+// The one path from a press's plan to the cache (DESIGN.md §3: the press plans, only the cache
+// mutates storage). Every caller applies through here: run_press (compress), the after-append
+// hook (PressObserver::after_append) and the decode-time update (Session's plan_decode). A plan
+// that plans nothing (plan_is_planned false) is skipped; otherwise the cache applies it and the
+// observer (nullptr: none) keeps its observations aligned with the cache's tokens. Returns
+// whether the plan was applied.
+bool apply_plan(const CompressionPlan& plan, KvCache& cache, PressObserver* obs);
+
+// Plans with `press` over the cache and applies the plan (apply_plan); obs may be nullptr.
 // model's weights are visible to the press through PressContext::model().
 CompressStats run_press(const Press& press, KvCache& cache, const Model& model, PressObserver* obs, ThreadPool* pool,
                         const Budget* budget_override = nullptr);
 
 int64_t total_tokens(const KvCache& cache);
-
-}  // namespace kvtrim
-
-namespace kvtrim {
-
-class Session;
-struct PplResult;
-
-// Perplexity, prefill–compress–continue (DESIGN.md §5 mode b), with the same windows and the
-// same scored tokens as perplexity() at stride == n_ctx: for each non-overlapping window of
-// n_ctx tokens (first token replaced by bos when bos >= 0), from an empty cache:
-//   1. prefill the first half, tokens [0, n_ctx/2), capturing what the session's press needs;
-//   2. compress once with the session's press (Session::compress);
-//   3. run the second half [n_ctx/2, n_ctx) through the compressed cache (its own tokens are
-//      appended uncompressed) and score the predictions of tokens n_ctx/2+1 .. n_ctx-1.
-// Throws Error if the session has no press. `last` (optional) gets the last window's stats.
-PplResult perplexity_press(Session& s, const std::vector<int32_t>& tokens, int64_t n_ctx, int32_t bos,
-                           const std::function<void(int64_t, int64_t, double)>& progress = {},
-                           CompressStats* last = nullptr);
-
-// One window of prefill–compress–continue (the step of perplexity_press, shared with
-// `kvtrim eval ppl --mode pcc`): from an empty cache, prefills win[0, prefix), compresses once
-// with the session's press, then runs win[prefix, n) through the compressed cache with
-// eval_all, writing its logits: logits[(n - prefix) * n_vocab] (row i predicts win[prefix+i+1]).
-// Returns the compress step's stats. Throws Error without a press or for 0 < prefix < n not holding.
-CompressStats prefill_compress_continue(Session& s, const std::vector<int32_t>& win, int64_t prefix, float* logits);
 
 }  // namespace kvtrim

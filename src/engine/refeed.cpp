@@ -1,3 +1,5 @@
+// The re-feed passes (refeed.h), Session::prepare_compress among them.
+// Dependencies: refeed -> session -> press_runner (refeed.cpp is part of the session layer).
 #include "engine/refeed.h"
 
 #include <algorithm>

@@ -1,3 +1,4 @@
+// Session (session.h). Dependencies: session -> press_runner, press_loss (never back).
 #include "engine/session.h"
 
 #include <algorithm>
@@ -179,11 +180,7 @@ void Session::decode_update() {
   ctx.set_model(&model_);
   ctx.set_new_from(update_from_);
   ctx.set_decode_step(decode_steps_);
-  const CompressionPlan plan = press_->plan_decode(ctx);
-  if (plan_is_planned(plan)) {
-    cache_->apply(plan);
-    if (observer_) observer_->on_apply(plan);
-  }
+  apply_plan(press_->plan_decode(ctx), *cache_, observer_.get());
   update_from_ = n_past();
   ++n_updates_;
 }

@@ -1,6 +1,10 @@
 // A session: one model, one KV cache, one thread pool; chunked prefill, decode steps and
 // generation with sampling and stop tokens. The context limit (n_ctx) is enforced before
 // any work is done, with an Error that names the numbers.
+// Dependencies (docs/architecture.md "src/engine"): perplexity, refeed, context_question,
+// document_qa, eval, server and tools -> session -> press_runner (PressObserver, run_press,
+// apply_plan) -> press, kv, model. The session owns the cache, the press and its observer and
+// calls press_runner; press_runner never includes this header.
 #pragma once
 #include <cstdint>
 #include <functional>

@@ -13,7 +13,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/timer.h"
-#include "engine/press_runner.h"
+#include "engine/perplexity.h"
 #include "engine/session.h"
 #include "eval/rng.h"
 #include "press/press.h"
@@ -53,14 +53,6 @@ std::string ppl_tokens_hash(const std::vector<int32_t>& t) {
 }
 
 namespace {
-
-// -log softmax(logits)[target], in double (as NllAccumulator::add).
-double token_nll(const float* logits, size_t n_vocab, int32_t target) {
-  const float mx = *std::max_element(logits, logits + n_vocab);
-  double z = 0;
-  for (size_t v = 0; v < n_vocab; ++v) z += std::exp(static_cast<double>(logits[v] - mx));
-  return std::log(z) + mx - logits[target];
-}
 
 // The budget of the (single scorer) press.
 const ScorerPress& scorer_of(const Session& s) {
@@ -103,101 +95,37 @@ PplWindow score_ppl_window(Session& s, const std::vector<int32_t>& win, int64_t 
   const double t0 = now_seconds();
   const int64_t C = static_cast<int64_t>(win.size()), P = c.first_row();
   KVTRIM_CHECK(C == c.ctx, "window of %lld tokens, expected %lld", static_cast<long long>(C), static_cast<long long>(c.ctx));
-  const size_t n_vocab = static_cast<size_t>(s.model().hparams().n_vocab);
   PplWindow r;
   r.index = index;
   r.tokens_hash = ppl_tokens_hash(win);
   r.n_scored = C - 1 - P;
-  std::vector<double> full(static_cast<size_t>(r.n_scored)), press(static_cast<size_t>(r.n_scored));
 
   // Full cache (the press's own hooks off: low-rank presses would compress during eval_all).
-  {
-    std::vector<float> logits(static_cast<size_t>(C) * n_vocab);
-    s.reset();
-    s.set_press_hooks(false);
-    try {
-      s.eval_all(win.data(), C, logits.data());
-    } catch (...) {
-      s.set_press_hooks(true);
-      throw;
-    }
-    s.set_press_hooks(true);
-    for (int64_t j = P; j < C - 1; ++j)
-      full[static_cast<size_t>(j - P)] = token_nll(logits.data() + static_cast<size_t>(j) * n_vocab, n_vocab, win[static_cast<size_t>(j + 1)]);
-  }
+  PplWindowOptions o;
+  o.first = P;
+  o.hooks = false;
+  const PplWindowScores full = perplexity_window(s, win, o);
   const double dense_per_token = [&] {
     const size_t d = s.cache().dense_bytes_f16();
     return static_cast<double>(d) / static_cast<double>(C);
   }();
 
-  if (c.mode == PplMode::kPcc) {
-    std::vector<float> logits(static_cast<size_t>(C - P) * n_vocab);
-    const CompressStats st = prefill_compress_continue(s, win, P, logits.data());
-    r.n_compress = 1;
-    for (int64_t j = P; j < C - 1; ++j)
-      press[static_cast<size_t>(j - P)] =
-          token_nll(logits.data() + static_cast<size_t>(j - P) * n_vocab, n_vocab, win[static_cast<size_t>(j + 1)]);
-    // bytes while row j is evaluated: the compressed prefix plus rows P..j, linear in j.
-    const KvBytes end = s.cache().bytes();  // rows P..C-1 appended
-    const double b_end = static_cast<double>(end.total());
-    const double per_tok = (b_end - static_cast<double>(st.bytes_after)) / static_cast<double>(C - P);
-    const double bases = static_cast<double>(end.bases);  // fixed once compressed
-    for (int64_t j = P; j < C - 1; ++j) {
-      r.kv_bytes += static_cast<double>(st.bytes_after) + per_tok * static_cast<double>(j - P + 1);
-      r.kv_dense += dense_per_token * static_cast<double>(j + 1);
-      r.kv_bases += bases;
-    }
-  } else if (s.press()->plans_after_append()) {
-    // Low-rank presses: the window runs through the session in its batches (--batch tokens per
-    // forward call) with the press's after-append hook on, so every token is written into the
-    // compressed cache before any attention reads it (exact for every chunk size; a chunk is
-    // one prefill update of OjaKV). Bytes: measured after each chunk's forward.
-    const int64_t chunk = s.params().n_batch;
-    std::vector<float> logits(static_cast<size_t>(chunk) * n_vocab);
-    s.reset();
-    for (int64_t i = 0; i < C; i += chunk) {
-      const int64_t m = std::min<int64_t>(chunk, C - i);
-      s.eval_all(win.data() + i, m, logits.data());
-      ++r.n_compress;
-      const KvBytes kb = s.cache().bytes();
-      const double held = static_cast<double>(kb.total());
-      for (int64_t j = std::max(i, P); j < std::min(i + m, C - 1); ++j) {
-        press[static_cast<size_t>(j - P)] =
-            token_nll(logits.data() + static_cast<size_t>(j - i) * n_vocab, n_vocab, win[static_cast<size_t>(j + 1)]);
-        r.kv_bytes += held;
-        r.kv_dense += dense_per_token * static_cast<double>(i + m);
-        r.kv_bases += static_cast<double>(kb.bases);
-      }
-    }
-  } else {
-    const Budget own = scorer_of(s).budget();
-    std::vector<float> logits(static_cast<size_t>(c.chunk) * n_vocab);
-    s.reset();
-    for (int64_t i = 0; i < C; i += c.chunk) {
-      const int64_t m = std::min<int64_t>(c.chunk, C - i);
-      s.eval_all(win.data() + i, m, logits.data());
-      const KvBytes kb = s.cache().bytes();
-      const double held = static_cast<double>(kb.total());
-      for (int64_t j = std::max(i, P); j < std::min(i + m, C - 1); ++j) {
-        press[static_cast<size_t>(j - P)] =
-            token_nll(logits.data() + static_cast<size_t>(j - i) * n_vocab, n_vocab, win[static_cast<size_t>(j + 1)]);
-        r.kv_bytes += held;
-        r.kv_dense += dense_per_token * static_cast<double>(i + m);
-        r.kv_bases += static_cast<double>(kb.bases);
-      }
-      if (i + m >= C) break;  // nothing reads the cache after the last chunk
-      Budget b;
-      b.n_keep = std::max<int64_t>(1, own.n_keep > 0 ? own.n_keep : own.keep_count(i + m));
-      s.compress(b);
-      ++r.n_compress;
-    }
+  o.pass = c.mode == PplMode::kPcc ? PplPass::kPcc : PplPass::kThroughout;
+  o.hooks = true;
+  o.chunk = c.chunk;
+  const PplWindowScores press = perplexity_window(s, win, o);
+  r.n_compress = press.n_compress;
+  for (size_t k = 0; k < press.nll.size(); ++k) {
+    r.kv_bytes += press.kv_bytes[k];
+    r.kv_dense += dense_per_token * static_cast<double>(press.n_seen[k]);
+    r.kv_bases += press.kv_bases[k];
   }
-  for (size_t k = 0; k < full.size(); ++k) {
-    r.nll_full += full[k];
-    r.nll2_full += full[k] * full[k];
-    r.nll_press += press[k];
-    r.nll2_press += press[k] * press[k];
-    r.nll_cross += press[k] * full[k];
+  for (size_t k = 0; k < full.nll.size(); ++k) {
+    r.nll_full += full.nll[k];
+    r.nll2_full += full.nll[k] * full.nll[k];
+    r.nll_press += press.nll[k];
+    r.nll2_press += press.nll[k] * press.nll[k];
+    r.nll_cross += press.nll[k] * full.nll[k];
   }
   r.seconds = now_seconds() - t0;
   return r;

@@ -5,7 +5,7 @@
 // prefix defaulting to ctx/2 (llama.cpp's scored half). Per window, two passes:
 //  - full: one eval_all of the whole window from an empty cache (the baseline);
 //  - press, mode pcc (prefill–compress–continue): prefill [0, prefix), compress once with the
-//    press, run [prefix, ctx) through the compressed cache (prefill_compress_continue);
+//    press, run [prefix, ctx) through the compressed cache;
 //  - press, mode throughout (compressed throughout): the whole window is run in chunks of
 //    `chunk` tokens from an empty cache; after each chunk the cache is compressed to the
 //    press's budget of the tokens seen so far (ratio r: keep int(n_seen * (1 - r)) per
@@ -17,6 +17,8 @@
 // the scored tokens (pcc: linear between the cache right after compression plus one token
 // and the cache at the end, exact for an uncompressed tail; throughout: measured after each
 // chunk's forward), divided by the uncompressed f16 size of the same positions.
+// Both passes are the engine's perplexity_window (src/engine/perplexity.h), the one scorer of
+// `kvtrim ppl`, `kvtrim eval ppl` and `kvtrim eval sweep ppl`.
 #pragma once
 #include <cstdint>
 #include <functional>

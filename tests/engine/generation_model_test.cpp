@@ -92,7 +92,10 @@ TEST_P(AgainstLlamaCpp, TokensLogitsGreedyAndPerplexity) {
   std::vector<int32_t> toks = tok.encode(read_all(test::shared_data_dir() + "/" + p["file"].get<std::string>()),
                                          tok.add_bos(), false);
   toks.resize(p["max_tokens"].get<size_t>());
-  const PplResult r = perplexity(s, toks, p["n_ctx"].get<int64_t>(), 0, tok.add_bos() ? tok.bos() : -1);
+  PplOptions po;
+  po.n_ctx = p["n_ctx"].get<int64_t>();
+  po.bos = tok.add_bos() ? tok.bos() : -1;
+  const PplResult r = perplexity(s, toks, po);
   EXPECT_EQ(r.n_scored, p["n_scored"].get<int64_t>());
   std::printf("%s: perplexity %.4f, llama.cpp %.4f (%lld tokens scored)\n", name.c_str(), r.ppl, p["ppl"].get<double>(),
               static_cast<long long>(r.n_scored));

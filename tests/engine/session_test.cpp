@@ -173,10 +173,18 @@ TEST_F(SessionTest, GenerationStopsWhenTheContextIsFull) {
   EXPECT_EQ(r.tokens.size(), 11u);  // 10 decoded + the last sampled one
 }
 
+// perplexity() over windows of n_ctx every `stride` tokens, full cache, no BOS replacement.
+PplResult ppl_of(Session& s, const std::vector<int32_t>& t, int64_t n_ctx, int64_t stride) {
+  PplOptions o;
+  o.n_ctx = n_ctx;
+  o.stride = stride;
+  return perplexity(s, t, o);
+}
+
 TEST_F(SessionTest, PerplexityMatchesHandComputation) {
   const auto t = tokens(64, 1);
   Session s(*model_, params(32));
-  const PplResult r = perplexity(s, t, 32, 0, -1);
+  const PplResult r = ppl_of(s, t, 32, 0);
   EXPECT_EQ(r.n_windows, 2);
   EXPECT_EQ(r.n_scored, 2 * 15);
   // by hand: windows [0,32) and [32,64), rows 16..30 predict tokens 17..31
@@ -197,11 +205,11 @@ TEST_F(SessionTest, PerplexityMatchesHandComputation) {
   }
   EXPECT_NEAR(r.ppl, std::exp(nll / n), 1e-3 * r.ppl);
   // overlapping windows score their last `stride` tokens
-  const PplResult o = perplexity(s, t, 32, 8, -1);
+  const PplResult o = ppl_of(s, t, 32, 8);
   EXPECT_EQ(o.n_windows, (64 - 32) / 8 + 1);
   EXPECT_EQ(o.n_scored, o.n_windows * 8);
-  EXPECT_THROW(perplexity(s, t, 32, 33, -1), Error);
-  EXPECT_THROW(perplexity(s, tokens(20), 32, 0, -1), Error);
+  EXPECT_THROW(ppl_of(s, t, 32, 33), Error);
+  EXPECT_THROW(ppl_of(s, tokens(20), 32, 0), Error);
 }
 
 }  // namespace

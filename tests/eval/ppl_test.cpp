@@ -58,7 +58,11 @@ std::vector<PplWindow> run_all(Session& s, const std::vector<int32_t>& toks, con
 TEST(EvalPpl, RatioZeroEqualsFullCacheInBothModes) {
   const std::vector<int32_t> toks = kvtrim::test::random_tokens(200, 256, 12345);
   Session full(f32_model(), f32_params());
-  const PplResult ref = perplexity(full, toks, 64, 64, 1);
+  PplOptions po;
+  po.n_ctx = 64;
+  po.stride = 64;
+  po.bos = 1;
+  const PplResult ref = perplexity(full, toks, po);
   for (PplMode mode : {PplMode::kPcc, PplMode::kThroughout}) {
     for (const char* spec : {"knorm:ratio=0", "streamingllm:ratio=0"}) {
       Session s(f32_model(), f32_params());
@@ -79,6 +83,32 @@ TEST(EvalPpl, RatioZeroEqualsFullCacheInBothModes) {
       EXPECT_NEAR(sm.delta, 0.0, tol * ref.ppl);
       EXPECT_NEAR(sm.kv_ratio, 2.0, 0.05);  // f32 holds twice the f16 bytes (plus positions), nothing dropped
     }
+  }
+}
+
+// One perplexity path: `kvtrim ppl --press` (perplexity() with kPcc) and `kvtrim eval ppl`
+// (score_ppl_window) score the same rows with the same pass, so their PPLs agree up to the
+// order of the NLL sums (one running sum against per-window sums).
+TEST(EvalPpl, EnginePerplexityPccEqualsEvalPplPcc) {
+  const std::vector<int32_t> toks = kvtrim::test::random_tokens(200, 256, 4321);
+  for (const char* spec : {"snapkv:ratio=0.5", "streamingllm:ratio=0.5"}) {
+    Session a(f32_model(), f32_params());
+    a.set_press(make_press(spec));
+    PplOptions po;
+    po.n_ctx = 64;
+    po.bos = 1;
+    po.pass = PplPass::kPcc;
+    const PplResult r = perplexity(a, toks, po);
+    Session b(f32_model(), f32_params());
+    PressSchedule sched;
+    sched.after_prefill = false;
+    b.set_press(make_press(spec), sched);
+    PplConfig c;
+    c.ctx = 64;
+    c.bos = 1;
+    const PplSummary sm = summarize_ppl(run_all(b, toks, c));
+    EXPECT_EQ(sm.n_scored, r.n_scored) << spec;
+    EXPECT_NEAR(std::log(sm.ppl_press / r.ppl), 0.0, 1e-12) << spec;
   }
 }
 

@@ -57,9 +57,14 @@ void ppl(const PplOptions& o) {
     if (done == total) bar->finish();
   };
   CompressStats last;
-  const int32_t bos = tok.add_bos() ? tok.bos() : -1;
-  const PplResult r = s.press() ? perplexity_press(s, tokens, o.window, bos, on_progress, &last)
-                                : perplexity(s, tokens, o.window, o.stride, bos, on_progress);
+  kvtrim::PplOptions po;
+  po.n_ctx = o.window;
+  po.stride = o.stride;
+  po.bos = tok.add_bos() ? tok.bos() : -1;
+  po.pass = s.press() ? PplPass::kPcc : PplPass::kFull;
+  po.progress = on_progress;
+  po.last = &last;
+  const PplResult r = perplexity(s, tokens, po);
   if (s.press()) std::fprintf(stderr, "last window: %s\n", compress_line(*s.press(), last).c_str());
   std::printf("ppl = %.4f +/- %.4f  (%lld tokens scored in %lld windows of %lld, stride %lld; %.1f tokens/s evaluated)\n",
               r.ppl, r.ppl_stderr, static_cast<long long>(r.n_scored), static_cast<long long>(r.n_windows),
