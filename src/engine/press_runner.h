@@ -1,9 +1,9 @@
 // Runs a press inside a session (DESIGN.md §3): the observer that captures, during the
 // forward pass, exactly what the configured press needs (PressNeeds: the last W post-RoPE
 // queries of each layer, the cumulative attention each stored token received, the question's
-// queries, the task attention accumulators of task-agnostic KVCompose), and the compress step (plan with the press, apply with the cache, keep the
-// observations aligned with the cache's tokens), and apply_plan, the one path from a plan to the
-// cache.
+// queries, the task attention accumulators of task-agnostic KVCompose), and the compress step
+// (plan with the press, apply with the cache, keep the observations aligned with the cache's
+// tokens), and apply_plan, the one path from a plan to the cache.
 // Dependencies (docs/architecture.md "src/engine"): session -> press_runner ->
 // observation_stats, press_loss, press, kv, model. This layer knows nothing of Session (it never
 // includes session.h): it works on the cache, the model and the observer it is given; the
