@@ -87,22 +87,22 @@ void check_token_channels(const TokenChannels& c, const TokenRows& t, int w, boo
              c.topk, w);
   size_t total = 0;
   if (c.topk > 0) {
-    PLAN_CHECK(t.counts.empty(), "%s channels: topk %d and token_counts cannot both be given",
+    PLAN_CHECK(t.counts.empty(), "%s channels: topk %d and rows.counts cannot both be given",
                side, c.topk);
     total = rows * static_cast<size_t>(c.topk);
   } else {
     PLAN_CHECK(t.counts.size() == rows,
-               "%s channels: token_counts holds %zu counts, expected %zu kept tokens (topk 0 = a "
+               "%s channels: rows.counts holds %zu counts, expected %zu kept tokens (topk 0 = a "
                "variable count per token)",
                side, t.counts.size(), rows);
     for (size_t r = 0; r < rows; ++r) {
       PLAN_CHECK(t.counts[r] >= 1 && t.counts[r] <= w,
-                 "%s token_counts[%zu] = %d is out of range [1, %d]", side, r, t.counts[r], w);
+                 "%s rows.counts[%zu] = %d is out of range [1, %d]", side, r, t.counts[r], w);
       total += static_cast<size_t>(t.counts[r]);
     }
   }
   PLAN_CHECK(t.channels.size() == total,
-             "%s token_channels holds %zu indices, expected %zu (kept tokens x channels per token)",
+             "%s rows.channels holds %zu indices, expected %zu (kept tokens x channels per token)",
              side, t.channels.size(), total);
   size_t at = 0;
   for (size_t r = 0; r < rows; ++r) {
@@ -110,7 +110,7 @@ void check_token_channels(const TokenChannels& c, const TokenRows& t, int w, boo
     for (size_t j = 0; j < n; ++j) {
       const int32_t ch = t.channels[at + j];
       PLAN_CHECK(ch >= 0 && ch < w && (j == 0 || ch > t.channels[at + j - 1]),
-                 "%s token_channels row %zu entry %zu = %d is out of range [0, %d) or not strictly "
+                 "%s rows.channels row %zu entry %zu = %d is out of range [0, %d) or not strictly "
                  "increasing",
                  side, r, j, ch, w);
     }
@@ -118,38 +118,38 @@ void check_token_channels(const TokenChannels& c, const TokenRows& t, int w, boo
   }
   const KeyRecovery* rec = c.recovery ? &*c.recovery : nullptr;
   if (keys) {
-    PLAN_CHECK(!c.fill, "key channels take a recovery (recovery scale and token_fill), not a fill");
+    PLAN_CHECK(!c.fill, "key channels take a recovery (recovery scale and rows.fill), not a fill");
     PLAN_CHECK(!rec == t.fill.empty(),
-               "key recovery scale and token_fill are given together or not at all");
+               "key recovery scale and rows.fill are given together or not at all");
     if (rec)
       PLAN_CHECK(rec->scale.size() == static_cast<size_t>(w),
                  "key recovery scale holds %zu floats, expected the width %d", rec->scale.size(),
                  w);
   } else {
-    PLAN_CHECK(!rec, "value channels take a fill per token (token_fill), not a recovery");
+    PLAN_CHECK(!rec, "value channels take a fill per token (rows.fill), not a recovery");
     PLAN_CHECK(c.fill ? t.fill.size() == rows : t.fill.empty(),
-               "value token_fill holds %zu floats, expected %zu (one per kept token with a fill, "
+               "value rows.fill holds %zu floats, expected %zu (one per kept token with a fill, "
                "none without)",
                t.fill.size(), c.fill ? rows : size_t{0});
   }
   const RecoveryDist dist = rec ? rec->dist : RecoveryDist::kFill;
   if (dist != RecoveryDist::kFill) {
     for (float x : t.fill)
-      PLAN_CHECK(x >= 0, "%s token_fill (sampled recovery: μ_t) is negative", side);
+      PLAN_CHECK(x >= 0, "%s rows.fill (sampled recovery: μ_t) is negative", side);
   }
   const size_t n_spread = dist == RecoveryDist::kGaussian ? rows : 0;
   PLAN_CHECK(t.spread.size() == n_spread,
-             "%s token_spread holds %zu floats, expected %zu (σ_t per kept token, Gaussian "
+             "%s rows.spread holds %zu floats, expected %zu (σ_t per kept token, Gaussian "
              "recovery only)",
              side, t.spread.size(), n_spread);
   for (float x : t.spread)
-    PLAN_CHECK(std::isfinite(x) && x >= 0, "%s token_spread is not finite and >= 0", side);
+    PLAN_CHECK(std::isfinite(x) && x >= 0, "%s rows.spread is not finite and >= 0", side);
   PLAN_CHECK(t.fill.empty() || t.fill.size() == rows,
-             "%s token_fill holds %zu floats, expected %zu kept tokens", side, t.fill.size(), rows);
+             "%s rows.fill holds %zu floats, expected %zu kept tokens", side, t.fill.size(), rows);
   if (rec)
     for (float x : rec->scale)
       PLAN_CHECK(std::isfinite(x), "%s recovery scale is not finite", side);
-  for (float x : t.fill) PLAN_CHECK(std::isfinite(x), "%s token_fill is not finite", side);
+  for (float x : t.fill) PLAN_CHECK(std::isfinite(x), "%s rows.fill is not finite", side);
 }
 
 // The channel stage of one side, in the coordinates after the basis (width w), and the
@@ -162,9 +162,9 @@ void check_channels(const SideSpec& sp, int w, int d, bool keys, size_t rows, co
     return;
   }
   PLAN_CHECK(sp.rows.empty(),
-             "%s channels %s: token_channels / token_counts / fills are given, but only per-token "
-             "channels chosen by a press take them (the cache chooses a token's channels itself, "
-             "or there are none to choose)",
+             "%s channels %s: per-token rows (channels / counts / fill / spread) are given, but "
+             "only per-token channels chosen by a press take them (the cache chooses a token's "
+             "channels itself, or there are none to choose)",
              side, c.name());
   if (const ChannelSubset* sub = c.subset()) {
     PLAN_CHECK(!sub->channels.empty() && sub->channels.size() <= static_cast<size_t>(w),
