@@ -158,10 +158,8 @@ void channel_prune(KvCache& c, double lambda, bool per_token) {
     CompressionPlan plan(cfg.n_layer, cfg.n_head_kv);
     for (int il = 0; il < cfg.n_layer; ++il)
       for (int ih = 0; ih < cfg.n_head_kv; ++ih)
-        for (ChannelSpec* ch : {&plan.at(il, ih).key.channels, &plan.at(il, ih).value.channels}) {
-          ch->by_magnitude = true;
-          ch->topk = T;
-        }
+        for (ChannelStage* ch : {&plan.at(il, ih).key.channels, &plan.at(il, ih).value.channels})
+          *ch = MagnitudeChannels{.topk = T};
     c.apply(plan);
     return;
   }
@@ -171,25 +169,28 @@ void channel_prune(KvCache& c, double lambda, bool per_token) {
   std::vector<int32_t> order(static_cast<size_t>(d));
   for (int il = 0; il < cfg.n_layer; ++il) {
     for (int ih = 0; ih < cfg.n_head_kv; ++ih) {
-      ChannelSpec& ch = plan.at(il, ih).key.channels;
+      SideSpec& sp = plan.at(il, ih).key;
       if (!per_token) {
-        for (int j = 0; j < T; ++j) ch.subset.push_back(j * d / T);
+        ChannelSubset sub;
+        for (int j = 0; j < T; ++j) sub.channels.push_back(static_cast<uint16_t>(j * d / T));
+        sp.channels = std::move(sub);
         continue;
       }
       c.read_head(il, ih, &k, nullptr, nullptr);
       const int64_t n = static_cast<int64_t>(k.size()) / d;
-      ch.topk = T;
-      ch.recovery_scale.assign(static_cast<size_t>(d), 1.f);
+      KeyRecovery rec{.scale = std::vector<float>(static_cast<size_t>(d), 1.f)};
+      sp.channels = TokenChannels{.topk = T, .recovery = std::move(rec)};
+      TokenRows& ch = sp.rows;
       for (int64_t t = 0; t < n; ++t) {
         const float* x = k.data() + t * d;
         for (int j = 0; j < d; ++j) order[static_cast<size_t>(j)] = j;
         std::partial_sort(order.begin(), order.begin() + T, order.end(),
                           [x](int32_t a, int32_t b) { return std::fabs(x[a]) > std::fabs(x[b]); });
         std::sort(order.begin(), order.begin() + T);
-        ch.token_channels.insert(ch.token_channels.end(), order.begin(), order.begin() + T);
+        ch.channels.insert(ch.channels.end(), order.begin(), order.begin() + T);
         double pruned = 0;
         for (int j = T; j < d; ++j) pruned += x[order[static_cast<size_t>(j)]] * x[order[static_cast<size_t>(j)]];
-        ch.token_fill.push_back(static_cast<float>(std::sqrt(pruned / std::max(1, d - T))));
+        ch.fill.push_back(static_cast<float>(std::sqrt(pruned / std::max(1, d - T))));
       }
     }
   }

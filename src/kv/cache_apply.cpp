@@ -12,92 +12,85 @@
 namespace kvtrim::kv {
 namespace {
 
-// One side of a new epoch's encoding from its spec.
-SideEncoding make_side(const SideSpec& sp, int d, KvDtype dflt, bool keys) {
+// The per-token kinds' index layout with kAuto resolved (in place): the bitmask where it is
+// smaller than the list, ceil(w / 8) bytes per row against isz per kept entry (variable counts:
+// against the rows' mean count, counted exactly). Auto keeps the list for sampled recoveries:
+// the list kernel scores their kept entries, while bitmask rows with a drawn recovery take the
+// generic per-row loop; q4 rows have no kernel in either layout, so they take the smaller.
+// (Sparse codes always keep the list: a dictionary's width is large, and no masked kernel
+// reads it.)
+void resolve_index(ChannelStage& c, const TokenRows& rows, int w) {
+  IndexLayout* ix = nullptr;
+  bool sampled = false;
+  if (TokenChannels* t = c.get<TokenChannels>()) {
+    ix = &t->index;
+    sampled = t->recovery && t->recovery->dist != RecoveryDist::kFill;
+  } else if (MagnitudeChannels* m = c.get<MagnitudeChannels>()) {
+    ix = &m->index;
+  }
+  if (!ix) return;
+  const int isz = w <= 256 ? 1 : 2;
+  int64_t kept = c.topk(), n = 1;
+  if (kept == 0) {
+    for (int32_t k : rows.counts) kept += k;
+    n = std::max<int64_t>(1, static_cast<int64_t>(rows.counts.size()));
+  }
+  const bool mask = *ix == IndexLayout::kBitmask ||
+                    (*ix == IndexLayout::kAuto && !sampled && (w + 7) / 8 * n < kept * isz);
+  *ix = mask ? IndexLayout::kBitmask : IndexLayout::kList;
+}
+
+// One side of a new epoch's encoding from its spec (validated): the basis interned, the
+// plan's channel stage with its index resolved, the cache's type unless the plan sets one.
+SideEncoding side_encoding(const SideSpec& sp, int d, KvDtype dflt) {
   SideEncoding s;
   s.d = d;
-  s.dtype = sp.dtype.value_or(dflt);
   if (sp.has_basis()) s.basis = intern_basis(d, sp.rank, sp.basis, sp.decoder);
-  if (keys) s.rope = sp.rope;
-  const ChannelSpec& c = sp.channels;
-  if (!c.subset.empty()) {
-    s.mode = ChannelMode::kSubset;
-    s.subset.assign(c.subset.begin(), c.subset.end());
-  } else if (c.per_token()) {
-    s.mode = ChannelMode::kPerToken;
-    s.topk = c.topk;
-    s.by_magnitude = c.by_magnitude;
-    s.sparse_code = c.sparse_code;
-    if (keys) {
-      s.recovery = c.recovery_scale;
-      s.dist = c.recovery_dist;
-      s.seed = c.recovery_seed;
-      s.rec_sqrt = c.recovery_sqrt;
-    }
-    s.fill = !keys && !c.token_fill.empty();
-    // kAuto: the bitmask where it is smaller than the list: ceil(w / 8) bytes per row against
-    // isz per kept entry (variable counts: against the rows' mean count, counted exactly)
-    const int w = s.width(), isz = w <= 256 ? 1 : 2;
-    int64_t kept = c.topk, rows = 1;
-    if (c.topk == 0) {
-      kept = 0;
-      for (int32_t n : c.token_counts) kept += n;
-      rows = std::max<int64_t>(1, static_cast<int64_t>(c.token_counts.size()));
-    }
-    // (auto keeps the list for sampled recoveries: the list kernel scores their kept entries, while
-    // bitmask rows with a drawn recovery take the generic per-row loop; q4 rows have no kernel in
-    // either layout, so they take the smaller)
-    // (sparse codes keep the list: a dictionary's width is large, and no masked kernel reads it)
-    s.bitmask = c.index == IndexLayout::kBitmask ||
-                (c.index == IndexLayout::kAuto && !s.sampled_recovery() && !s.sparse_code &&
-                 (w + 7) / 8 * rows < kept * isz);
-  }
+  s.channels = sp.channels;
+  resolve_index(s.channels, sp.rows, s.width());
+  s.dtype = sp.dtype.value_or(dflt);
+  s.rope = sp.rope;
   return s;
 }
 
-bool same_side(const SideEncoding& a, const SideEncoding& b) {
-  return a.d == b.d && a.basis == b.basis && a.mode == b.mode && a.subset == b.subset &&
-         a.topk == b.topk && a.by_magnitude == b.by_magnitude && a.sparse_code == b.sparse_code && a.bitmask == b.bitmask && a.recovery == b.recovery && a.fill == b.fill && a.dtype == b.dtype && a.dist == b.dist &&
-         a.seed == b.seed && a.rec_sqrt == b.rec_sqrt && a.rope == b.rope;
-}
-
-// Per-token channel rows of a spec: start of each row in token_channels, and its length.
+// The per-token rows of a plan's side: start of each row in rows.channels, and its length.
 struct Rows {
-  const ChannelSpec& c;
+  int topk;
+  const TokenRows& d;
   std::vector<size_t> start;
-  explicit Rows(const ChannelSpec& cs) : c(cs) {
-    if (!c.per_token()) return;
+  Rows(const ChannelStage& c, const TokenRows& rows) : topk(c.topk()), d(rows) {
+    if (!c.get<TokenChannels>()) return;
     size_t at = 0;
-    const size_t n = c.topk > 0 ? c.token_channels.size() / static_cast<size_t>(c.topk) : c.token_counts.size();
+    const size_t n = topk > 0 ? d.channels.size() / static_cast<size_t>(topk) : d.counts.size();
     for (size_t r = 0; r < n; ++r) {
       start.push_back(at);
-      at += c.topk > 0 ? static_cast<size_t>(c.topk) : static_cast<size_t>(c.token_counts[r]);
+      at += static_cast<size_t>(count(r));
     }
   }
-  int count(size_t r) const { return c.topk > 0 ? c.topk : c.token_counts[r]; }
-  const int32_t* channels(size_t r) const { return c.token_channels.data() + start[r]; }
-  float fill(size_t r) const { return c.token_fill.empty() ? 0.f : c.token_fill[r]; }
-  float spread(size_t r) const { return c.token_spread.empty() ? 0.f : c.token_spread[r]; }
+  int count(size_t r) const { return topk > 0 ? topk : d.counts[r]; }
+  const int32_t* channels(size_t r) const { return d.channels.data() + start[r]; }
+  float fill(size_t r) const { return d.fill.empty() ? 0.f : d.fill[r]; }
+  float spread(size_t r) const { return d.spread.empty() ? 0.f : d.spread[r]; }
 };
 
 // Pushes coordinates c [width] into one side of a segment through its channel stage.
 void push_side(SideStore& st, const SideEncoding& e, const float* c, const Rows& rows, size_t r) {
-  if (e.per_token() && e.by_magnitude) {
+  if (e.channels.get<MagnitudeChannels>()) {
     thread_local std::vector<int32_t> ch;
-    ch.resize(static_cast<size_t>(e.topk));
+    ch.resize(static_cast<size_t>(e.topk()));
     e.magnitude_channels(c, ch.data());
-    st.push_sparse(c, ch.data(), e.topk, nullptr);
+    st.push_sparse(c, ch.data(), e.topk(), nullptr);
     return;
   }
-  if (e.mode == ChannelMode::kPerToken) {
+  if (e.channels.get<TokenChannels>()) {
     const float f[2] = {rows.fill(r), rows.spread(r)};
     st.push_sparse(c, rows.channels(r), rows.count(r), f);
     return;
   }
-  if (e.mode == ChannelMode::kSubset) {
+  if (const ChannelSubset* sub = e.channels.subset()) {
     thread_local std::vector<float> g;
-    g.resize(e.subset.size());
-    for (size_t j = 0; j < e.subset.size(); ++j) g[j] = c[e.subset[j]];
+    g.resize(sub->channels.size());
+    for (size_t j = 0; j < g.size(); ++j) g[j] = c[sub->channels[j]];
     st.push_dense(g.data());
     return;
   }
@@ -112,8 +105,8 @@ void push_rows(SideStore& st, const SideEncoding& e, const float* x, int64_t n, 
                const Rows& rows, const int32_t* plan_rows, const int32_t* pos) {
   const int w = e.width();
   thread_local std::vector<float> c;
-  if (e.sparse_code) {
-    const int T = e.topk;
+  if (e.channels.get<SparseCodeChannels>()) {
+    const int T = e.topk();
     thread_local std::vector<int32_t> idx;
     thread_local std::vector<float> coef;
     idx.resize(static_cast<size_t>(n * T));
@@ -153,8 +146,8 @@ HeadShape TokenCache::shape_of(const Layer& L, int il, int ih) const {
 std::shared_ptr<const SegmentEncoding> TokenCache::make_encoding(const HeadPlan& hp) {
   auto e = std::make_shared<SegmentEncoding>();
   e->id = next_epoch_++;
-  e->k = make_side(hp.key, cfg_.head_dim_k, cfg_.type_k(), true);
-  e->v = make_side(hp.value, cfg_.head_dim_v, cfg_.type_v(), false);
+  e->k = side_encoding(hp.key, cfg_.head_dim_k, cfg_.type_k());
+  e->v = side_encoding(hp.value, cfg_.head_dim_v, cfg_.type_v());
   e->appends_dense = hp.appends_dense;
   e->buffer = hp.buffer;
   return e;
@@ -257,7 +250,7 @@ void TokenCache::apply_head(Layer& L, Head& H, const HeadPlan& hp) {
   if (ne && !reenc.empty()) {
     ns = new_segment(ne);
     const SegmentEncoding& e = *ne;
-    const Rows rk(hp.key.channels), rv(hp.value.channels);
+    const Rows rk(hp.key.channels, hp.key.rows), rv(hp.value.channels, hp.value.rows);
     int64_t ent_k = 0, ent_v = 0;
     for (int32_t r : reenc_row) {
       if (e.k.per_token()) ent_k += rk.count(static_cast<size_t>(r));
@@ -308,9 +301,10 @@ void TokenCache::encode_into(Segment& S, int64_t n, const float* k, int64_t ldk,
                              int64_t ldv, const int32_t* pos) const {
   const SegmentEncoding& e = *S.enc;
   const int64_t rows = S.n() + n;
-  reserve(S, rows, e.k.per_token() ? rows * e.k.topk : 0, e.v.per_token() ? rows * e.v.topk : 0);
-  static const ChannelSpec none;
-  const Rows no_rows(none);
+  reserve(S, rows, e.k.per_token() ? rows * e.k.topk() : 0,
+          e.v.per_token() ? rows * e.v.topk() : 0);
+  static const TokenRows none;
+  const Rows no_rows(ChannelStage{}, none);
   push_rows(S.k, e.k, k, n, ldk, no_rows, nullptr, pos);
   push_rows(S.v, e.v, v, n, ldv, no_rows, nullptr, pos);
 }
@@ -364,8 +358,8 @@ void TokenCache::bound_live_bases(Head& H) const {
     const std::pair<const SideEncoding*, const SideEncoding*> sides[] = {{&e.k, &te.k},
                                                                          {&e.v, &te.v}};
     for (const auto& [a, b] : sides) {
-      if (same_side(*a, *b)) continue;
-      if (a->mode != ChannelMode::kAll || b->mode != ChannelMode::kAll) return false;
+      if (*a == *b) continue;
+      if (!a->channels.all() || !b->channels.all()) return false;
     }
     return true;
   };
@@ -393,7 +387,7 @@ void TokenCache::bound_live_bases(Head& H) const {
                         int64_t n, int d, const int32_t* pos) {
     std::vector<float> c(static_cast<size_t>(n * se.width()));
     for (int64_t j = 0; j < n; ++j) src.get(se, j, c.data() + j * se.width());
-    if (same_side(se, de)) return c;  // same encoding (whole sides): decoded and re-encoded
+    if (se == de) return c;  // same encoding (whole sides): decoded and re-encoded
     std::vector<float> x(static_cast<size_t>(n * d)), c2(static_cast<size_t>(n * de.width()));
     se.from_coords(c.data(), n, x.data(), d, pos);
     de.to_coords(x.data(), n, d, c2.data(), pos);

@@ -56,11 +56,12 @@ std::shared_ptr<const BasisMat> intern_basis(int d, int r, const std::vector<flo
 }
 
 void SideEncoding::sparse_encode(const float* x, int64_t n, int64_t ldx, int32_t* idx, float* coef) const {
-  omp_encode(basis->enc.data(), d, basis->r, x, n, ldx, topk, idx, coef);
+  omp_encode(basis->enc.data(), d, basis->r, x, n, ldx, topk(), idx, coef);
   // fp8 entries: coefficients fitted to the grid they are stored on (a 3-bit mantissa's rounding
   // of one large coefficient would otherwise stay in the vector; see refit_rounded)
   if (dtype == KvDtype::kFP8)
-    refit_rounded(basis->enc.data(), d, basis->r, x, n, ldx, topk, idx, coef, fp8_grid_round, kFp8E4M3Max);
+    refit_rounded(basis->enc.data(), d, basis->r, x, n, ldx, topk(), idx, coef, fp8_grid_round,
+                  kFp8E4M3Max);
 }
 
 std::shared_ptr<const BasisMat> hadamard_basis(int d) {
@@ -73,8 +74,10 @@ std::shared_ptr<const BasisMat> hadamard_basis(int d) {
 }
 
 float SideEncoding::pruned_magnitude(const float* f, int i) const {
-  if (dist == RecoveryDist::kFill) return f[0];
-  return recovery_draw(dist, seed, f[0], dist == RecoveryDist::kGaussian ? f[1] : 0.f, i, rec_sqrt);
+  const KeyRecovery* r = recovery();
+  if (!r || r->dist == RecoveryDist::kFill) return f[0];
+  return recovery_draw(r->dist, r->seed, f[0], r->dist == RecoveryDist::kGaussian ? f[1] : 0.f, i,
+                       r->sqrt);
 }
 
 namespace {
@@ -249,7 +252,7 @@ void SideEncoding::from_coords(const float* c, int64_t n, float* x, int64_t ldx,
 namespace kvtrim::kv {
 
 void SideEncoding::magnitude_channels(const float* c, int32_t* ch) const {
-  const int w = width(), T = topk;
+  const int w = width(), T = topk();
   if (T <= 0) return;
   // decreasing |c|, ties to the lower index: a total order, so the chosen set is unique (a NaN
   // counts as an infinite magnitude). One integer key per channel: |c|'s bits (monotone in |c|

@@ -4,7 +4,7 @@
 //
 //   x [d] --basis--> c [w] = Uᵀx (w = rank; identity: c = x, w = d)
 //         --channels--> all of c | c[S] (a per-head subset) | per token (c_j, j) for j in the
-//                       token's own list (+ recovery / fill for the others)
+//                       token's own list (+ recovery / fill for the others) (channel_stage.h)
 //         --precision--> f32 | f16 | bf16 | q8 | fp8 | q4 elements (side_store.h)
 //
 // Attention reads each stage directly: the query is projected once per segment (q·D_k, D_k =
@@ -16,6 +16,7 @@
 #include <optional>
 #include <vector>
 
+#include "kv/channel_stage.h"
 #include "kv/kv_types.h"
 
 namespace kvtrim::kv {
@@ -47,61 +48,60 @@ void rope_rows(const RopeSpec& r, float* x, int64_t n, int64_t ldx, const int32_
 // attention's reconstructed key blocks, rotated with SIMD lanes over tokens).
 void rope_cols(const RopeSpec& r, float* xt, int64_t ldx, int64_t n, const int32_t* pos, bool inverse);
 
-enum class ChannelMode : uint8_t { kAll, kSubset, kPerToken };
-
-// One side (keys or values) of an encoding.
+// One side (keys or values) of an encoding. Equality is defaulted and complete: the basis is
+// interned (intern_basis), so equal pointers mean equal matrices.
 struct SideEncoding {
   int d = 0;                              // head dim of the side
   std::shared_ptr<const BasisMat> basis;  // null: identity
-  ChannelMode mode = ChannelMode::kAll;
-  std::vector<uint16_t> subset;  // kSubset: kept coordinates (increasing, < width())
-  int topk = 0;                  // kPerToken: fixed count; 0 = a variable count per token
-  bool by_magnitude = false;     // kPerToken: the cache keeps each token's topk largest |c_j|
-  bool sparse_code = false;      // kPerToken: the cache codes each token over the basis (a
-                                 // dictionary) by OMP, topk atoms (kv/sparse_code.h)
-  bool bitmask = false;          // kPerToken: kept coordinates as a bitmask (else a list)
-  std::vector<float> recovery;   // keys, kPerToken: r [width()] (empty: pruned read zero)
-  bool fill = false;             // values, kPerToken: a per-token fill for pruned coordinates
-  // keys with recovery: one fill per token (kFill, sqrt(μ_t) already), or draws from the token's
-  // (μ_t[, σ_t]) by kv/recovery.h with `seed`, magnitude sqrt(w̃) when rec_sqrt
-  RecoveryDist dist = RecoveryDist::kFill;
-  uint32_t seed = 0;
-  bool rec_sqrt = false;
+  // the plan's stage (channel_stage.h), with the per-token index resolved to kList / kBitmask
+  ChannelStage channels;
   KvDtype dtype = KvDtype::kF16;
   // keys with a basis and all channels: the basis describes the key before RoPE (plan.h
   // SideSpec::rope, Palu): to_coords undoes each token's rotation, from_coords redoes it, and
   // attention reconstructs the keys (segment_attend.cpp) instead of projecting the query.
   std::optional<RopeSpec> rope;
+  bool operator==(const SideEncoding&) const = default;
 
   int width() const { return basis ? basis->r : d; }
   // Elements of a dense stored row: width(), or |subset|; per-token rows have their own count.
   int stored() const {
-    return mode == ChannelMode::kSubset ? static_cast<int>(subset.size()) : width();
+    const ChannelSubset* s = channels.subset();
+    return s ? static_cast<int>(s->channels.size()) : width();
   }
-  bool identity() const { return !basis && mode == ChannelMode::kAll; }
-  bool per_token() const { return mode == ChannelMode::kPerToken; }
-  bool recovers() const { return !recovery.empty(); }
+  bool identity() const { return !basis && channels.all(); }
+  bool per_token() const { return channels.per_token(); }
+  int topk() const { return channels.topk(); }  // per token: fixed count; 0 = variable
+  bool bitmask() const { return channels.index() == IndexLayout::kBitmask; }
+  bool fill() const { return channels.fill(); }  // values: a per-token fill for pruned coords
+  // keys: the recovery of pruned coordinates (null: they read zero)
+  const KeyRecovery* recovery() const { return channels.recovery(); }
+  bool recovers() const { return recovery() != nullptr; }
   // A recovery drawn per coordinate (Gaussian / exponential): no masked kernel reads it.
-  bool sampled_recovery() const { return recovers() && dist != RecoveryDist::kFill; }
-  // Encodes tokens by itself: channels all, or per token by magnitude (no press choice needed).
-  bool self_encoding() const {
-    return mode == ChannelMode::kAll || (per_token() && (by_magnitude || sparse_code));
-  }
-  // by_magnitude: the topk coordinates of c [width()] with the largest |c_j| (ties: the lower
-  // index), increasing, into ch [topk].
+  bool sampled_recovery() const { return recovers() && recovery()->dist != RecoveryDist::kFill; }
+  // Encodes tokens by itself: channels all, or per token chosen by the cache.
+  bool self_encoding() const { return channels.self_encoding(); }
+  // MagnitudeChannels: the topk coordinates of c [width()] with the largest |c_j| (ties: the
+  // lower index), increasing, into ch [topk].
   void magnitude_channels(const float* c, int32_t* ch) const;
   // Floats stored per token for its fill / recovery parameters (when it has any).
-  int fill_params() const { return dist == RecoveryDist::kGaussian ? 2 : 1; }
+  int fill_params() const {
+    return recovers() && recovery()->dist == RecoveryDist::kGaussian ? 2 : 1;
+  }
   // The magnitude pruned coordinate i of a token with parameters f [fill_params()] reads, before
   // the recovery scale r[i] and the sign.
   float pruned_magnitude(const float* f, int i) const;
   // Bytes held once per encoding (not per token): subset indices (uint16) and the recovery
   // scale (f32); bases are counted separately (shared).
-  size_t subset_bytes() const { return subset.size() * sizeof(uint16_t); }
-  size_t recovery_bytes() const { return recovery.size() * sizeof(float); }
+  size_t subset_bytes() const {
+    const ChannelSubset* s = channels.subset();
+    return s ? s->channels.size() * sizeof(uint16_t) : 0;
+  }
+  size_t recovery_bytes() const {
+    return recovers() ? recovery()->scale.size() * sizeof(float) : 0;
+  }
 
-  // sparse_code: the OMP codes of x [n, d] (rows ldx apart) over the basis's atoms: idx [n, topk]
-  // (increasing) and coef [n, topk].
+  // SparseCodeChannels: the OMP codes of x [n, d] (rows ldx apart) over the basis's atoms:
+  // idx [n, topk] (increasing) and coef [n, topk].
   void sparse_encode(const float* x, int64_t n, int64_t ldx, int32_t* idx, float* coef) const;
   // c [n, width()] = x [n, d] (rows ldx apart) through the basis. pos [n]: the tokens'
   // positions, needed (and only read) with a rope: c = Uᵀ R_pos⁻¹ x.

@@ -8,11 +8,11 @@
 
 namespace kvtrim {
 
-// How a pruned key coordinate with recovery reads (plan.h ChannelSpec): one fill per token, or a
-// draw per coordinate from a distribution with the token's parameters (SPARK's F).
+// How a pruned key coordinate with recovery reads (channel_stage.h KeyRecovery): one fill per
+// token, or a draw per coordinate from a distribution with the token's parameters (SPARK's F).
 enum class RecoveryDist : unsigned char { kFill, kGaussian, kExponential };
 
-// How per-token channel rows record which coordinates they keep (plan.h ChannelSpec::index):
+// How per-token channel rows record which coordinates they keep (channel_stage.h, per-token kinds):
 //  kList: one index per kept entry (uint8, uint16 when the width is over 256) — the papers' layout;
 //  kBitmask: one bit per coordinate, ceil(w / 8) bytes per row (any per-token rows: fixed or
 //            variable counts, with or without recovery / fill; the masked kernels read it);

@@ -33,7 +33,7 @@ void check_basis(const SideSpec& sp, int d, const char* side, const HeadShape& s
   PLAN_CHECK(D.empty() || !U.empty(), "%s decoder given without a %s basis (the encoder)", side,
              side);
   if (r == 0 && U.empty()) return;
-  if (sp.channels.sparse_code) {  // a dictionary: N unit-norm atoms, N may exceed d
+  if (sp.channels.get<SparseCodeChannels>()) {  // a dictionary: N unit-norm atoms, N may exceed d
     PLAN_CHECK(D.empty(), "%s dictionary (sparse-coded channels) cannot have a decoder", side);
     PLAN_CHECK(r >= 1 && r <= 65535, "%s dictionary size %d is out of range [1, 65535]", side, r);
     PLAN_CHECK(U.size() == static_cast<size_t>(d) * static_cast<size_t>(r),
@@ -80,108 +80,111 @@ void check_basis(const SideSpec& sp, int d, const char* side, const HeadShape& s
              worst);
 }
 
-// The channel stage of one side, in the coordinates after the basis (width w).
-void check_channels(const ChannelSpec& c, int w, int d, bool has_basis, bool keys, size_t rows,
-                    const char* side, const HeadShape& s) {
-  if (c.index == IndexLayout::kBitmask)
-    PLAN_CHECK(c.per_token(), "%s channels: a bitmask index needs per-token channels", side);
-  if (!c.set()) return;
-  if (!c.subset.empty()) {
-    PLAN_CHECK(!c.per_token() && c.recovery_scale.empty() && c.token_fill.empty() &&
-                   c.token_spread.empty() && c.recovery_dist == RecoveryDist::kFill,
-               "%s channels: a per-head subset and per-token channels cannot be combined", side);
-    PLAN_CHECK(c.subset.size() <= static_cast<size_t>(w), "%zu %s channels for width %d",
-               c.subset.size(), side, w);
-    check_indices(c.subset, w, keys ? "key_channels" : "value_channels", s,
-                  "coordinates after the basis");
-    return;
-  }
-  if (c.sparse_code) {
-    PLAN_CHECK(has_basis, "%s channels by sparse coding need a dictionary (the side's basis)", side);
-    PLAN_CHECK(!c.by_magnitude, "%s channels: sparse coding and by-magnitude cannot be combined", side);
-    PLAN_CHECK(c.topk >= 1 && c.topk <= std::min(w, d),
-               "%s channels by sparse coding: %d atoms per token is out of range [1, %d] (atoms, head dim)",
-               side, c.topk, std::min(w, d));
-    PLAN_CHECK(c.token_channels.empty() && c.token_counts.empty() && c.recovery_scale.empty() &&
-                   c.token_fill.empty() && c.token_spread.empty() &&
-                   c.recovery_dist == RecoveryDist::kFill && c.index != IndexLayout::kBitmask,
-               "%s channels by sparse coding: the cache codes each token itself, so token_channels / "
-               "token_counts / recovery / fills / a bitmask index cannot be given",
-               side);
-    return;
-  }
-  if (c.by_magnitude) {
-    PLAN_CHECK(c.topk >= 1 && c.topk <= w,
-               "%s channels by magnitude: topk %d is out of range [1, %d] (width)", side, c.topk, w);
-    PLAN_CHECK(c.token_channels.empty() && c.token_counts.empty() && c.recovery_scale.empty() &&
-                   c.token_fill.empty() && c.token_spread.empty() &&
-                   c.recovery_dist == RecoveryDist::kFill,
-               "%s channels by magnitude: the cache chooses each token's channels, so "
-               "token_channels / token_counts / recovery / fills cannot be given",
-               side);
-    return;
-  }
-  PLAN_CHECK(c.per_token(), "%s channels: recovery_scale / token_fill given without per-token "
-             "channels", side);
+// A press's per-token channels (TokenChannels) and their rows, in coordinates of width w.
+void check_token_channels(const TokenChannels& c, const TokenRows& t, int w, bool keys,
+                          size_t rows, const char* side, const HeadShape& s) {
   PLAN_CHECK(c.topk >= 0 && c.topk <= w, "%s topk %d is out of range [1, %d] (width)", side,
              c.topk, w);
   size_t total = 0;
   if (c.topk > 0) {
-    PLAN_CHECK(c.token_counts.empty(), "%s channels: topk %d and token_counts cannot both be given",
+    PLAN_CHECK(t.counts.empty(), "%s channels: topk %d and rows.counts cannot both be given",
                side, c.topk);
     total = rows * static_cast<size_t>(c.topk);
   } else {
-    PLAN_CHECK(c.token_counts.size() == rows,
-               "%s channels: token_counts holds %zu counts, expected %zu kept tokens (topk 0 = a "
+    PLAN_CHECK(t.counts.size() == rows,
+               "%s channels: rows.counts holds %zu counts, expected %zu kept tokens (topk 0 = a "
                "variable count per token)",
-               side, c.token_counts.size(), rows);
+               side, t.counts.size(), rows);
     for (size_t r = 0; r < rows; ++r) {
-      PLAN_CHECK(c.token_counts[r] >= 1 && c.token_counts[r] <= w,
-                 "%s token_counts[%zu] = %d is out of range [1, %d]", side, r, c.token_counts[r], w);
-      total += static_cast<size_t>(c.token_counts[r]);
+      PLAN_CHECK(t.counts[r] >= 1 && t.counts[r] <= w,
+                 "%s rows.counts[%zu] = %d is out of range [1, %d]", side, r, t.counts[r], w);
+      total += static_cast<size_t>(t.counts[r]);
     }
   }
-  PLAN_CHECK(c.token_channels.size() == total,
-             "%s token_channels holds %zu indices, expected %zu (kept tokens x channels per token)",
-             side, c.token_channels.size(), total);
+  PLAN_CHECK(t.channels.size() == total,
+             "%s rows.channels holds %zu indices, expected %zu (kept tokens x channels per token)",
+             side, t.channels.size(), total);
   size_t at = 0;
   for (size_t r = 0; r < rows; ++r) {
-    const size_t n = c.topk > 0 ? static_cast<size_t>(c.topk) : static_cast<size_t>(c.token_counts[r]);
+    const size_t n = c.topk > 0 ? static_cast<size_t>(c.topk) : static_cast<size_t>(t.counts[r]);
     for (size_t j = 0; j < n; ++j) {
-      const int32_t ch = c.token_channels[at + j];
-      PLAN_CHECK(ch >= 0 && ch < w && (j == 0 || ch > c.token_channels[at + j - 1]),
-                 "%s token_channels row %zu entry %zu = %d is out of range [0, %d) or not strictly "
+      const int32_t ch = t.channels[at + j];
+      PLAN_CHECK(ch >= 0 && ch < w && (j == 0 || ch > t.channels[at + j - 1]),
+                 "%s rows.channels row %zu entry %zu = %d is out of range [0, %d) or not strictly "
                  "increasing",
                  side, r, j, ch, w);
     }
     at += n;
   }
+  const KeyRecovery* rec = c.recovery ? &*c.recovery : nullptr;
   if (keys) {
-    PLAN_CHECK(c.recovery_scale.empty() == c.token_fill.empty(),
-               "key recovery_scale and token_fill are given together or not at all");
-    if (!c.recovery_scale.empty())
-      PLAN_CHECK(c.recovery_scale.size() == static_cast<size_t>(w),
-                 "key recovery_scale holds %zu floats, expected the width %d",
-                 c.recovery_scale.size(), w);
+    PLAN_CHECK(!c.fill, "key channels take a recovery (recovery scale and rows.fill), not a fill");
+    PLAN_CHECK(!rec == t.fill.empty(),
+               "key recovery scale and rows.fill are given together or not at all");
+    if (rec)
+      PLAN_CHECK(rec->scale.size() == static_cast<size_t>(w),
+                 "key recovery scale holds %zu floats, expected the width %d", rec->scale.size(),
+                 w);
   } else {
-    PLAN_CHECK(c.recovery_scale.empty(),
-               "value channels take a fill per token (token_fill), not a recovery_scale");
+    PLAN_CHECK(!rec, "value channels take a fill per token (rows.fill), not a recovery");
+    PLAN_CHECK(c.fill ? t.fill.size() == rows : t.fill.empty(),
+               "value rows.fill holds %zu floats, expected %zu (one per kept token with a fill, "
+               "none without)",
+               t.fill.size(), c.fill ? rows : size_t{0});
   }
-  if (c.recovery_dist != RecoveryDist::kFill) {
-    PLAN_CHECK(keys && !c.recovery_scale.empty(),
-               "%s channels: a sampled recovery needs key channels with recovery_scale", side);
-    for (float x : c.token_fill) PLAN_CHECK(x >= 0, "%s token_fill (sampled recovery: μ_t) is negative", side);
+  const RecoveryDist dist = rec ? rec->dist : RecoveryDist::kFill;
+  if (dist != RecoveryDist::kFill) {
+    for (float x : t.fill)
+      PLAN_CHECK(x >= 0, "%s rows.fill (sampled recovery: μ_t) is negative", side);
   }
-  PLAN_CHECK(c.token_spread.size() == (c.recovery_dist == RecoveryDist::kGaussian ? rows : 0),
-             "%s token_spread holds %zu floats, expected %zu (σ_t per kept token, Gaussian recovery only)",
-             side, c.token_spread.size(), c.recovery_dist == RecoveryDist::kGaussian ? rows : size_t{0});
-  for (float x : c.token_spread)
-    PLAN_CHECK(std::isfinite(x) && x >= 0, "%s token_spread is not finite and >= 0", side);
-  PLAN_CHECK(c.token_fill.empty() || c.token_fill.size() == rows,
-             "%s token_fill holds %zu floats, expected %zu kept tokens", side, c.token_fill.size(),
-             rows);
-  for (float x : c.recovery_scale) PLAN_CHECK(std::isfinite(x), "%s recovery_scale is not finite", side);
-  for (float x : c.token_fill) PLAN_CHECK(std::isfinite(x), "%s token_fill is not finite", side);
+  const size_t n_spread = dist == RecoveryDist::kGaussian ? rows : 0;
+  PLAN_CHECK(t.spread.size() == n_spread,
+             "%s rows.spread holds %zu floats, expected %zu (σ_t per kept token, Gaussian "
+             "recovery only)",
+             side, t.spread.size(), n_spread);
+  for (float x : t.spread)
+    PLAN_CHECK(std::isfinite(x) && x >= 0, "%s rows.spread is not finite and >= 0", side);
+  PLAN_CHECK(t.fill.empty() || t.fill.size() == rows,
+             "%s rows.fill holds %zu floats, expected %zu kept tokens", side, t.fill.size(), rows);
+  if (rec)
+    for (float x : rec->scale)
+      PLAN_CHECK(std::isfinite(x), "%s recovery scale is not finite", side);
+  for (float x : t.fill) PLAN_CHECK(std::isfinite(x), "%s rows.fill is not finite", side);
+}
+
+// The channel stage of one side, in the coordinates after the basis (width w), and the
+// per-token rows only a press's per-token channels take.
+void check_channels(const SideSpec& sp, int w, int d, bool keys, size_t rows, const char* side,
+                    const HeadShape& s) {
+  const ChannelStage& c = sp.channels;
+  if (const TokenChannels* t = c.get<TokenChannels>()) {
+    check_token_channels(*t, sp.rows, w, keys, rows, side, s);
+    return;
+  }
+  PLAN_CHECK(sp.rows.empty(),
+             "%s channels %s: per-token rows (channels / counts / fill / spread) are given, but "
+             "only per-token channels chosen by a press take them (the cache chooses a token's "
+             "channels itself, or there are none to choose)",
+             side, c.name());
+  if (const ChannelSubset* sub = c.subset()) {
+    PLAN_CHECK(!sub->channels.empty() && sub->channels.size() <= static_cast<size_t>(w),
+               "%zu %s channels for width %d (a per-head subset keeps 1 .. width)",
+               sub->channels.size(), side, w);
+    const std::vector<int32_t> idx(sub->channels.begin(), sub->channels.end());
+    check_indices(idx, w, keys ? "key_channels" : "value_channels", s,
+                  "coordinates after the basis");
+  } else if (const SparseCodeChannels* sc = c.get<SparseCodeChannels>()) {
+    PLAN_CHECK(sp.has_basis(), "%s channels by sparse coding need a dictionary (the side's basis)",
+               side);
+    PLAN_CHECK(sc->topk >= 1 && sc->topk <= std::min(w, d),
+               "%s channels by sparse coding: %d atoms per token is out of range [1, %d] (atoms, "
+               "head dim)",
+               side, sc->topk, std::min(w, d));
+  } else if (const MagnitudeChannels* m = c.get<MagnitudeChannels>()) {
+    PLAN_CHECK(m->topk >= 1 && m->topk <= w,
+               "%s channels by magnitude: topk %d is out of range [1, %d] (width)", side, m->topk,
+               w);
+  }
 }
 
 }  // namespace
@@ -193,7 +196,7 @@ void validate_head_plan(const HeadPlan& hp, const HeadShape& s) {
   PLAN_CHECK(!hp.value.rope, "a value basis cannot have a RoPE spec (only keys are rotated)");
   if (hp.key.rope) {
     const RopeSpec& r = *hp.key.rope;
-    PLAN_CHECK(hp.key.has_basis() && !hp.key.channels.set() && !hp.key.channels.sparse_code,
+    PLAN_CHECK(hp.key.has_basis() && !hp.key.channels_set(),
                "a pre-RoPE key basis (rope) needs a basis and all channels");
     PLAN_CHECK(r.n_rot >= 2 && r.n_rot % 2 == 0 && r.n_rot <= s.head_dim_k,
                "key RoPE n_rot %d must be even and in [2, head_dim %d]", r.n_rot, s.head_dim_k);
@@ -201,10 +204,10 @@ void validate_head_plan(const HeadPlan& hp, const HeadShape& s) {
                "key RoPE base %g and freq_scale %g must be finite and positive", r.base, r.freq_scale);
   }
   const size_t rows = hp.keep_all ? static_cast<size_t>(n) : hp.keep.size();
-  check_channels(hp.key.channels, hp.key.rank > 0 ? hp.key.rank : s.head_dim_k, s.head_dim_k,
-                 hp.key.has_basis(), true, rows, "key", s);
-  check_channels(hp.value.channels, hp.value.rank > 0 ? hp.value.rank : s.head_dim_v, s.head_dim_v,
-                 hp.value.has_basis(), false, rows, "value", s);
+  check_channels(hp.key, hp.key.rank > 0 ? hp.key.rank : s.head_dim_k, s.head_dim_k, true, rows,
+                 "key", s);
+  check_channels(hp.value, hp.value.rank > 0 ? hp.value.rank : s.head_dim_v, s.head_dim_v, false,
+                 rows, "value", s);
   PLAN_CHECK(!hp.appends_dense || hp.has_epoch(),
              "appends_dense is given without a basis or channels (it says how tokens appended "
              "after the plan's epoch are stored)");
@@ -217,8 +220,8 @@ void validate_head_plan(const HeadPlan& hp, const HeadShape& s) {
     PLAN_CHECK(!hp.appends_dense,
                "a dense buffer and appends_dense cannot be combined (the buffer encodes the "
                "tokens that leave it; appends_dense leaves them to a later plan)");
-    for (const ChannelSpec* c : {&hp.key.channels, &hp.value.channels})
-      PLAN_CHECK(!c->set() || ((c->by_magnitude || c->sparse_code) && c->subset.empty()),
+    for (const ChannelStage* c : {&hp.key.channels, &hp.value.channels})
+      PLAN_CHECK(c->self_encoding(),
                  "a dense buffer needs an epoch that encodes tokens by itself (channels all, by "
                  "magnitude or by sparse coding), not channels chosen by a press");
   }
@@ -263,17 +266,19 @@ std::vector<T> select_rows(const std::vector<T>& rows, const std::vector<int32_t
   return out;
 }
 
-// The per-token rows of c restricted to the rows `pick` (second plan's keep over first's rows).
-ChannelSpec select_channel_rows(const ChannelSpec& c, const std::vector<int32_t>& pick) {
-  ChannelSpec o = c;
-  if (!c.per_token()) return o;
-  const size_t T = static_cast<size_t>(c.topk);
-  o.token_channels = select_rows(c.token_channels, pick, [&](size_t r) {
-    return T > 0 ? T : static_cast<size_t>(c.token_counts[r]);
+// The per-token rows of a side restricted to the rows `pick` (second plan's keep over first's
+// rows).
+TokenRows select_token_rows(const ChannelStage& c, const TokenRows& t,
+                            const std::vector<int32_t>& pick) {
+  if (!c.per_token()) return t;
+  TokenRows o;
+  const size_t T = static_cast<size_t>(c.topk());
+  o.channels = select_rows(t.channels, pick, [&](size_t r) {
+    return T > 0 ? T : static_cast<size_t>(t.counts[r]);
   });
-  o.token_counts = select_rows(c.token_counts, pick, [](size_t) { return size_t{1}; });
-  o.token_fill = select_rows(c.token_fill, pick, [](size_t) { return size_t{1}; });
-  o.token_spread = select_rows(c.token_spread, pick, [](size_t) { return size_t{1}; });
+  o.counts = select_rows(t.counts, pick, [](size_t) { return size_t{1}; });
+  o.fill = select_rows(t.fill, pick, [](size_t) { return size_t{1}; });
+  o.spread = select_rows(t.spread, pick, [](size_t) { return size_t{1}; });
   return o;
 }
 
@@ -286,11 +291,11 @@ SideSpec compose_side(const SideSpec& a, const SideSpec& b, bool b_keeps_all,
                "compose_plans: two presses both set a %s basis for layer %d kv head %d (bases on the "
                "same side do not compose)",
                side, il, ih);
-  KVTRIM_CHECK(!(a.channels.set() && b.channels.set()),
+  KVTRIM_CHECK(!(a.channels_set() && b.channels_set()),
                "compose_plans: two presses both set %s channels for layer %d kv head %d (channel "
                "choices on the same side do not compose)",
                side, il, ih);
-  KVTRIM_CHECK(!((a.has_basis() && b.channels.set()) || (b.has_basis() && a.channels.set())),
+  KVTRIM_CHECK(!((a.has_basis() && b.channels_set()) || (b.has_basis() && a.channels_set())),
                "compose_plans: one press sets a %s basis and another %s channels for layer %d kv "
                "head %d (the channels were chosen in the coordinates the basis changes)",
                side, side, il, ih);
@@ -305,10 +310,12 @@ SideSpec compose_side(const SideSpec& a, const SideSpec& b, bool b_keeps_all,
   o.decoder = bs.decoder;
   o.rope = bs.rope;
   o.dtype = a.dtype ? a.dtype : b.dtype;
-  if (b.channels.set()) {
+  if (b.channels_set()) {
     o.channels = b.channels;  // b's rows follow b's keep order, which is the result's
-  } else if (a.channels.set()) {
-    o.channels = b_keeps_all ? a.channels : select_channel_rows(a.channels, b_keep);
+    o.rows = b.rows;
+  } else if (a.channels_set()) {
+    o.channels = a.channels;
+    o.rows = b_keeps_all ? a.rows : select_token_rows(a.channels, a.rows, b_keep);
   }
   return o;
 }

@@ -6,64 +6,10 @@
 #include <optional>
 #include <vector>
 
+#include "kv/channel_stage.h"
 #include "kv/kv_types.h"
 
 namespace kvtrim {
-
-// The channel stage of one side (keys or values), in the coordinates after the basis stage
-// (width w = the basis rank, or the head dim without a basis).
-//  - all channels: nothing set;
-//  - per-head subset (ThinK): `subset` = kept coordinates, strictly increasing in [0, w);
-//  - per-token (SPARK, SWAN): each re-encoded token keeps its own coordinates, listed row after
-//    row in `token_channels` (each row strictly increasing in [0, w)), one row per kept token
-//    in keep order (rows = keep.size(), or the head's token count with keep_all; rows of
-//    tokens that are not re-encoded — anchors, tokens of earlier epochs — are validated and
-//    ignored). Fixed count: topk = T (1..w) channels per row. Variable count (SPARK-p): topk
-//    = 0 and token_counts [rows] (each 1..w) gives each row's length.
-//    Keys, optional recovery (SPARK): recovery_scale r [w] and token_fill [rows] = sqrt(μ_t):
-//    a pruned coordinate c of token t then reads sign(k_tc)·token_fill[t]·r[c] (the sign bit
-//    of every pruned coordinate is stored); without them a pruned coordinate reads zero.
-//    Keys, sampled recovery (SPARK's Gaussian / exponential F): recovery_dist kGaussian or
-//    kExponential with recovery_scale r [w], token_fill [rows] = μ_t and (Gaussian) token_spread
-//    [rows] = σ_t, both ≥ 0: a pruned coordinate c reads sign(k_tc)·m(w̃_tc)·r[c], where w̃_tc =
-//    max(0, μ_t + σ_t·z) (z ~ N(0, 1)) or μ_t·e (e ~ Exp(1)) is drawn by a counter-based hash of
-//    (recovery_seed, μ_t, σ_t, c) (kv/recovery.h: the same draw at every read, nothing stored per
-//    coordinate) and m = sqrt when recovery_sqrt, else the identity.
-//    Values, optional fill (SPARK's value pruning): token_fill [rows] without recovery_scale:
-//    a pruned coordinate reads token_fill[t] (the token's mean pruned value).
-//  - per-token by magnitude (SWAN): by_magnitude with topk = T (1..w) and nothing else: the cache
-//    itself keeps each token's T coordinates of largest |c_j| (ties: the lower index), for the
-//    tokens the plan re-encodes and for every token the epoch encodes later (appends, tokens
-//    leaving the dense buffer); pruned coordinates read zero.
-//  - per-token sparse codes (Lexico): sparse_code with topk = s (1..min(w, d)) and nothing else,
-//    over a basis that is a dictionary (SideSpec::basis = D [d, N], N atoms of unit norm, N may
-//    exceed d, no decoder): the cache codes each token it encodes by orthogonal matching pursuit
-//    (kv/sparse_code.h), x ≈ Σ_j c_j D[:, j] over s atoms, and stores (c_j, j); the attention
-//    reads the stored vector as D·c. Like by_magnitude, tokens appended later are coded too.
-//  Per-token rows record their kept coordinates as a list or a bitmask (`index`, kv_types.h
-//  IndexLayout; kAuto: whichever is smaller).
-struct ChannelSpec {
-  std::vector<int32_t> subset;
-  int topk = 0;
-  std::vector<int32_t> token_channels;
-  std::vector<int32_t> token_counts;
-  std::vector<float> recovery_scale;
-  std::vector<float> token_fill;
-  RecoveryDist recovery_dist = RecoveryDist::kFill;
-  std::vector<float> token_spread;
-  uint32_t recovery_seed = 0;
-  bool recovery_sqrt = false;
-  bool by_magnitude = false;
-  bool sparse_code = false;
-  IndexLayout index = IndexLayout::kAuto;  // per-token rows: kept-coordinate list or bitmask
-  bool per_token() const {
-    return topk != 0 || !token_channels.empty() || !token_counts.empty() || sparse_code;
-  }
-  bool set() const {
-    return !subset.empty() || per_token() || !recovery_scale.empty() || !token_fill.empty() ||
-           !token_spread.empty() || recovery_dist != RecoveryDist::kFill || by_magnitude || sparse_code;
-  }
-};
 
 // One side's encoding of a new epoch: basis -> channels -> precision.
 //  basis [d, rank] row-major (tokens are stored as coefficients c = basisᵀ x), orthonormal
@@ -71,6 +17,8 @@ struct ChannelSpec {
 //  attention then sees decoder·c; both must be finite). rank 0 with no matrix = identity.
 //  With sparse-coded channels the basis is a dictionary: rank = N atoms (any N >= 1, more than d
 //  allowed), columns of unit norm (| |D_j| - 1 | <= 1e-3), no decoder.
+//  channels: the channel stage (channel_stage.h); rows: the per-token data of a TokenChannels
+//  stage (its kept coordinates, counts, fills), empty otherwise.
 //  dtype: the precision of this epoch's stored elements (default: the cache's type for the side).
 //  rope (keys only, with a basis and all channels): the basis describes the key before its
 //  rotary embedding (Palu's latent): the cache undoes the RoPE of each token's key at the
@@ -81,10 +29,12 @@ struct SideSpec {
   std::vector<float> basis;
   std::vector<float> decoder;
   std::optional<RopeSpec> rope;
-  ChannelSpec channels;
+  ChannelStage channels;
+  TokenRows rows;
   std::optional<KvDtype> dtype;
   bool has_basis() const { return rank != 0 || !basis.empty() || !decoder.empty(); }
-  bool set() const { return has_basis() || channels.set() || dtype.has_value(); }
+  bool channels_set() const { return !channels.all() || !rows.empty(); }
+  bool set() const { return has_basis() || channels_set() || dtype.has_value(); }
 };
 
 // What a press decided for one (layer, kv head):

@@ -35,7 +35,7 @@ void dense_scores(const SideStore& k, const float* qs, int G, int64_t b, int64_t
 // weighted sum of kt's rows per query head (s_g = Σ_i qs[g, i] kt[i, :]).
 void rope_key_scores(const SideStore& k, const SideEncoding& e, const float* qs, int G,
                      const int32_t* pos, int64_t b, int64_t nb, float* s, int64_t ld) {
-  KVTRIM_ASSERT(pos && !k.sparse() && e.basis && e.mode == ChannelMode::kAll && ld == kBlock);
+  KVTRIM_ASSERT(pos && !k.sparse() && e.basis && e.channels.all() && ld == kBlock);
   const int d = e.d;
   thread_local std::vector<float> kt;
   kt.resize(static_cast<size_t>(d) * kBlock);  // columns past nb: finite leftovers
@@ -65,8 +65,8 @@ bool sparse_view(const SideStore& st, int w, SparseRows* r) {
 }
 
 // The masked kernels' view of bitmask rows: pruned coordinates as zero, value fill, or the
-// degenerate key recovery ±fill · r_c (weight = e.recovery); false for q4 rows, list rows and
-// sampled recoveries (drawn per coordinate: the generic path).
+// degenerate key recovery ±fill · r_c (weight = the recovery scale r); false for q4 rows, list
+// rows and sampled recoveries (drawn per coordinate: the generic path).
 bool masked_view(const SideStore& st, const SideEncoding& e, int w, bool keys, MaskedRows* r) {
   if (!kv_type(st.dtype()).sparse_kernels || !st.bitmask()) return false;
   const bool rec = keys && e.recovers();
@@ -80,7 +80,7 @@ bool masked_view(const SideStore& st, const SideEncoding& e, int w, bool keys, M
   r->signs = rec ? st.sign_row(0) : nullptr;
   r->fill = st.fill_params() > 0 ? st.fills() : nullptr;
   r->fill_stride = st.fill_params();
-  r->weight = rec ? e.recovery.data() : nullptr;
+  r->weight = rec ? e.recovery()->scale.data() : nullptr;
   r->dim = w;
   return true;
 }
@@ -258,7 +258,7 @@ void dense_accum(const SideStore& v, const float* p, int G, int64_t ldp, int64_t
 void sparse_accum(const SideStore& v, const SideEncoding& e, const float* p, int G, int64_t ldp, int64_t b,
                   int64_t nb, float* acc, int aw) {
   const int w = e.width();
-  const bool fill = e.fill;
+  const bool fill = e.fill();
   MaskedRows mview;
   if (masked_view(v, e, w, /*keys=*/false, &mview)) {  // every coordinate (pruned: the fill)
     masked_accum(mview, p, G, ldp, b, nb, acc, aw);
@@ -314,7 +314,8 @@ void key_query(const SideEncoding& k, const float* q, int G, float* qk) {
     std::copy(q, q + static_cast<int64_t>(G) * k.d, qk);
     return;
   }
-  if (k.mode != ChannelMode::kSubset) {
+  const ChannelSubset* sub = k.channels.subset();
+  if (!sub) {
     k.query_coords(q, G, qk);
     return;
   }
@@ -323,16 +324,18 @@ void key_query(const SideEncoding& k, const float* q, int G, float* qk) {
   k.query_coords(q, G, full.data());
   const int s = k.stored(), w = k.width();
   for (int g = 0; g < G; ++g)
-    for (int j = 0; j < s; ++j) qk[g * s + j] = full[static_cast<size_t>(g * w + k.subset[static_cast<size_t>(j)])];
+    for (int j = 0; j < s; ++j)
+      qk[g * s + j] = full[static_cast<size_t>(g * w + sub->channels[static_cast<size_t>(j)])];
 }
 
 bool same_key_query(const SideEncoding& a, const SideEncoding& b) {
   if (a.rope || b.rope) return a.rope.has_value() && b.rope.has_value() && a.d == b.d;
-  return a.basis == b.basis && a.d == b.d && (a.mode == ChannelMode::kSubset) == (b.mode == ChannelMode::kSubset) &&
-         a.subset == b.subset;
+  const ChannelSubset *sa = a.channels.subset(), *sb = b.channels.subset();
+  return a.basis == b.basis && a.d == b.d && (sa == nullptr) == (sb == nullptr) &&
+         (!sa || sa->channels == sb->channels);
 }
 
-int slot_width(const SegmentEncoding& e) { return value_stored(e.v) + (e.v.fill ? 1 : 0); }
+int slot_width(const SegmentEncoding& e) { return value_stored(e.v) + (e.v.fill() ? 1 : 0); }
 
 void attend_rows(const SideStore& k, const SideStore& v, const SegmentEncoding& e, const float* qk,
                  int G, float scale, float softcap, int64_t t0, int64_t t1, float* acc, float* m,
@@ -346,8 +349,9 @@ void attend_rows(const SideStore& k, const SideStore& v, const SegmentEncoding& 
   const bool rec = e.k.per_token() && e.k.recovers();
   if (rec) {
     qr.resize(qs.size());
+    const std::vector<float>& r = e.k.recovery()->scale;  // [kw]
     for (int64_t i = 0; i < static_cast<int64_t>(G) * kw; ++i)
-      qr[static_cast<size_t>(i)] = qs[static_cast<size_t>(i)] * e.k.recovery[static_cast<size_t>(i % kw)];
+      qr[static_cast<size_t>(i)] = qs[static_cast<size_t>(i)] * r[static_cast<size_t>(i % kw)];
   }
   // byte tables for the degenerate recovery when they pay off (long enough segments)
   thread_local RecoveryTables rt;
@@ -433,7 +437,7 @@ void attend_rows_multi(const SideStore& k, const SideStore& v, const SegmentEnco
 void lift_slot(const SegmentEncoding& e, const float* acc, int G, float* out) {
   const SideEncoding& v = e.v;
   const int aw = slot_width(e), w = v.width();
-  if (v.identity() && !v.fill) {  // already in the output space
+  if (v.identity() && !v.fill()) {  // already in the output space
     std::copy(acc, acc + static_cast<int64_t>(G) * aw, out);
     return;
   }
@@ -442,10 +446,10 @@ void lift_slot(const SegmentEncoding& e, const float* acc, int G, float* out) {
   for (int g = 0; g < G; ++g) {
     const float* a = acc + static_cast<int64_t>(g) * aw;
     float* cg = c.data() + static_cast<int64_t>(g) * w;
-    if (v.mode == ChannelMode::kSubset) {
-      for (size_t j = 0; j < v.subset.size(); ++j) cg[v.subset[j]] = a[j];
+    if (const ChannelSubset* sub = v.channels.subset()) {
+      for (size_t j = 0; j < sub->channels.size(); ++j) cg[sub->channels[j]] = a[j];
     } else {
-      const float f = v.fill ? a[w] : 0.f;
+      const float f = v.fill() ? a[w] : 0.f;
       for (int i = 0; i < w; ++i) cg[i] = a[i] + f;
     }
   }

@@ -82,12 +82,12 @@ void SideStore::init(const SideEncoding& e, bool keys) {
   sparse_ = e.per_token();
   tiled_ = keys && !sparse_;
   s_ = e.stored();
-  T_ = sparse_ ? e.topk : 0;
+  T_ = sparse_ ? e.topk() : 0;
   var_ = sparse_ && T_ == 0;
   rec_ = sparse_ && keys && e.recovers();
-  fill_ = sparse_ && (rec_ || (!keys && e.fill));
+  fill_ = sparse_ && (rec_ || (!keys && e.fill()));
   isz_ = sparse_ ? (w_ <= 256 ? 1 : 2) : 0;
-  mask_ = sparse_ && e.bitmask;
+  mask_ = sparse_ && e.bitmask();
   mb_ = mask_ ? (w_ + 7) / 8 : 0;
   sb_ = rec_ ? (w_ + 7) / 8 : 0;
   nf_ = fill_ ? (rec_ ? e.fill_params() : 1) : 0;
@@ -335,9 +335,9 @@ void SideStore::row_channels(int64_t t, int32_t* ch) const {
 
 void SideStore::get(const SideEncoding& e, int64_t t, float* c) const {
   if (!sparse_) {
-    if (e.mode == ChannelMode::kSubset) {
+    if (const ChannelSubset* sub = e.channels.subset()) {
       std::fill(c, c + w_, 0.f);
-      for (int j = 0; j < s_; ++j) c[e.subset[static_cast<size_t>(j)]] = dense_at(t, j);
+      for (int j = 0; j < s_; ++j) c[sub->channels[static_cast<size_t>(j)]] = dense_at(t, j);
     } else {
       for (int j = 0; j < s_; ++j) c[j] = dense_at(t, j);
     }
@@ -359,10 +359,11 @@ void SideStore::get(const SideEncoding& e, int64_t t, float* c) const {
     kept[static_cast<size_t>(ch)] = 1;
   }
   const uint8_t* sg = rec_ ? sign_row(t) : nullptr;
+  const float* r = rec_ ? e.recovery()->scale.data() : nullptr;  // [w_]
   for (int i = 0; i < w_; ++i) {
     if (kept[static_cast<size_t>(i)]) continue;
     if (rec_) {
-      const float f = e.pruned_magnitude(fp, i) * e.recovery[static_cast<size_t>(i)];
+      const float f = e.pruned_magnitude(fp, i) * r[i];
       c[i] = ((sg[i >> 3] >> (i & 7)) & 1) ? -f : f;
     } else {
       c[i] = fill_ ? fill : 0.f;

@@ -132,8 +132,8 @@ void TokenCache::append(int il, int64_t n, const float* k, const float* v, const
   };
   bool coding = false;
   for (const Head& H : L.heads)
-    coding = coding || (H.cur && (H.cur->k.sparse_code || H.cur->v.sparse_code || H.cur->k.by_magnitude ||
-                                  H.cur->v.by_magnitude));
+    coding = coding ||
+             (H.cur && (H.cur->k.channels.codes_tokens() || H.cur->v.channels.codes_tokens()));
   if (pool && coding && nkv > 1) {
     std::exception_ptr err;
     std::mutex mu;

@@ -30,14 +30,24 @@ using kvtest::max_abs_diff;
 using kvtest::randn;
 using kvtest::random_keep;
 
-std::vector<int32_t> random_channels(int d, double frac, std::mt19937& rng) {
+ChannelSubset random_channels(int d, double frac, std::mt19937& rng) {
   std::bernoulli_distribution keep(frac);
-  std::vector<int32_t> r;
+  ChannelSubset r;
   for (int i = 0; i < d; ++i)
-    if (keep(rng)) r.push_back(i);
-  if (r.empty()) r.push_back(d / 2);
+    if (keep(rng)) r.channels.push_back(static_cast<uint16_t>(i));
+  if (r.channels.empty()) r.channels.push_back(static_cast<uint16_t>(d / 2));
   return r;
 }
+
+// A subset of the coordinates 0 .. n-1 taken `step` apart from `first`: first, first + step, ...
+ChannelSubset strided(int n, int first, int step) {
+  ChannelSubset r;
+  for (int i = 0; i < n; ++i) r.channels.push_back(static_cast<uint16_t>(first + step * i));
+  return r;
+}
+
+// The press-chosen per-token channels of a plan's key side.
+TokenChannels& key_tokens(HeadPlan& h) { return *h.key.channels.get<TokenChannels>(); }
 
 struct Snapshot {  // every head's read_head output, per layer
   std::vector<std::vector<float>> k, v;
@@ -98,7 +108,7 @@ CompressionPlan channel_plan(const KvCache& c, std::mt19937& rng) {
   CompressionPlan plan(cfg.n_layer, cfg.n_head_kv);
   for (int ih = 0; ih < cfg.n_head_kv; ++ih) {
     HeadPlan& hp = plan.at(0, ih);
-    hp.key.channels.subset = random_channels(cfg.head_dim_k, 0.3 + 0.2 * ih, rng);
+    hp.key.channels = random_channels(cfg.head_dim_k, 0.3 + 0.2 * ih, rng);
     if (ih % 2 == 1) {
       hp.keep_all = false;
       hp.keep = random_keep(c.n_tokens(0, ih), 0.6, rng);
@@ -123,7 +133,8 @@ Snapshot expected_after(const Snapshot& before, const CompressionPlan& plan, int
     e.pos[h].clear();
     for (int32_t t : keep) {
       for (int i = 0; i < dk; ++i) {
-        const bool kept = std::binary_search(hp.key.channels.subset.begin(), hp.key.channels.subset.end(), i);
+        const std::vector<uint16_t>& sub = hp.key.channels.subset()->channels;
+        const bool kept = std::binary_search(sub.begin(), sub.end(), i);
         e.k[h].push_back(kept ? before.k[h][static_cast<size_t>(t) * dk + i] : 0.f);
       }
       for (int i = 0; i < dv; ++i) e.v[h].push_back(before.v[h][static_cast<size_t>(t) * dv + i]);
@@ -198,7 +209,7 @@ TEST(ChannelCache, BytesAppendApplyTwiceTruncate) {
     auto c = make_kv_cache(make_cfg(1, nkv, dk, dv, t));
     fill(*c, 100, 0, rng);
     CompressionPlan p1(1, nkv);
-    for (int i = 0; i < 8; ++i) p1.at(0, 0).key.channels.subset.push_back(4 * i);  // 8 channels
+    p1.at(0, 0).key.channels = strided(8, 0, 4);  // 8 channels
     p1.at(0, 1).keep_all = false;
     for (int32_t i = 0; i < 100; i += 2) p1.at(0, 1).keep.push_back(i);      // 50 tokens
     c->apply(p1);
@@ -222,7 +233,7 @@ TEST(ChannelCache, BytesAppendApplyTwiceTruncate) {
     // epoch's tokens keep their 8 channels; tokens 0..9 of head 0 dropped; anchor 110 stays dense
     CompressionPlan p2(1, nkv);
     HeadPlan& h = p2.at(0, 0);
-    for (int i = 0; i < 16; ++i) h.key.channels.subset.push_back(2 * i + 1);
+    h.key.channels = strided(16, 1, 2);
     h.keep_all = false;
     for (int32_t i = 10; i < 120; ++i) h.keep.push_back(i);
     h.anchors = {110};
@@ -271,7 +282,7 @@ TEST(ChannelCache, BadPlansAreErrorsAndLeaveTheCacheUnchanged) {
   auto c = make_kv_cache(make_cfg(1, nkv, dk, dv, KvDtype::kF16));
   fill(*c, 40, 0, rng);
   CompressionPlan ok(1, nkv);
-  ok.at(0, 1).key.channels.subset = {1, 2, 3};
+  ok.at(0, 1).key.channels = ChannelSubset{{1, 2, 3}};
   c->apply(ok);  // one channel epoch already: a rejected plan must not touch it either
   const Snapshot before = snapshot(*c);
   const KvBytes b0 = c->bytes();
@@ -291,28 +302,27 @@ TEST(ChannelCache, BadPlansAreErrorsAndLeaveTheCacheUnchanged) {
   };
   auto with = [&](auto edit) {
     CompressionPlan p(1, nkv);
-    p.at(0, 0).key.channels.subset = {0, 5};  // a valid head before the bad one
+    p.at(0, 0).key.channels = ChannelSubset{{0, 5}};  // a valid head before the bad one
     edit(p.at(0, 1));
     return p;
   };
-  expect_rejected(with([](HeadPlan& h) { h.key.channels.subset = {3, 1}; }), "unsorted");
-  expect_rejected(with([](HeadPlan& h) { h.key.channels.subset = {2, 2}; }), "duplicate");
-  expect_rejected(with([](HeadPlan& h) { h.key.channels.subset = {1, 16}; }), "out of range");
-  expect_rejected(with([](HeadPlan& h) { h.key.channels.subset = {-1, 3}; }), "negative");
-  expect_rejected(with([&](HeadPlan& h) {
-                    for (int i = 0; i <= dk; ++i) h.key.channels.subset.push_back(i);
-                  }),
+  expect_rejected(with([](HeadPlan& h) { h.key.channels = ChannelSubset{{3, 1}}; }), "unsorted");
+  expect_rejected(with([](HeadPlan& h) { h.key.channels = ChannelSubset{{2, 2}}; }), "duplicate");
+  expect_rejected(with([](HeadPlan& h) { h.key.channels = ChannelSubset{{1, 16}}; }),
+                  "out of range");
+  // (negative coordinates are unrepresentable: a subset holds uint16)
+  expect_rejected(with([&](HeadPlan& h) { h.key.channels = strided(dk + 1, 0, 1); }),
                   "more channels than head_dim_k");
   // (Key channels with a value basis, rejected before the axes composed, are valid since the
   // composable-axes cache; composed_cache_test.cpp checks them against the reference.)
   expect_rejected(with([&](HeadPlan& h) {
-                    h.key.channels.subset = {0, 1};
-                    h.key.channels.topk = 1;
+                    h.key.channels = ChannelSubset{{0, 1}};
+                    h.key.rows.channels.assign(40, 0);
                   }),
-                  "per-head subset mixed with per-token channels");
+                  "per-head subset with per-token rows");
   // all channels is a valid (lossless) subset
   CompressionPlan all(1, nkv);
-  for (int i = 0; i < dk; ++i) all.at(0, 0).key.channels.subset.push_back(i);
+  all.at(0, 0).key.channels = strided(dk, 0, 1);
   c->apply(all);
   std::vector<float> k;
   c->read_head(0, 0, &k, nullptr, nullptr);
@@ -325,7 +335,7 @@ TEST(ChannelCache, BadPlansAreErrorsAndLeaveTheCacheUnchanged) {
 HeadPlan topk_plan(int64_t n_tok, int dk, int T, bool recovery, bool select, bool anchor,
                    std::mt19937& rng) {
   HeadPlan hp;
-  hp.key.channels.topk = T;
+  TokenChannels tc{.topk = T};
   std::vector<int32_t> rows;
   if (select) {
     hp.keep_all = false;
@@ -341,11 +351,14 @@ HeadPlan topk_plan(int64_t n_tok, int dk, int T, bool recovery, bool select, boo
     std::shuffle(all.begin(), all.end(), rng);
     std::vector<int32_t> row(all.begin(), all.begin() + T);
     std::sort(row.begin(), row.end());
-    hp.key.channels.token_channels.insert(hp.key.channels.token_channels.end(), row.begin(), row.end());
-    if (recovery) hp.key.channels.token_fill.push_back(u(rng));
+    hp.key.rows.channels.insert(hp.key.rows.channels.end(), row.begin(), row.end());
+    if (recovery) hp.key.rows.fill.push_back(u(rng));
   }
-  if (recovery)
-    for (int i = 0; i < dk; ++i) hp.key.channels.recovery_scale.push_back(u(rng));
+  if (recovery) {
+    KeyRecovery& rec = tc.recovery.emplace();
+    for (int i = 0; i < dk; ++i) rec.scale.push_back(u(rng));
+  }
+  hp.key.channels = tc;
   if (anchor && rows.size() > 3) hp.anchors = {rows[rows.size() / 2]};
   return hp;
 }
@@ -353,25 +366,26 @@ HeadPlan topk_plan(int64_t n_tok, int dk, int T, bool recovery, bool select, boo
 // The expected reconstruction of head h after a per-token plan hp over `before` (layer 0).
 void expect_topk_reconstruction(const std::vector<float>& before_k, const HeadPlan& hp, int dk,
                                 const std::vector<float>& got, KvDtype t, const std::string& what) {
-  const int T = hp.key.channels.topk;
-  size_t n_rows = hp.key.channels.token_channels.size() / static_cast<size_t>(T);
+  const int T = hp.key.channels.topk();
+  const KeyRecovery* rec = hp.key.channels.recovery();
+  size_t n_rows = hp.key.rows.channels.size() / static_cast<size_t>(T);
   ASSERT_EQ(got.size(), n_rows * static_cast<size_t>(dk)) << what;
   const double tol = t == KvDtype::kQ8 ? 0.05 : 0.0;
   for (size_t r = 0; r < n_rows; ++r) {
     const size_t src = hp.keep_all ? r : static_cast<size_t>(hp.keep[r]);
     const bool anchor = std::find(hp.anchors.begin(), hp.anchors.end(),
                                   static_cast<int32_t>(src)) != hp.anchors.end();
-    const int32_t* row = hp.key.channels.token_channels.data() + r * static_cast<size_t>(T);
+    const int32_t* row = hp.key.rows.channels.data() + r * static_cast<size_t>(T);
     for (int c = 0; c < dk; ++c) {
       const float o = before_k[src * dk + static_cast<size_t>(c)];
       const float g = got[r * dk + static_cast<size_t>(c)];
       const bool kept = anchor || std::binary_search(row, row + T, c);
       if (kept) {
         ASSERT_NEAR(g, o, anchor ? 0.0 : tol) << what << " row " << r << " ch " << c;
-      } else if (hp.key.channels.recovery_scale.empty()) {
+      } else if (!rec) {
         ASSERT_EQ(g, 0.f) << what;
       } else {
-        const float f = hp.key.channels.token_fill[r] * hp.key.channels.recovery_scale[static_cast<size_t>(c)];
+        const float f = hp.key.rows.fill[r] * rec->scale[static_cast<size_t>(c)];
         ASSERT_EQ(g, o < 0 ? -f : f) << what << " row " << r << " ch " << c;
       }
     }
@@ -446,16 +460,16 @@ TEST(ChannelCache, PerTokenBytesApplyTwiceTruncateAndBadPlans) {
         EXPECT_EQ(s.k, s0.k) << what;
         EXPECT_EQ(c->bytes().keys, static_cast<size_t>(nkv * 60 * dk) * es) << what;
       };
-      rejected([&](HeadPlan& h) { h.key.channels.topk = dk + 1; }, "T > d");
-      rejected([&](HeadPlan& h) { std::swap(h.key.channels.token_channels[0], h.key.channels.token_channels[1]); },
+      rejected([&](HeadPlan& h) { key_tokens(h).topk = dk + 1; }, "T > d");
+      rejected([&](HeadPlan& h) { std::swap(h.key.rows.channels[0], h.key.rows.channels[1]); },
                "unsorted row");
-      rejected([&](HeadPlan& h) { h.key.channels.token_channels[T - 1] = dk; }, "out of range");
-      rejected([&](HeadPlan& h) { h.key.channels.token_channels.pop_back(); }, "wrong size");
-      rejected([&](HeadPlan& h) { h.key.channels.recovery_scale.assign(static_cast<size_t>(dk), 1.f); },
-               "recovery without fills");
-      rejected([&](HeadPlan& h) { h.key.channels.subset = {0, 1}; }, "mixed with per-head channels");
+      rejected([&](HeadPlan& h) { h.key.rows.channels[T - 1] = dk; }, "out of range");
+      rejected([&](HeadPlan& h) { h.key.rows.channels.pop_back(); }, "wrong size");
+      const std::vector<float> ones(static_cast<size_t>(dk), 1.f);
+      rejected([&](HeadPlan& h) { key_tokens(h).recovery = KeyRecovery{.scale = ones}; }, "no fills");
+      rejected([&](HeadPlan& h) { h.key.channels = ChannelSubset{{0, 1}}; }, "per-head channels");
       // (a basis before per-token channels — SWAN — is valid since the axes compose)
-      rejected([&](HeadPlan& h) { h.key.channels.topk = 0; }, "no count: neither topk nor token_counts");
+      rejected([&](HeadPlan& h) { key_tokens(h).topk = 0; }, "neither topk nor token_counts");
       c->apply(p1);
       KvBytes b = c->bytes();
       EXPECT_EQ(b.keys, 2 * 60 * T * es);
@@ -487,14 +501,15 @@ TEST(ChannelCache, PerTokenBytesApplyTwiceTruncateAndBadPlans) {
           for (int i = 0; i < dk; ++i)
             ASSERT_EQ(s2.k[0][r * dk + i], s1.k[0][src * dk + i]) << kv_dtype_name(t);
         } else {  // second epoch: 2T channels from the appended dense key
-          const int32_t* row = h2.key.channels.token_channels.data() + r * 2 * T;
+          const int32_t* row = h2.key.rows.channels.data() + r * 2 * T;
           for (int i = 0; i < dk; ++i) {
             const float o = s1.k[0][src * dk + i];
             const float g = s2.k[0][r * dk + i];
             if (std::binary_search(row, row + 2 * T, i)) {
               ASSERT_NEAR(g, o, t == KvDtype::kQ8 ? 0.05 : 0.0);
             } else {
-              const float f = h2.key.channels.token_fill[r] * h2.key.channels.recovery_scale[static_cast<size_t>(i)];
+              const float f =
+                  h2.key.rows.fill[r] * h2.key.channels.recovery()->scale[static_cast<size_t>(i)];
               ASSERT_EQ(g, o < 0 ? -f : f);
             }
           }

@@ -66,8 +66,8 @@ void set_side_spec(SideSpec* sp, const SideChoice& ch, int d, size_t rows, bool 
     }
   }
   sp->dtype = ch.t;
-  ChannelSpec& c = sp->channels;
-  c.index = ch.index;
+  TokenChannels tc{.index = ch.index};  // the per-token kinds' stage
+  TokenRows& c = sp->rows;
   std::uniform_int_distribution<int> cnt(1, w);
   std::uniform_real_distribution<float> u(0.1f, 1.f);
   auto pick = [&](int k) {  // k distinct sorted coordinates of [0, w)
@@ -78,60 +78,70 @@ void set_side_spec(SideSpec* sp, const SideChoice& ch, int d, size_t rows, bool 
     std::sort(all.begin(), all.end());
     return all;
   };
+  auto key_recovery = [&]() -> KeyRecovery& {
+    if (!tc.recovery) tc.recovery.emplace();
+    return *tc.recovery;
+  };
   switch (ch.c) {
     case Chan::kAll:
-      break;
-    case Chan::kSubset:
-      c.subset = pick(std::max(1, w / 3));
-      break;
+      return;
+    case Chan::kSubset: {
+      const std::vector<int32_t> sub = pick(std::max(1, w / 3));
+      sp->channels = ChannelSubset{std::vector<uint16_t>(sub.begin(), sub.end())};
+      return;
+    }
     case Chan::kTopK:
     case Chan::kRecovery:
-      c.topk = std::max(1, w / 4);
+      tc.topk = std::max(1, w / 4);
       for (size_t r = 0; r < rows; ++r) {
-        const auto row = pick(c.topk);
-        c.token_channels.insert(c.token_channels.end(), row.begin(), row.end());
-        if (ch.c == Chan::kRecovery) c.token_fill.push_back(keys ? u(rng) : u(rng) - 0.5f);
+        const auto row = pick(tc.topk);
+        c.channels.insert(c.channels.end(), row.begin(), row.end());
+        if (ch.c == Chan::kRecovery) c.fill.push_back(keys ? u(rng) : u(rng) - 0.5f);
       }
       if (ch.c == Chan::kRecovery && keys)
-        for (int i = 0; i < w; ++i) c.recovery_scale.push_back(u(rng));
+        for (int i = 0; i < w; ++i) key_recovery().scale.push_back(u(rng));
+      tc.fill = ch.c == Chan::kRecovery && !keys && rows > 0;
       break;
     case Chan::kGauss:
     case Chan::kExp:
     case Chan::kRecoveryVar:
       if (keys) {
         if (ch.c != Chan::kRecoveryVar) {
-          c.recovery_dist = ch.c == Chan::kGauss ? RecoveryDist::kGaussian : RecoveryDist::kExponential;
-          c.recovery_seed = 7;
-          c.recovery_sqrt = ch.c == Chan::kGauss;
+          KeyRecovery& rec = key_recovery();
+          rec.dist = ch.c == Chan::kGauss ? RecoveryDist::kGaussian : RecoveryDist::kExponential;
+          rec.seed = 7;
+          rec.sqrt = ch.c == Chan::kGauss;
         }
-        c.topk = ch.c == Chan::kGauss ? std::max(1, w / 3) : 0;
+        tc.topk = ch.c == Chan::kGauss ? std::max(1, w / 3) : 0;
         for (size_t r = 0; r < rows; ++r) {
-          const int k = c.topk > 0 ? c.topk : (r % 4 == 0 ? w : cnt(rng));
-          if (c.topk == 0) c.token_counts.push_back(k);
+          const int k = tc.topk > 0 ? tc.topk : (r % 4 == 0 ? w : cnt(rng));
+          if (tc.topk == 0) c.counts.push_back(k);
           const auto row = pick(k);
-          c.token_channels.insert(c.token_channels.end(), row.begin(), row.end());
-          c.token_fill.push_back(u(rng));
-          if (ch.c == Chan::kGauss) c.token_spread.push_back(u(rng) * 0.5f);
+          c.channels.insert(c.channels.end(), row.begin(), row.end());
+          c.fill.push_back(u(rng));
+          if (ch.c == Chan::kGauss) c.spread.push_back(u(rng) * 0.5f);
         }
-        for (int i = 0; i < w; ++i) c.recovery_scale.push_back(u(rng));
+        for (int i = 0; i < w; ++i) key_recovery().scale.push_back(u(rng));
       } else {
-        c.topk = std::max(1, w / 4);
+        tc.topk = std::max(1, w / 4);
         for (size_t r = 0; r < rows; ++r) {
-          const auto row = pick(c.topk);
-          c.token_channels.insert(c.token_channels.end(), row.begin(), row.end());
-          c.token_fill.push_back(u(rng) - 0.5f);
+          const auto row = pick(tc.topk);
+          c.channels.insert(c.channels.end(), row.begin(), row.end());
+          c.fill.push_back(u(rng) - 0.5f);
         }
+        tc.fill = rows > 0;
       }
       break;
     case Chan::kVariable:
       for (size_t r = 0; r < rows; ++r) {
         const int k = r % 5 == 0 ? w : cnt(rng);  // some rows keep every coordinate
-        c.token_counts.push_back(k);
+        c.counts.push_back(k);
         const auto row = pick(k);
-        c.token_channels.insert(c.token_channels.end(), row.begin(), row.end());
+        c.channels.insert(c.channels.end(), row.begin(), row.end());
       }
       break;
   }
+  sp->channels = std::move(tc);
 }
 
 // Attention of n_q queries at positions q_pos0.. in every layer equals the reference over the
@@ -241,8 +251,9 @@ TEST(ComposedCache, ExactBytesPerPart) {
   // head 0: keys rotation -> per-token T with recovery -> fp8; values subset S -> q4
   HeadPlan& h0 = plan.at(0, 0);
   set_side_spec(&h0.key, {Basis::kRank, Chan::kRecovery, KvDtype::kFP8}, dk, n, true, rng);
-  h0.value.channels.subset.clear();
-  for (int i = 0; i < S; ++i) h0.value.channels.subset.push_back(2 * i);
+  ChannelSubset sub;
+  for (int i = 0; i < S; ++i) sub.channels.push_back(static_cast<uint16_t>(2 * i));
+  h0.value.channels = sub;
   h0.value.dtype = KvDtype::kQ4;
   // head 1: keys q8 dense, values per-token variable counts in f16, 10 tokens kept as anchors
   HeadPlan& h1 = plan.at(0, 1);
@@ -253,14 +264,15 @@ TEST(ComposedCache, ExactBytesPerPart) {
   const KvBytes b = c->bytes();
   size_t var_entries = 0;  // head 1's value entries of the re-encoded (non-anchor) tokens
   for (int t = 0; t < n; ++t)
-    if (t % 10 != 0) var_entries += static_cast<size_t>(h1.value.channels.token_counts[static_cast<size_t>(t)]);
+    if (t % 10 != 0)
+      var_entries += static_cast<size_t>(h1.value.rows.counts[static_cast<size_t>(t)]);
   EXPECT_EQ(b.keys, n * T * 1u + 90 * dk * 1u + 10 * dk * 2u);
   EXPECT_EQ(b.values, n * (S / 2) + var_entries * 2 + 10 * dv * 2u);
   // kept coordinates as bitmasks (smaller than uint8 lists here: head 0 keys ceil(32 / 8) = 4
   // bytes per row < T = 8 entries, head 1 values 6 bytes < the mean count of the plan's rows);
   // head 1 value offsets (n + 1 for its 90 rows); the subset (uint16)
   size_t all_counts = 0;
-  for (int32_t k : h1.value.channels.token_counts) all_counts += static_cast<size_t>(k);
+  for (int32_t k : h1.value.rows.counts) all_counts += static_cast<size_t>(k);
   ASSERT_LT(6u * n, all_counts);
   EXPECT_EQ(b.indices, n * 4u + 90 * 6u + 91 * 4u + S * 2u);
   EXPECT_EQ(b.bitmasks, n * static_cast<size_t>((r + 7) / 8));  // recovery signs, one per coordinate
@@ -284,7 +296,7 @@ TEST(ComposedCache, BadPlansAreRefusedAndTheCacheIsUnchanged) {
   const size_t b0 = c->bytes().total();
   auto refused = [&](auto edit, const char* what) {
     CompressionPlan p(1, nkv);
-    p.at(0, 0).value.channels.subset = {1, 2};  // a valid head before the bad one
+    p.at(0, 0).value.channels = ChannelSubset{{1, 2}};  // a valid head before the bad one
     edit(p.at(0, 1));
     EXPECT_THROW(c->apply(p), Error) << what;
     std::vector<float> k1, v1;
@@ -293,32 +305,35 @@ TEST(ComposedCache, BadPlansAreRefusedAndTheCacheIsUnchanged) {
     EXPECT_EQ(v1, v0) << what;
     EXPECT_EQ(c->bytes().total(), b0) << what;
   };
-  refused([](HeadPlan& h) { h.value.channels.subset = {3, 16}; }, "value subset out of range");
+  refused([](HeadPlan& h) { h.value.channels = ChannelSubset{{3, 16}}; },
+          "value subset out of range");
   refused([&](HeadPlan& h) {
             h.value.rank = 4;
             h.value.basis = random_basis(16, 4, rng);
-            h.value.channels.subset = {5};
+            h.value.channels = ChannelSubset{{5}};
           },
           "subset past the basis rank");
   refused([](HeadPlan& h) {
-            h.value.channels.topk = 2;
-            h.value.channels.token_channels.assign(60, 0);
-            h.value.channels.recovery_scale.assign(16, 1.f);
+            h.value.channels = TokenChannels{
+                .topk = 2, .recovery = KeyRecovery{.scale = std::vector<float>(16, 1.f)}};
+            h.value.rows.channels.assign(60, 0);
           },
           "value recovery scale");
   refused([](HeadPlan& h) {
-            h.key.channels.token_counts.assign(30, 2);
-            h.key.channels.token_channels.assign(59, 0);
+            h.key.channels = TokenChannels{};
+            h.key.rows.counts.assign(30, 2);
+            h.key.rows.channels.assign(59, 0);
           },
           "variable rows too short");
   refused([](HeadPlan& h) {
-            h.key.channels.token_counts.assign(30, 0);
+            h.key.channels = TokenChannels{};
+            h.key.rows.counts.assign(30, 0);
           },
           "zero count");
   refused([](HeadPlan& h) {
-            h.value.channels.topk = 1;
-            h.value.channels.token_channels.assign(30, 0);
-            h.value.channels.token_fill.assign(29, 0.f);
+            h.value.channels = TokenChannels{.topk = 1, .fill = true};
+            h.value.rows.channels.assign(30, 0);
+            h.value.rows.fill.assign(29, 0.f);
           },
           "fill rows");
 }
@@ -333,24 +348,25 @@ TEST(ComposedCache, PlansComposePerSide) {
   a.at(0, 0).key.basis = random_basis(d, 8, rng);
   b.at(0, 0).keep_all = false;
   b.at(0, 0).keep = {1, 3};  // tokens 2 and 6 of the cache
-  b.at(0, 0).value.channels.topk = 2;
-  b.at(0, 0).value.channels.token_channels = {0, 5, 3, 4};
+  b.at(0, 0).value.channels = TokenChannels{.topk = 2};
+  b.at(0, 0).value.rows.channels = {0, 5, 3, 4};
   b.at(0, 0).value.dtype = KvDtype::kFP8;
   const CompressionPlan o = compose_plans(a, b);
   EXPECT_EQ(o.at(0, 0).keep, (std::vector<int32_t>{2, 6}));
   EXPECT_EQ(o.at(0, 0).key.basis, a.at(0, 0).key.basis);
-  EXPECT_EQ(o.at(0, 0).value.channels.token_channels, b.at(0, 0).value.channels.token_channels);
+  EXPECT_EQ(o.at(0, 0).value.channels, b.at(0, 0).value.channels);
+  EXPECT_EQ(o.at(0, 0).value.rows, b.at(0, 0).value.rows);
   EXPECT_EQ(o.at(0, 0).value.dtype, KvDtype::kFP8);
   // the first plan's per-token rows follow the second plan's selection
   CompressionPlan a2 = b, b2(1, 1);
   b2.at(0, 0).keep_all = false;
   b2.at(0, 0).keep = {1};
-  EXPECT_EQ(compose_plans(a2, b2).at(0, 0).value.channels.token_channels, (std::vector<int32_t>{3, 4}));
+  EXPECT_EQ(compose_plans(a2, b2).at(0, 0).value.rows.channels, (std::vector<int32_t>{3, 4}));
   // real conflicts
   CompressionPlan c2 = a;
   EXPECT_THROW(compose_plans(a, c2), Error);  // two key bases
   CompressionPlan d2(1, 1);
-  d2.at(0, 0).key.channels.subset = {1};
+  d2.at(0, 0).key.channels = ChannelSubset{{1}};
   EXPECT_THROW(compose_plans(a, d2), Error);  // a key basis and key channels from another press
   CompressionPlan e1(1, 1), e2(1, 1);
   e1.at(0, 0).value.dtype = KvDtype::kQ8;
@@ -525,17 +541,15 @@ TEST(ComposedCache, SampledRecoveryDrawsAreStableAndHaveTheirMoments) {
     std::vector<float> k0;
     c->read_head(0, 0, &k0, nullptr, nullptr);
     CompressionPlan plan(1, 1);
-    ChannelSpec& ch = plan.at(0, 0).key.channels;
-    ch.topk = T;
-    ch.recovery_dist = dist;
-    ch.recovery_seed = 5;
-    ch.recovery_sqrt = false;  // magnitude = the draw itself, so the moments are the draws'
-    ch.recovery_scale.assign(dk, 1.f);
+    // sqrt false: magnitude = the draw itself, so the moments are the draws'
+    KeyRecovery rec{.scale = std::vector<float>(dk, 1.f), .dist = dist, .seed = 5, .sqrt = false};
+    plan.at(0, 0).key.channels = TokenChannels{.topk = T, .recovery = std::move(rec)};
+    TokenRows& ch = plan.at(0, 0).key.rows;
     const float mu = 2.f, sd = 0.25f;
     for (int t = 0; t < n; ++t) {
-      for (int j = 0; j < T; ++j) ch.token_channels.push_back(j * 8);
-      ch.token_fill.push_back(mu + 0.001f * t);  // distinct parameters per token
-      if (gauss) ch.token_spread.push_back(sd);
+      for (int j = 0; j < T; ++j) ch.channels.push_back(j * 8);
+      ch.fill.push_back(mu + 0.001f * t);  // distinct parameters per token
+      if (gauss) ch.spread.push_back(sd);
     }
     auto twin = c->clone();
     c->apply(plan);
@@ -576,7 +590,7 @@ TEST(ComposedCache, SampledRecoveryDrawsAreStableAndHaveTheirMoments) {
       for (int j = 0; j < dk; ++j)
         ASSERT_EQ(k2[static_cast<size_t>(t * dk + j)], k1[static_cast<size_t>(2 * t * dk + j)]);
     // another seed draws differently
-    plan.at(0, 0).key.channels.recovery_seed = 6;
+    plan.at(0, 0).key.channels.get<TokenChannels>()->recovery->seed = 6;
     twin->apply(plan);
     std::vector<float> k4;
     twin->read_head(0, 0, &k4, nullptr, nullptr);

@@ -152,8 +152,7 @@ void run(const Setup& s, ThreadPool* pool) {
       for (auto [sp, D, T] : {std::tuple{&hp.key, &Dk[il], s.sk}, std::tuple{&hp.value, &Dv[il], s.sv}}) {
         sp->rank = s.N;
         sp->basis = *D;
-        sp->channels.sparse_code = true;
-        sp->channels.topk = T;
+        sp->channels = SparseCodeChannels{.topk = T};
         sp->dtype = s.sparse;
       }
       hp.buffer = s.buffer;
@@ -186,14 +185,14 @@ TEST(LexicoCache, BadPlansAreErrors) {
     SideSpec& sp = p.at(0, 0).key;
     sp.rank = 50;
     sp.basis = D;
-    sp.channels.sparse_code = true;
-    sp.channels.topk = 4;
+    sp.channels = SparseCodeChannels{.topk = 4};
     edit(p.at(0, 0));
     return p;
   };
   EXPECT_NO_THROW(c->clone()->apply(plan([](HeadPlan&) {})));
-  EXPECT_THROW(c->apply(plan([](HeadPlan& h) { h.key.channels.topk = kD + 1; })), Error);  // s > d
-  EXPECT_THROW(c->apply(plan([](HeadPlan& h) { h.key.channels.topk = 0; })), Error);
+  auto atoms = [](HeadPlan& h) -> int& { return h.key.channels.get<SparseCodeChannels>()->topk; };
+  EXPECT_THROW(c->apply(plan([&](HeadPlan& h) { atoms(h) = kD + 1; })), Error);  // s > d
+  EXPECT_THROW(c->apply(plan([&](HeadPlan& h) { atoms(h) = 0; })), Error);
   EXPECT_THROW(c->apply(plan([](HeadPlan& h) {
                  for (int i = 0; i < kD; ++i) h.key.basis[static_cast<size_t>(i) * 50] *= 1.01f;
                })),
@@ -205,8 +204,12 @@ TEST(LexicoCache, BadPlansAreErrors) {
                  h.key.basis.clear();
                })),
                Error);  // no dictionary
-  EXPECT_THROW(c->apply(plan([](HeadPlan& h) { h.key.channels.index = IndexLayout::kBitmask; })), Error);
-  EXPECT_THROW(c->apply(plan([](HeadPlan& h) { h.key.channels.by_magnitude = true; })), Error);
+  EXPECT_THROW(c->apply(plan([](HeadPlan& h) { h.key.rows.channels.assign(80, 0); })), Error);
+  // (a bitmask index, or sparse coding with by-magnitude channels, is unrepresentable: sparse codes
+  // have no index choice, and a side has one channel-stage kind)
+  // a dictionary (50 atoms, not orthonormal) is no basis for by-magnitude channels
+  EXPECT_THROW(c->apply(plan([](HeadPlan& h) { h.key.channels = MagnitudeChannels{.topk = 4}; })),
+               Error);
   EXPECT_EQ(c->head_layout(0, 0).current_epoch, -1) << "a rejected plan leaves the cache as it was";
 }
 

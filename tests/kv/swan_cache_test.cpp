@@ -124,9 +124,7 @@ class SwanCache {
         for (auto [sp, U, t] : {std::tuple{&hp.key, &Uk_[il][ih], s_.tk}, std::tuple{&hp.value, &Uv_[il][ih], s_.tv}}) {
           sp->rank = kD;
           sp->basis = *U;
-          sp->channels.by_magnitude = true;
-          sp->channels.topk = t;
-          sp->channels.index = s_.index;
+          sp->channels = MagnitudeChannels{.topk = t, .index = s_.index};
           sp->dtype = s_.sparse;
         }
         hp.buffer = s_.buffer;
@@ -317,8 +315,7 @@ TEST(SwanCache, MagnitudeChannelsAreTheTopTByMagnitudeTiesToTheLowerIndex) {
   for (int w : {1, 5, 64, 100}) {
     kv::SideEncoding e;
     e.d = w;
-    e.mode = kv::ChannelMode::kPerToken;
-    e.by_magnitude = true;
+    e.channels = MagnitudeChannels{};
     for (int rep = 0; rep < 20; ++rep) {
       std::vector<float> c(static_cast<size_t>(w));
       for (float& x : c) {  // few distinct magnitudes: many ties
@@ -330,7 +327,7 @@ TEST(SwanCache, MagnitudeChannelsAreTheTopTByMagnitudeTiesToTheLowerIndex) {
       auto mag = [&](int32_t j) { return std::isnan(c[j]) ? inf : std::fabs(c[j]); };
       std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return mag(a) > mag(b); });
       for (int T = 1; T <= w; ++T) {
-        e.topk = T;
+        e.channels.get<MagnitudeChannels>()->topk = T;
         std::vector<int32_t> want(order.begin(), order.begin() + T), got(static_cast<size_t>(T), -1);
         std::sort(want.begin(), want.end());
         e.magnitude_channels(c.data(), got.data());
@@ -362,8 +359,7 @@ TEST(SwanCache, PlanOnAnEmptyCacheEncodesThroughout) {
   auto c = make_kv_cache(make_cfg(1, 1, kD, kD, KvDtype::kF16));
   CompressionPlan p(1, 1);
   HeadPlan& hp = p.at(0, 0);
-  hp.key.channels.by_magnitude = true;
-  hp.key.channels.topk = 5;
+  hp.key.channels = MagnitudeChannels{.topk = 5};
   hp.buffer = 8;
   c->apply(p);
   Mirror m;
@@ -393,35 +389,30 @@ TEST(SwanCache, BadPlans) {
     }
   };
   HeadPlan a;
-  a.key.channels.by_magnitude = true;
-  a.key.channels.topk = kD + 1;
+  a.key.channels = MagnitudeChannels{.topk = kD + 1};
   refused(a, "out of range");
   HeadPlan b;
-  b.key.channels.by_magnitude = true;
-  b.key.channels.topk = 3;
-  b.key.channels.token_channels = {0, 1, 2};
+  b.key.channels = MagnitudeChannels{.topk = 3};
+  b.key.rows.channels = {0, 1, 2};
   refused(b, "by magnitude");
   HeadPlan d;
   d.buffer = 4;
   refused(d, "without a basis or channels");
   HeadPlan e;
-  e.key.channels.topk = 2;
-  e.key.channels.token_channels.assign(20, 0);
-  for (int t = 0; t < 10; ++t) e.key.channels.token_channels[static_cast<size_t>(2 * t + 1)] = 1;
+  e.key.channels = TokenChannels{.topk = 2};
+  e.key.rows.channels.assign(20, 0);
+  for (int t = 0; t < 10; ++t) e.key.rows.channels[static_cast<size_t>(2 * t + 1)] = 1;
   e.buffer = 4;
   refused(e, "encodes tokens by itself");
   HeadPlan f = b;
-  f.key.channels.token_channels.clear();
+  f.key.rows.channels.clear();
   f.buffer = -1;
   refused(f, "negative");
   HeadPlan g = f;
   g.buffer = 2;
   g.appends_dense = true;
   refused(g, "appends_dense");
-  HeadPlan v;  // a bitmask indexes per-token rows (variable counts and recovery included)
-  v.key.channels.subset = {0, 1};
-  v.key.channels.index = IndexLayout::kBitmask;
-  refused(v, "bitmask index needs per-token channels");
+  // (a bitmask index on a per-head subset is unrepresentable: only per-token kinds have an index)
   EXPECT_EQ(c->n_tokens(0, 0), 10);
   EXPECT_EQ(c->head_layout(0, 0).current_epoch, -1);
 }

@@ -63,13 +63,21 @@ BfWindow bf_window(const CaptureAll& c, int il, int ih, int group, int64_t first
   return w;
 }
 
-// The per-token rows of a channel spec: row r's kept channels.
-std::vector<int32_t> row_of(const ChannelSpec& c, size_t r) {
+// The per-token rows of a plan's side: row r's kept channels.
+std::vector<int32_t> row_of(const SideSpec& c, size_t r) {
+  const int T = c.channels.topk();
   size_t at = 0;
-  for (size_t i = 0; i < r; ++i) at += c.topk > 0 ? static_cast<size_t>(c.topk) : static_cast<size_t>(c.token_counts[i]);
-  const size_t n = c.topk > 0 ? static_cast<size_t>(c.topk) : static_cast<size_t>(c.token_counts[r]);
-  return std::vector<int32_t>(c.token_channels.begin() + static_cast<std::ptrdiff_t>(at),
-                              c.token_channels.begin() + static_cast<std::ptrdiff_t>(at + n));
+  for (size_t i = 0; i < r; ++i)
+    at += T > 0 ? static_cast<size_t>(T) : static_cast<size_t>(c.rows.counts[i]);
+  const size_t n = T > 0 ? static_cast<size_t>(T) : static_cast<size_t>(c.rows.counts[r]);
+  return std::vector<int32_t>(c.rows.channels.begin() + static_cast<std::ptrdiff_t>(at),
+                              c.rows.channels.begin() + static_cast<std::ptrdiff_t>(at + n));
+}
+
+// A plan side's per-head subset (empty: none) as int32 coordinates.
+std::vector<int32_t> subset_of(const SideSpec& c) {
+  const ChannelSubset* s = c.channels.subset();
+  return s ? std::vector<int32_t>(s->channels.begin(), s->channels.end()) : std::vector<int32_t>{};
 }
 
 TEST_F(ChannelPress, ThinKMatchesBruteForce) {
@@ -93,7 +101,8 @@ TEST_F(ChannelPress, ThinKMatchesBruteForce) {
           }
           const HeadPlan& h = p.at(il, ih);
           EXPECT_TRUE(h.keep_all);
-          EXPECT_EQ(h.key.channels.subset, bf_top(score, keep)) << "ratio " << ratio << " layer " << il << " head " << ih;
+          EXPECT_EQ(subset_of(h.key), bf_top(score, keep))
+              << "ratio " << ratio << " layer " << il << " head " << ih;
           EXPECT_FALSE(h.value.set());
         }
     }
@@ -169,21 +178,22 @@ TEST_F(ChannelPress, SparkMatchesBruteForce) {
       const CompressionPlan pp = s->press()->plan(PressContext(s->cache(), model_->hparams(), s->observations(), &pool));
       for (int il = 0; il < p.n_layer; ++il)
         for (int ih = 0; ih < p.n_head_kv; ++ih) {
-          const ChannelSpec &a = p.at(il, ih).key.channels, &b = pp.at(il, ih).key.channels;
-          ASSERT_EQ(a.token_channels, b.token_channels);
-          ASSERT_EQ(a.token_counts, b.token_counts);
-          ASSERT_EQ(a.token_fill, b.token_fill);
+          const SideSpec &a = p.at(il, ih).key, &b = pp.at(il, ih).key;
+          ASSERT_EQ(a.rows.channels, b.rows.channels);
+          ASSERT_EQ(a.rows.counts, b.rows.counts);
+          ASSERT_EQ(a.rows.fill, b.rows.fill);
         }
     }
     for (int il = 0; il < p.n_layer; ++il)
       for (int ih = 0; ih < p.n_head_kv; ++ih) {
         const BfWindow w = bf_window(c, il, ih, group);
         const std::vector<double>& qn = sc.code_saliency ? w.l2 : w.abs_mean;
-        const ChannelSpec& ch = p.at(il, ih).key.channels;
-        ASSERT_EQ(ch.topk == 0, sc.variant != 'r');
-        ASSERT_EQ(ch.recovery_scale.size(), static_cast<size_t>(c.d));
+        const SideSpec& ch = p.at(il, ih).key;
+        ASSERT_EQ(ch.channels.topk() == 0, sc.variant != 'r');
+        ASSERT_NE(ch.channels.recovery(), nullptr);
+        ASSERT_EQ(ch.channels.recovery()->scale.size(), static_cast<size_t>(c.d));
         for (int j = 0; j < c.d; ++j) {  // r = 1/sqrt(‖Q[:,c]‖) or 1/|q̄_c| (compared as 1/r: |q̄_c| may be ~0)
-          const double inv = 1.0 / ch.recovery_scale[j];
+          const double inv = 1.0 / ch.channels.recovery()->scale[j];
           EXPECT_NEAR(sc.code_saliency ? inv * inv : inv, qn[j], 1e-6 + 1e-4 * qn[j]);
         }
         for (int t = 0; t < kChannelTokens; ++t) {
@@ -201,7 +211,7 @@ TEST_F(ChannelPress, SparkMatchesBruteForce) {
             if (!std::binary_search(want.begin(), want.end(), j)) mu += sal[j], ++np;
           mu = np ? mu / np : 0;
           const double fill = sc.code_saliency ? std::sqrt(mu) : mu;
-          EXPECT_NEAR(ch.token_fill[static_cast<size_t>(t)], fill, 1e-4 * std::max(1e-3, fill));
+          EXPECT_NEAR(ch.rows.fill[static_cast<size_t>(t)], fill, 1e-4 * std::max(1e-3, fill));
         }
       }
   }
@@ -227,7 +237,7 @@ TEST_F(ChannelPress, QueryAwareWindowIsTheQuestion) {
     for (int il = 0; il < p.n_layer; ++il)
       for (int ih = 0; ih < p.n_head_kv; ++ih) {
         const BfWindow w = bf_window(c, il, ih, group, kChannelTokens, kQ);
-        const ChannelSpec& ch = p.at(il, ih).key.channels;
+        const SideSpec& ch = p.at(il, ih).key;
         if (!spark) {
           std::vector<double> score(c.d, 0);
           for (int j = 0; j < c.d; ++j) {
@@ -235,7 +245,8 @@ TEST_F(ChannelPress, QueryAwareWindowIsTheQuestion) {
             for (int t = 0; t < kChannelTokens; ++t) ks += double(c.krow(il, t, ih)[j]) * c.krow(il, t, ih)[j];
             score[j] = w.sq[j] * ks / kChannelTokens;
           }
-          EXPECT_EQ(ch.subset, bf_top(score, c.d - static_cast<int>(0.5 * c.d))) << "layer " << il << " head " << ih;
+          EXPECT_EQ(subset_of(ch), bf_top(score, c.d - static_cast<int>(0.5 * c.d)))
+              << "layer " << il << " head " << ih;
           continue;
         }
         for (int t = 0; t < kChannelTokens; ++t) {
@@ -280,10 +291,11 @@ TEST_F(ChannelPress, SparkValuePruning) {
     s->compress();
     for (int il = 0; il < p.n_layer; ++il)
       for (int ih = 0; ih < p.n_head_kv; ++ih) {
-        const ChannelSpec& v = p.at(il, ih).value.channels;
-        ASSERT_EQ(v.topk, T);
-        EXPECT_TRUE(v.recovery_scale.empty());
-        ASSERT_EQ(v.token_fill.size(), mean ? static_cast<size_t>(kChannelTokens) : size_t{0});
+        const SideSpec& v = p.at(il, ih).value;
+        ASSERT_EQ(v.channels.topk(), T);
+        EXPECT_EQ(v.channels.fill(), mean);
+        EXPECT_EQ(v.channels.recovery(), nullptr);
+        ASSERT_EQ(v.rows.fill.size(), mean ? static_cast<size_t>(kChannelTokens) : size_t{0});
         std::vector<float> vs;
         s->cache().read_head(il, ih, nullptr, &vs, nullptr);
         ASSERT_EQ(vs.size(), static_cast<size_t>(kChannelTokens * c.d));
@@ -298,7 +310,7 @@ TEST_F(ChannelPress, SparkValuePruning) {
             if (!std::binary_search(want.begin(), want.end(), j)) sum += vt[j];
           const double fill = mean ? sum / (c.d - T) : 0.0;
           if (mean) {
-            EXPECT_NEAR(v.token_fill[static_cast<size_t>(t)], fill, 1e-5);
+            EXPECT_NEAR(v.rows.fill[static_cast<size_t>(t)], fill, 1e-5);
           }
           for (int j = 0; j < c.d; ++j) {  // kept: exact; pruned: 0 (removed) or the fill
             const bool kept = std::binary_search(want.begin(), want.end(), j);
@@ -318,9 +330,9 @@ TEST_F(ChannelPress, SparkRecoveryModes) {
   const HParams& hp = model_->hparams();
   const int group = hp.n_head / hp.n_head_kv;
   auto z = prefilled("spark:ratio=0.5,recovery=zero", tokens(kChannelTokens));
-  const ChannelSpec zc = plan_of(*z).at(1, 0).key.channels;  // a copy: the plan is a temporary
-  EXPECT_TRUE(zc.recovery_scale.empty());
-  EXPECT_TRUE(zc.token_fill.empty());
+  const SideSpec zc = plan_of(*z).at(1, 0).key;  // a copy: the plan is a temporary
+  EXPECT_TRUE(!zc.channels.recovery());
+  EXPECT_TRUE(zc.rows.fill.empty());
   const SparkCase sc{"ratio=0.8", true, 'r', 0.8, 4};
   struct Mode {
     std::string opts;
@@ -337,12 +349,14 @@ TEST_F(ChannelPress, SparkRecoveryModes) {
     const CompressionPlan p = plan_of(*s);
     for (int il = 0; il < p.n_layer; ++il)
       for (int ih = 0; ih < p.n_head_kv; ++ih) {
-        const ChannelSpec& ch = p.at(il, ih).key.channels;
-        EXPECT_EQ(ch.recovery_dist, m.gauss ? RecoveryDist::kGaussian : RecoveryDist::kExponential);
-        EXPECT_EQ(ch.recovery_seed, m.gauss ? 3u : 0u);
-        EXPECT_TRUE(ch.recovery_sqrt);
-        ASSERT_EQ(ch.token_fill.size(), static_cast<size_t>(kChannelTokens));
-        ASSERT_EQ(ch.token_spread.size(), m.gauss ? static_cast<size_t>(kChannelTokens) : size_t{0});
+        const SideSpec& ch = p.at(il, ih).key;
+        ASSERT_NE(ch.channels.recovery(), nullptr);
+        EXPECT_EQ(ch.channels.recovery()->dist,
+                  m.gauss ? RecoveryDist::kGaussian : RecoveryDist::kExponential);
+        EXPECT_EQ(ch.channels.recovery()->seed, m.gauss ? 3u : 0u);
+        EXPECT_TRUE(ch.channels.recovery()->sqrt);
+        ASSERT_EQ(ch.rows.fill.size(), static_cast<size_t>(kChannelTokens));
+        ASSERT_EQ(ch.rows.spread.size(), m.gauss ? static_cast<size_t>(kChannelTokens) : size_t{0});
         const BfWindow w = bf_window(c, il, ih, group);
         for (int t = 0; t < kChannelTokens; ++t) {
           std::vector<double> sal(c.d);
@@ -355,9 +369,10 @@ TEST_F(ChannelPress, SparkRecoveryModes) {
           double mu = 0, var = 0;
           for (double x : set) mu += x / static_cast<double>(set.size());
           for (double x : set) var += (x - mu) * (x - mu) / static_cast<double>(set.size());
-          EXPECT_NEAR(ch.token_fill[static_cast<size_t>(t)], mu, 1e-4 * std::max(1e-3, mu));
+          EXPECT_NEAR(ch.rows.fill[static_cast<size_t>(t)], mu, 1e-4 * std::max(1e-3, mu));
           if (m.gauss) {
-            EXPECT_NEAR(ch.token_spread[static_cast<size_t>(t)], std::sqrt(var), 1e-3 * std::max(1e-3, std::sqrt(var)));
+            EXPECT_NEAR(ch.rows.spread[static_cast<size_t>(t)], std::sqrt(var),
+                        1e-3 * std::max(1e-3, std::sqrt(var)));
           }
         }
       }

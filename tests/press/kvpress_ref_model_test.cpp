@@ -81,6 +81,12 @@ struct Row {
   std::string error;
 };
 
+// A plan's per-head key subset as int32 coordinates (empty: none).
+std::vector<int32_t> key_subset(const HeadPlan& h) {
+  const ChannelSubset* s = h.key.channels.subset();
+  return s ? std::vector<int32_t>(s->channels.begin(), s->channels.end()) : std::vector<int32_t>{};
+}
+
 TEST(KvpressReference, EvictionPressesKeepWhatKvpressKeeps) {
   const auto refs = load_refs();
   ASSERT_FALSE(refs.empty()) << "tests/data/kvpress_refs.json missing (scripts/ref/make_kvpress_refs.py)";
@@ -221,7 +227,7 @@ TEST(KvpressReference, EvictionPressesKeepWhatKvpressKeeps) {
             if (!hp.rope_neox)
               for (int32_t& x : want) x = x < d / 2 ? 2 * x : 2 * (x - d / 2) + 1;
             std::sort(want.begin(), want.end());
-            got = h.key.channels.subset;
+            got = key_subset(h);
             if (got.empty()) {
               got.resize(static_cast<size_t>(d));
               std::iota(got.begin(), got.end(), 0);

@@ -38,8 +38,9 @@ class ToyChannelPress : public Press {
     const int keep = d - static_cast<int>(ratio_ * d);
     if (keep >= d) return plan;
     for (HeadPlan& hp : plan.heads) {
-      hp.key.channels.subset.resize(static_cast<size_t>(keep));
-      for (int c = 0; c < keep; ++c) hp.key.channels.subset[static_cast<size_t>(c)] = c;
+      ChannelSubset sub;
+      for (int c = 0; c < keep; ++c) sub.channels.push_back(static_cast<uint16_t>(c));
+      hp.key.channels = sub;
     }
     return plan;
   }

@@ -94,8 +94,7 @@ class LexicoPress : public Press {
   void side(SideSpec* sp, const std::vector<float>& D, int N, int s) const {
     sp->rank = N;
     sp->basis = D;
-    sp->channels.sparse_code = true;
-    sp->channels.topk = s;
+    sp->channels = SparseCodeChannels{.topk = s};
     sp->dtype = o_.values;
   }
 

@@ -177,8 +177,8 @@ class SparkPress : public Press {
         ctx.read_head(il, ih, &hd, prunes_keys(), o_.value_ratio > 0);
         if (hd.n == 0) continue;
         HeadPlan& hp = plan.at(il, ih);
-        if (prunes_keys()) plan_keys(ctx, q[static_cast<size_t>(il)], ih, hd, &hp.key.channels);
-        if (o_.value_ratio > 0) plan_values(ctx, hd, &hp.value.channels);
+        if (prunes_keys()) plan_keys(ctx, q[static_cast<size_t>(il)], ih, hd, &hp.key);
+        if (o_.value_ratio > 0) plan_values(ctx, hd, &hp.value);
       }
     };
     for_range(ctx.pool(), n_pairs, 1, run);
@@ -191,28 +191,33 @@ class SparkPress : public Press {
   }
 
   void plan_keys(const PressContext& ctx, const ObservedQueries& q, int ih, const HeadData& hd,
-                 ChannelSpec* out) const {
-    out->index = o_.index;
+                 SideSpec* sp) const {
+    TokenChannels ch;
+    TokenRows* out = &sp->rows;
+    ch.index = o_.index;
     const int d = ctx.head_dim_k();
     const channel::WindowStats ws = channel::window_stats(q, ih, ctx.group(), ctx.n_head(), d);
     const bool code = o_.saliency == Saliency::kCode;
     const std::vector<double>& qn = code ? ws.mean_l2 : ws.mean_abs;
     TokenChooser chooser(o_, d);
-    out->topk = chooser.fixed();
+    ch.topk = chooser.fixed();
     const bool rec = o_.recovery != Recovery::kZero;
     if (rec) {
-      out->recovery_scale.resize(static_cast<size_t>(d));
+      KeyRecovery& r = ch.recovery.emplace();
+      r.scale.resize(static_cast<size_t>(d));
       for (int c = 0; c < d; ++c) {
         const double x = qn[static_cast<size_t>(c)];
-        out->recovery_scale[static_cast<size_t>(c)] =
+        r.scale[static_cast<size_t>(c)] =
             x > 0 ? static_cast<float>(code ? 1.0 / std::sqrt(x) : 1.0 / x) : 0.f;
       }
       if (o_.recovery != Recovery::kDegenerate) {
-        out->recovery_dist = o_.recovery == Recovery::kGaussian ? RecoveryDist::kGaussian : RecoveryDist::kExponential;
-        out->recovery_seed = o_.seed;
-        out->recovery_sqrt = code;
+        r.dist = o_.recovery == Recovery::kGaussian ? RecoveryDist::kGaussian
+                                                    : RecoveryDist::kExponential;
+        r.seed = o_.seed;
+        r.sqrt = code;
       }
     }
+    sp->channels = std::move(ch);
     std::vector<float> sal(static_cast<size_t>(d));
     std::vector<int32_t> kept;
     std::vector<char> in(static_cast<size_t>(d));
@@ -223,8 +228,8 @@ class SparkPress : public Press {
         sal[static_cast<size_t>(c)] = static_cast<float>(code ? static_cast<double>(k[c]) * k[c] * qc : std::abs(k[c]) * qc);
       }
       chooser.choose(sal.data(), &kept);
-      out->token_channels.insert(out->token_channels.end(), kept.begin(), kept.end());
-      if (out->topk == 0) out->token_counts.push_back(static_cast<int32_t>(kept.size()));
+      out->channels.insert(out->channels.end(), kept.begin(), kept.end());
+      if (chooser.fixed() == 0) out->counts.push_back(static_cast<int32_t>(kept.size()));
       if (!rec) continue;
       // The statistics of the saliencies: the pruned ones (degenerate; sampled with
       // recovery_stats=pruned) or all d of the token (sampled, recovery_stats=all: eqs. 12–13).
@@ -243,19 +248,23 @@ class SparkPress : public Press {
       const double mu = np ? sum / np : 0.0;
       const double sd = np ? std::sqrt(std::max(0.0, sq / np - mu * mu)) : 0.0;
       if (o_.recovery == Recovery::kDegenerate) {
-        out->token_fill.push_back(static_cast<float>(code ? std::sqrt(mu) : mu));
+        out->fill.push_back(static_cast<float>(code ? std::sqrt(mu) : mu));
       } else {
-        out->token_fill.push_back(static_cast<float>(mu));
-        if (o_.recovery == Recovery::kGaussian) out->token_spread.push_back(static_cast<float>(sd));
+        out->fill.push_back(static_cast<float>(mu));
+        if (o_.recovery == Recovery::kGaussian) out->spread.push_back(static_cast<float>(sd));
       }
     }
   }
 
-  void plan_values(const PressContext& ctx, const HeadData& hd, ChannelSpec* out) const {
-    out->index = o_.index;
+  void plan_values(const PressContext& ctx, const HeadData& hd, SideSpec* sp) const {
     const int d = ctx.head_dim_v();
     const int T = channel::kept_channels(o_.value_ratio, d, o_.count);
-    out->topk = T;
+    TokenChannels ch;
+    ch.index = o_.index;
+    ch.topk = T;
+    ch.fill = o_.value_recovery != ValueRecovery::kZero;
+    sp->channels = std::move(ch);
+    TokenRows* out = &sp->rows;
     std::vector<float> mag(static_cast<size_t>(d));
     std::vector<int32_t> order, kept(static_cast<size_t>(T));
     std::vector<char> in(static_cast<size_t>(d));
@@ -263,14 +272,14 @@ class SparkPress : public Press {
       const float* v = hd.v.data() + t * d;
       for (int c = 0; c < d; ++c) mag[static_cast<size_t>(c)] = std::abs(v[c]);
       channel::top_channels(mag.data(), d, T, &order, kept.data());
-      out->token_channels.insert(out->token_channels.end(), kept.begin(), kept.end());
+      out->channels.insert(out->channels.end(), kept.begin(), kept.end());
       if (o_.value_recovery == ValueRecovery::kZero) continue;  // removed: no fill, the cache reads 0
       std::fill(in.begin(), in.end(), 0);
       for (int32_t c : kept) in[static_cast<size_t>(c)] = 1;
       double sum = 0;
       for (int c = 0; c < d; ++c)
         if (!in[static_cast<size_t>(c)]) sum += v[c];
-      out->token_fill.push_back(T < d ? static_cast<float>(sum / (d - T)) : 0.f);
+      out->fill.push_back(T < d ? static_cast<float>(sum / (d - T)) : 0.f);
     }
   }
 

@@ -4,7 +4,7 @@
 // Paper: "SWAN: Sparse Winnowed Attention" (papers/swan.txt), Algorithm 1.
 //
 // How it maps onto the cache (DESIGN.md §3): one epoch per head with
-//   keys:   basis P_QK (a full d×d rotation) -> per-token top-k_K by |k̂| (by_magnitude) -> f16/fp8
+//   keys:   basis P_QK (a full d×d rotation) -> per-token top-k_K by |k̂| (by magnitude) -> f16/fp8
 //   values: basis P_VO                       -> per-token top-k_V by |v̂|                -> f16/fp8
 //   buffer: the newest b tokens stay dense; each appended token enters the buffer and the oldest
 //           leaves it, pruned, into the sparse store (the cache does this itself at every append).
@@ -166,9 +166,7 @@ class SwanPress : public Press {
       sp->basis = std::move(rot);
     }
     if (t < d) {
-      sp->channels.by_magnitude = true;
-      sp->channels.topk = t;
-      sp->channels.index = o_.index;
+      sp->channels = MagnitudeChannels{.topk = t, .index = o_.index};
     }
     if (sp->set()) sp->dtype = o_.values;
   }

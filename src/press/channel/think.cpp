@@ -32,7 +32,7 @@ class ThinKPress : public Press {
     if (ratio_ <= 0 || keep >= d) return plan;
     HeadData hd;
     std::vector<float> score(static_cast<size_t>(d));
-    std::vector<int32_t> order;
+    std::vector<int32_t> order, kept;
     for (int il = 0; il < ctx.n_layer(); ++il) {
       const ObservedQueries q = channel::observed_queries(ctx, il, query_aware_, window_, "think");
       for (int ih = 0; ih < ctx.n_head_kv(); ++ih) {
@@ -48,8 +48,9 @@ class ThinKPress : public Press {
           score[static_cast<size_t>(c)] = static_cast<float>(ws.sq_mean[static_cast<size_t>(c)] *
                                                              (ksq[static_cast<size_t>(c)] / static_cast<double>(hd.n)));
         HeadPlan& hp = plan.at(il, ih);
-        hp.key.channels.subset.resize(static_cast<size_t>(keep));
-        channel::top_channels(score.data(), d, keep, &order, hp.key.channels.subset.data());
+        kept.resize(static_cast<size_t>(keep));
+        channel::top_channels(score.data(), d, keep, &order, kept.data());
+        hp.key.channels = ChannelSubset{std::vector<uint16_t>(kept.begin(), kept.end())};
       }
     }
     return plan;
