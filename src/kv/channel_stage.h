@@ -96,14 +96,18 @@ struct ChannelStage {
   ChannelKind kind;
   ChannelStage() = default;
   template <class K>
-    requires std::constructible_from<ChannelKind, K>
-  ChannelStage(K k) : kind(std::move(k)) {}  // NOLINT: a kind is a stage
+  requires std::constructible_from<ChannelKind, K> ChannelStage(K k)
+      : kind(std::move(k)) {}  // NOLINT: a kind is a stage
   bool operator==(const ChannelStage&) const = default;
 
   template <class K>
-  const K* get() const { return std::get_if<K>(&kind); }
+  const K* get() const {
+    return std::get_if<K>(&kind);
+  }
   template <class K>
-  K* get() { return std::get_if<K>(&kind); }
+  K* get() {
+    return std::get_if<K>(&kind);
+  }
   bool all() const { return std::holds_alternative<AllChannels>(kind); }
   // The kind, for messages ("per-head subset", "by magnitude", ...).
   const char* name() const {

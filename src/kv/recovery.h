@@ -1,8 +1,8 @@
 // Sampled recovery of pruned key coordinates (SPARK's Gaussian / exponential F;
 // channel_stage.h KeyRecovery): the magnitude a pruned coordinate c of a token with parameters
-// (μ, σ) reads, drawn by a counter-based hash so that every read (every decode step, the reference path, a
-// clone of the cache) sees the same value without storing it. The draw depends only on the seed,
-// the token's parameters and c, so evicting other tokens never changes it.
+// (μ, σ) reads, drawn by a counter-based hash so that every read (every decode step, the reference
+// path, a clone of the cache) sees the same value without storing it. The draw depends only on the
+// seed, the token's parameters and c, so evicting other tokens never changes it.
 #pragma once
 #include <algorithm>
 #include <cmath>

@@ -41,7 +41,9 @@ SideEncoding base_encoding() {
   return e;
 }
 
-TokenChannels& tokens_of(SideEncoding& e) { return *e.channels.get<TokenChannels>(); }
+TokenChannels& tokens_of(SideEncoding& e) {
+  return *e.channels.get<TokenChannels>();
+}
 
 TEST(ChannelStage, EncodingEqualityIsDefaultedAndComplete) {
   const std::vector<float> eye = {1, 0, 0, 1};  // a 2 x 2 identity, for an interned basis
@@ -51,7 +53,10 @@ TEST(ChannelStage, EncodingEqualityIsDefaultedAndComplete) {
       {"dtype", [](SideEncoding& e) { e.dtype = KvDtype::kFP8; }},
       {"rope", [](SideEncoding& e) { e.rope = RopeSpec{}; }},
       {"kind all", [](SideEncoding& e) { e.channels = AllChannels{}; }},
-      {"kind subset", [](SideEncoding& e) { e.channels = ChannelSubset{{0, 2}}; }},
+      {"kind subset",
+       [](SideEncoding& e) {
+         e.channels = ChannelSubset{{0, 2}};
+       }},
       {"kind magnitude", [](SideEncoding& e) { e.channels = MagnitudeChannels{.topk = 3}; }},
       {"kind sparse code", [](SideEncoding& e) { e.channels = SparseCodeChannels{.topk = 3}; }},
       {"topk", [](SideEncoding& e) { tokens_of(e).topk = 0; }},
@@ -98,8 +103,7 @@ TEST(ChannelStage, EncodingEqualityIsDefaultedAndComplete) {
 }
 
 TEST(ChannelStage, AccessorsReadEachKind) {
-  const ChannelStage all, sub = ChannelSubset{{1, 4}},
-                          tok = TokenChannels{.topk = 0, .fill = true},
+  const ChannelStage all, sub = ChannelSubset{{1, 4}}, tok = TokenChannels{.topk = 0, .fill = true},
                           mag = MagnitudeChannels{.topk = 2, .index = IndexLayout::kBitmask},
                           sc = SparseCodeChannels{.topk = 5};
   EXPECT_TRUE(all.all());

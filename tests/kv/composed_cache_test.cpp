@@ -305,37 +305,44 @@ TEST(ComposedCache, BadPlansAreRefusedAndTheCacheIsUnchanged) {
     EXPECT_EQ(v1, v0) << what;
     EXPECT_EQ(c->bytes().total(), b0) << what;
   };
-  refused([](HeadPlan& h) { h.value.channels = ChannelSubset{{3, 16}}; },
-          "value subset out of range");
+  refused(
+      [](HeadPlan& h) {
+        h.value.channels = ChannelSubset{{3, 16}};
+      },
+      "value subset out of range");
   refused([&](HeadPlan& h) {
             h.value.rank = 4;
             h.value.basis = random_basis(16, 4, rng);
             h.value.channels = ChannelSubset{{5}};
           },
           "subset past the basis rank");
-  refused([](HeadPlan& h) {
-            h.value.channels = TokenChannels{
-                .topk = 2, .recovery = KeyRecovery{.scale = std::vector<float>(16, 1.f)}};
-            h.value.rows.channels.assign(60, 0);
-          },
-          "value recovery scale");
-  refused([](HeadPlan& h) {
-            h.key.channels = TokenChannels{};
-            h.key.rows.counts.assign(30, 2);
-            h.key.rows.channels.assign(59, 0);
-          },
-          "variable rows too short");
-  refused([](HeadPlan& h) {
-            h.key.channels = TokenChannels{};
-            h.key.rows.counts.assign(30, 0);
-          },
-          "zero count");
-  refused([](HeadPlan& h) {
-            h.value.channels = TokenChannels{.topk = 1, .fill = true};
-            h.value.rows.channels.assign(30, 0);
-            h.value.rows.fill.assign(29, 0.f);
-          },
-          "fill rows");
+  refused(
+      [](HeadPlan& h) {
+        h.value.channels =
+            TokenChannels{.topk = 2, .recovery = KeyRecovery{.scale = std::vector<float>(16, 1.f)}};
+        h.value.rows.channels.assign(60, 0);
+      },
+      "value recovery scale");
+  refused(
+      [](HeadPlan& h) {
+        h.key.channels = TokenChannels{};
+        h.key.rows.counts.assign(30, 2);
+        h.key.rows.channels.assign(59, 0);
+      },
+      "variable rows too short");
+  refused(
+      [](HeadPlan& h) {
+        h.key.channels = TokenChannels{};
+        h.key.rows.counts.assign(30, 0);
+      },
+      "zero count");
+  refused(
+      [](HeadPlan& h) {
+        h.value.channels = TokenChannels{.topk = 1, .fill = true};
+        h.value.rows.channels.assign(30, 0);
+        h.value.rows.fill.assign(29, 0.f);
+      },
+      "fill rows");
 }
 
 TEST(ComposedCache, PlansComposePerSide) {
