@@ -11,8 +11,8 @@ namespace kvtrim {
 namespace {
 
 #define PLAN_CHECK(cond, fmt, ...)                                                   \
-  KVTRIM_CHECK(cond, "compression plan (layer %d, kv head %d): " fmt, s.il, s.ih, \
-               ##__VA_ARGS__)
+  KVTRIM_CHECK(cond, "compression plan (layer %d, kv head %d): " fmt, s.il, \
+               s.ih __VA_OPT__(, ) __VA_ARGS__)
 
 // Indices strictly increasing in [0, n).
 void check_indices(const std::vector<int32_t>& v, int64_t n, const char* what, const HeadShape& s,

@@ -9,34 +9,16 @@
 #include <random>
 #include <vector>
 
-// The kernels compiled for AVX3_DL (attn_kernels_q8q.cpp's VNNI path) are swept too: without
-// this the test's target list (hwy::SupportedAndGeneratedTargets) stops at AVX3. In a unity
-// build no earlier file of the unit may have included Highway already: the wish would come late.
-#if defined(HIGHWAY_HWY_DETECT_TARGETS_H_) && !defined(HWY_WANT_AVX3_DL)
-#error "Highway is already included: HWY_WANT_AVX3_DL would not take effect"
-#endif
-#ifndef HWY_WANT_AVX3_DL
-#define HWY_WANT_AVX3_DL
-#endif
+#include "kernel_test_util.h"  // (before any other Highway include)
 #include "core/fp16.h"
-#include "hwy/targets.h"
 #include "kv/quant_formats.h"
 
 namespace kvtrim {
 namespace {
 
-// Runs f once per SIMD target compiled in and supported by this CPU (e.g. AVX2, SSE4, SSSE3,
-// EMU128 on an AVX2 machine), so the narrower targets' code paths are checked too.
-template <class F>
-void for_each_target(F f) {
-  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
-    SCOPED_TRACE(hwy::TargetName(target));
-    hwy::SetSupportedTargetsForTest(target);
-    f();
-    if (::testing::Test::HasFatalFailure()) break;
-  }
-  hwy::SetSupportedTargetsForTest(0);
-}
+using kvtest::expect_accum;
+using kvtest::expect_scores;
+using kvtest::for_each_target;
 
 // f32 / f16 against plain loops; query-head counts cover one batch (1..6) and split ones (7 ->
 // 4 + 3, 9 -> 5 + 4, 12 -> 6 + 6), with phases (few heads) and channel groups of every size.
@@ -155,37 +137,6 @@ void bf16_q8_match_loops() {
   }
 }
 
-// Keys K [n_t, d] (decoded f32) against the score kernel's output for the range [t0, t0 + n):
-// s[g * ld + t - t0] ≈ q_g · k_t within 1e-4 of Σ |q_i k_i|.
-void expect_scores(const std::vector<float>& q, int n_g, int64_t d, const std::vector<float>& k,
-                   int64_t t0, int64_t n, const std::vector<float>& s, int64_t ld) {
-  for (int g = 0; g < n_g; ++g) {
-    for (int64_t t = t0; t < t0 + n; ++t) {
-      double r = 0, a = 0;
-      for (int64_t i = 0; i < d; ++i) {
-        r += double(q[g * d + i]) * k[t * d + i];
-        a += std::fabs(double(q[g * d + i]) * k[t * d + i]);
-      }
-      ASSERT_NEAR(s[g * ld + t - t0], r, 1e-4 * (1 + a)) << "g " << g << " t " << t << " d " << d;
-    }
-  }
-}
-// acc [n_g, dv] (started at acc0) against acc0 + Σ_t p[g, t] · v_t, v [n_t, dv] decoded f32.
-void expect_accum(const std::vector<float>& p, int n_g, int64_t ld, const std::vector<float>& v,
-                  int64_t n_t, int64_t dv, const std::vector<float>& acc0,
-                  const std::vector<float>& acc) {
-  for (int g = 0; g < n_g; ++g) {
-    for (int64_t i = 0; i < dv; ++i) {
-      double r = acc0[g * dv + i], a = std::fabs(r);
-      for (int64_t t = 0; t < n_t; ++t) {
-        r += double(p[g * ld + t]) * v[t * dv + i];
-        a += std::fabs(double(p[g * ld + t]) * v[t * dv + i]);
-      }
-      ASSERT_NEAR(acc[g * dv + i], r, 1e-4 * (1 + a)) << "g " << g << " i " << i << " dv " << dv;
-    }
-  }
-}
-
 // fp8 (E4M3 codes, per-token key scale; value scale folded into p by the caller) and q4
 // (q4_0 blocks in the key tiles / value rows of quant_formats.h), over whole and partial ranges.
 void fp8_and_q4_match_loops() {
@@ -239,280 +190,6 @@ void fp8_and_q4_match_loops() {
         kv::attn_accum_q4(p.data(), n_g, ld, vt4.data(), vs4.data(), n, d, a4.data());
         expect_accum(p, n_g, ld, vf, n, d, acc0, af);
         expect_accum(p, n_g, ld, v4, n, d, acc0, a4);
-      }
-    }
-  }
-}
-
-// n rows of kept channels below dim, each strictly increasing: T per row (fixed), or random counts
-// 0 .. dim with an empty row (1) and a full one (2); ch holds them packed, off [n + 1] the rows.
-void random_rows(int64_t n, int64_t dim, int64_t T, bool fixed, std::mt19937& rng, std::vector<uint32_t>* off,
-                 std::vector<int64_t>* ch) {
-  off->assign(static_cast<size_t>(n) + 1, 0);
-  ch->clear();
-  for (int64_t t = 0; t < n; ++t) {
-    int64_t cnt = fixed ? T : std::uniform_int_distribution<int64_t>(0, dim)(rng);
-    if (!fixed && t == 1) cnt = 0;
-    if (!fixed && t == 2) cnt = dim;
-    std::vector<int64_t> all(dim);
-    for (int64_t i = 0; i < dim; ++i) all[i] = i;
-    std::shuffle(all.begin(), all.end(), rng);
-    all.resize(cnt);
-    std::sort(all.begin(), all.end());
-    ch->insert(ch->end(), all.begin(), all.end());
-    (*off)[t + 1] = static_cast<uint32_t>(ch->size());
-  }
-}
-
-// Packed per-token entries (rows off[t] .. off[t + 1]) of random values encoded in a KvDtype
-// (q8 / fp8: one scale per row), with kv::kMaskedSlack bytes of readable slack after the last
-// entry, and the values the kernels must read back (decoded, scales applied).
-struct Packed {
-  std::vector<float> f32, scale, decoded;
-  std::vector<uint16_t> u16;
-  std::vector<int8_t> q8;
-  std::vector<uint8_t> fp8;
-  const void* vals(KvDtype type) const {
-    switch (type) {
-      case KvDtype::kF32:
-        return f32.data();
-      case KvDtype::kQ8:
-        return q8.data();
-      case KvDtype::kFP8:
-        return fp8.data();
-      default:
-        return u16.data();
-    }
-  }
-  const float* row_scale(KvDtype type) const {
-    return type == KvDtype::kQ8 || type == KvDtype::kFP8 ? scale.data() : nullptr;
-  }
-};
-Packed pack(KvDtype type, const std::vector<uint32_t>& off, std::mt19937& rng) {
-  std::normal_distribution<float> nd;
-  const size_t n = off.size() - 1, nnz = off.back(), slack = kv::kMaskedSlack;  // bytes
-  Packed pk;  // exactly kMaskedSlack bytes past the last entry (so ASan sees any longer read)
-  pk.f32.assign(nnz + slack / 4, 0.f);
-  pk.u16.assign(nnz + slack / 2, 0);
-  pk.q8.assign(nnz + slack, 0);
-  pk.fp8.assign(nnz + slack, 0);
-  pk.scale.assign(n, 0.f);
-  pk.decoded.assign(nnz, 0.f);
-  for (size_t t = 0; t < n; ++t) {
-    std::vector<float> x(off[t + 1] - off[t]);
-    for (float& e : x) e = nd(rng);
-    const size_t b = off[t];
-    switch (type) {
-      case KvDtype::kF32:
-        std::copy(x.begin(), x.end(), pk.f32.begin() + static_cast<std::ptrdiff_t>(b));
-        break;
-      case KvDtype::kF16:
-      case KvDtype::kBF16:
-        for (size_t j = 0; j < x.size(); ++j)
-          pk.u16[b + j] = type == KvDtype::kF16 ? fp32_to_fp16(x[j]) : fp32_to_bf16(x[j]);
-        break;
-      case KvDtype::kQ8:
-        pk.scale[t] = kv::q8_encode(x.data(), static_cast<int64_t>(x.size()), &pk.q8[b], 1);
-        break;
-      case KvDtype::kFP8:
-        pk.scale[t] = kv::fp8_encode(x.data(), static_cast<int64_t>(x.size()), &pk.fp8[b], 1);
-        break;
-      case KvDtype::kQ4:  // no sparse-row kernels (kv_type(kQ4).sparse_kernels)
-        ADD_FAILURE() << "q4 sparse rows";
-        break;
-    }
-    for (size_t j = b; j < off[t + 1]; ++j) {
-      switch (type) {
-        case KvDtype::kF32:
-          pk.decoded[j] = pk.f32[j];
-          break;
-        case KvDtype::kF16:
-          pk.decoded[j] = fp16_to_fp32(pk.u16[j]);
-          break;
-        case KvDtype::kBF16:
-          pk.decoded[j] = bf16_to_fp32(pk.u16[j]);
-          break;
-        case KvDtype::kQ8:
-          pk.decoded[j] = pk.scale[t] * pk.q8[j];
-          break;
-        case KvDtype::kFP8:
-          pk.decoded[j] = pk.scale[t] * kv::fp8_e4m3_to_f32(pk.fp8[j]);
-          break;
-        case KvDtype::kQ4:
-          break;
-      }
-    }
-  }
-  return pk;
-}
-
-// Sparse rows (per-token channel subsets) of every value type, uint8 / uint16 indices, fixed
-// and variable counts (rows with no entry and with every channel), against the same rows
-// decoded to dense [n, dim] with zeros in the dropped channels; wide rows (600, 1100: Lexico's
-// dictionaries) take the same SIMD kernels.
-void sparse_matches_loops() {
-  std::mt19937 rng(23);
-  std::normal_distribution<float> nd;
-  const KvDtype types[] = {KvDtype::kF32, KvDtype::kF16, KvDtype::kBF16,
-                              KvDtype::kQ8, KvDtype::kFP8};
-  for (int64_t dim : {1, 7, 16, 33, 64, 128, 256, 300, 600, 1100}) {
-    for (int idx_bytes : {1, 2}) {
-      if (idx_bytes == 1 && dim > 256) continue;
-      for (bool fixed : {true, false}) {
-        for (KvDtype type : types) {
-          const int64_t n = 45, T = std::max<int64_t>(1, dim / 4);
-          // rows: channel lists and counts
-          std::vector<uint32_t> off;
-          std::vector<int64_t> ch;
-          random_rows(n, dim, T, fixed, rng, &off, &ch);
-          const size_t nnz = ch.size();
-          std::vector<uint8_t> i8(nnz);
-          std::vector<uint16_t> i16(nnz);
-          for (size_t j = 0; j < nnz; ++j) {
-            i8[j] = static_cast<uint8_t>(ch[j]);
-            i16[j] = static_cast<uint16_t>(ch[j]);
-          }
-          // values in the type, and the dense decoded rows
-          const Packed pk = pack(type, off, rng);
-          std::vector<float> dense(n * dim, 0.f);
-          for (size_t j = 0; j < nnz; ++j) {
-            const int64_t t = std::upper_bound(off.begin(), off.end(), static_cast<uint32_t>(j)) - off.begin() - 1;
-            dense[t * dim + ch[j]] = pk.decoded[j];
-          }
-          kv::SparseRows r;
-          r.type = type;
-          r.vals = pk.vals(type);
-          r.idx = idx_bytes == 1 ? static_cast<const void*>(i8.data()) : i16.data();
-          r.idx_bytes = idx_bytes;
-          r.off = fixed ? nullptr : off.data();
-          r.T = fixed ? static_cast<int>(T) : 0;
-          r.scale = pk.row_scale(type);
-          r.dim = dim;
-          for (int n_g : {1, 3, 6, 9}) {
-            const int64_t ldq = dim + 3, ld = 48, ld_acc = dim + 5;
-            std::vector<float> q(n_g * ldq), qd(n_g * dim), p(n_g * ld);
-            for (float& e : q) e = nd(rng);
-            for (int g = 0; g < n_g; ++g) {
-              for (int64_t i = 0; i < dim; ++i) qd[g * dim + i] = q[g * ldq + i];
-            }
-            for (float& e : p) e = std::fabs(nd(rng));
-            for (auto [t0, m] : {std::pair<int64_t, int64_t>{0, n}, {3, n - 7}, {17, 13}}) {
-              std::vector<float> sc(n_g * ld, -1.f);
-              kv::sparse_scores(r, q.data(), n_g, ldq, t0, m, sc.data(), ld);
-              expect_scores(qd, n_g, dim, dense, t0, m, sc, ld);
-              // accum over rows [t0, t0 + m) with p indexed from t0; acc [n_g, ld_acc]
-              std::vector<float> acc(n_g * ld_acc), acc0(n_g * dim), got(n_g * dim);
-              for (float& e : acc) e = nd(rng);
-              for (int g = 0; g < n_g; ++g) {
-                for (int64_t i = 0; i < dim; ++i) acc0[g * dim + i] = acc[g * ld_acc + i];
-              }
-              const float pad = acc[dim];  // an element of the padding, never written
-              kv::sparse_accum(r, p.data(), n_g, ld, t0, m, acc.data(), ld_acc);
-              EXPECT_EQ(acc[dim], pad);
-              for (int g = 0; g < n_g; ++g) {
-                for (int64_t i = 0; i < dim; ++i) got[g * dim + i] = acc[g * ld_acc + i];
-              }
-              std::vector<float> rows(dense.begin() + t0 * dim, dense.begin() + (t0 + m) * dim);
-              expect_accum(p, n_g, ld, rows, m, dim, acc0, got);
-            }
-            if (::testing::Test::HasFatalFailure()) return;
-          }
-        }
-      }
-    }
-  }
-}
-
-// Masked rows (bitmask of kept coordinates) of every value type, fixed and variable counts (rows
-// with no entry and with every coordinate), with pruned coordinates reading 0, a fill, a weighted
-// fill, or SPARK's signed recovery ±fill · w_c; scores, accumulation and decoding against the
-// rows built here as dense f32. dim > 512 takes the scalar path.
-void masked_matches_loops() {
-  std::mt19937 rng(29);
-  std::normal_distribution<float> nd;
-  std::uniform_int_distribution<int> byte(0, 255);
-  const KvDtype types[] = {KvDtype::kF32, KvDtype::kF16, KvDtype::kBF16, KvDtype::kQ8,
-                              KvDtype::kFP8};
-  enum class Pruned { kZero, kFill, kWeighted, kSigned };
-  for (int64_t dim : {1, 7, 16, 33, 64, 128, 256, 512, 600}) {  // 512: the SIMD path's largest
-    const int64_t n = 45, mb = (dim + 7) / 8, T = std::max<int64_t>(1, dim / 5);
-    for (bool fixed : {true, false}) {
-      for (KvDtype type : types) {
-        for (Pruned mode : {Pruned::kZero, Pruned::kFill, Pruned::kWeighted, Pruned::kSigned}) {
-          std::vector<uint32_t> off;
-          std::vector<uint8_t> mask(n * mb, 0), signs(n * mb);
-          std::vector<int64_t> ch;
-          random_rows(n, dim, T, fixed, rng, &off, &ch);
-          for (int64_t t = 0; t < n; ++t)
-            for (uint32_t j = off[t]; j < off[t + 1]; ++j)
-              mask[t * mb + ch[j] / 8] |= static_cast<uint8_t>(1u << (ch[j] % 8));
-          for (uint8_t& b : signs) b = static_cast<uint8_t>(byte(rng));  // bits past dim too: ignored
-          const Packed pk = pack(type, off, rng);
-          std::vector<float> fill(n * 2), weight(dim), dense(n * dim, 0.f);
-          for (float& e : fill) e = std::fabs(nd(rng));
-          for (float& e : weight) e = 0.5f + std::fabs(nd(rng));
-          for (int64_t t = 0; t < n; ++t) {
-            for (int64_t c = 0; c < dim; ++c) {
-              if (mode == Pruned::kZero) break;
-              const float w = mode == Pruned::kFill ? 1.f : weight[c];
-              const bool neg = mode == Pruned::kSigned && ((signs[t * mb + c / 8] >> (c % 8)) & 1);
-              dense[t * dim + c] = (neg ? -1.f : 1.f) * fill[t * 2] * w;
-            }
-            for (uint32_t j = off[t]; j < off[t + 1]; ++j) dense[t * dim + ch[j]] = pk.decoded[j];
-          }
-          kv::MaskedRows r;
-          r.type = type;
-          r.vals = pk.vals(type);
-          r.mask = mask.data();
-          r.off = fixed ? nullptr : off.data();
-          r.T = fixed ? static_cast<int>(T) : 0;
-          r.scale = pk.row_scale(type);
-          r.signs = mode == Pruned::kSigned ? signs.data() : nullptr;
-          r.fill = mode == Pruned::kZero ? nullptr : fill.data();
-          r.fill_stride = 2;
-          r.weight = mode == Pruned::kWeighted || mode == Pruned::kSigned ? weight.data() : nullptr;
-          r.dim = dim;
-          SCOPED_TRACE(::testing::Message() << "dim " << dim << " fixed " << fixed << " type "
-                                            << static_cast<int>(type) << " mode " << static_cast<int>(mode));
-          for (int n_g : {1, 2, 3, 4, 5, 9}) {  // every head bucket: 1 2 3 4, 6 (5 padded), 8 + 1
-            const int64_t ldq = dim + 3, ld = 48, ld_acc = dim + 1;
-            std::vector<float> q(n_g * ldq), qd(n_g * dim), p(n_g * ld);
-            for (float& e : q) e = nd(rng);
-            for (int g = 0; g < n_g; ++g)
-              for (int64_t i = 0; i < dim; ++i) qd[g * dim + i] = q[g * ldq + i];
-            for (float& e : p) e = std::fabs(nd(rng));
-            for (auto [t0, m] : {std::pair<int64_t, int64_t>{0, n}, {3, n - 7}, {17, 13}}) {
-              std::vector<float> sc(n_g * ld, -1.f);
-              kv::masked_scores(r, q.data(), n_g, ldq, t0, m, sc.data(), ld);
-              expect_scores(qd, n_g, dim, dense, t0, m, sc, ld);
-              // accumulation into a strided acc [n_g, ld_acc] (a contiguous one for n_g = 1)
-              const int64_t la = n_g == 1 ? dim : ld_acc;
-              std::vector<float> acc(n_g * la + 1), acc0(n_g * dim), got(n_g * dim);
-              for (float& e : acc) e = nd(rng);
-              for (int g = 0; g < n_g; ++g)
-                for (int64_t i = 0; i < dim; ++i) acc0[g * dim + i] = acc[g * la + i];
-              std::vector<float> pads;  // the padding columns and the element past the last row
-              for (int g = 0; g < n_g; ++g)
-                for (int64_t i = dim; i < la; ++i) pads.push_back(acc[g * la + i]);
-              pads.push_back(acc[n_g * la]);
-              kv::masked_accum(r, p.data(), n_g, ld, t0, m, acc.data(), la);
-              std::vector<float> pads_after;
-              for (int g = 0; g < n_g; ++g)
-                for (int64_t i = dim; i < la; ++i) pads_after.push_back(acc[g * la + i]);
-              pads_after.push_back(acc[n_g * la]);
-              EXPECT_EQ(pads_after, pads);
-              for (int g = 0; g < n_g; ++g)
-                for (int64_t i = 0; i < dim; ++i) got[g * dim + i] = acc[g * la + i];
-              std::vector<float> rows(dense.begin() + t0 * dim, dense.begin() + (t0 + m) * dim);
-              expect_accum(p, n_g, ld, rows, m, dim, acc0, got);
-            }
-            if (::testing::Test::HasFatalFailure()) return;
-          }
-          // decode: exactly the dense rows (values as the type reads them)
-          std::vector<float> out(n * dim + 8, -7.f);
-          kv::masked_decode(r, 0, n, out.data(), dim);
-          for (int64_t i = 0; i < n * dim; ++i) ASSERT_EQ(out[i], dense[i]) << "element " << i;
-        }
       }
     }
   }
@@ -585,9 +262,6 @@ TEST(AttnKernels, Bf16AndQ8ScoresAndAccumMatchLoops) {
 TEST(AttnKernels, Fp8AndQ4ScoresAndAccumMatchLoops) {
   for_each_target(fp8_and_q4_match_loops);
 }
-TEST(AttnKernels, SparseScoresAndAccumMatchLoops) {
-  for_each_target(sparse_matches_loops);
-}
 
 TEST(AttnKernels, Q8KeysWithAnEightBitQueryEqualTheReferenceOnEveryTarget) {
   for_each_target(q8_query_scores_match_reference);
@@ -616,10 +290,6 @@ TEST(AttnKernels, QueryQuantizationEdges) {
   EXPECT_EQ(qi[65], -127);
   EXPECT_EQ(qsum[2], -127);
   for (int64_t i = d; i < dp; ++i) EXPECT_EQ(qi[i], 0);
-}
-
-TEST(AttnKernels, MaskedScoresAccumAndDecodeMatchLoops) {
-  for_each_target(masked_matches_loops);
 }
 
 TEST(AttnKernels, ExpSubSumAndF16Conversion) {

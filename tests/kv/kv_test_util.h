@@ -1,11 +1,16 @@
 // Fixtures shared by the KV cache tests: random K/V, cache configs, random plans.
 #pragma once
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "core/thread_pool.h"
+#include "kv/attention_reference.h"
 #include "kv/kv_cache.h"
 
 namespace kvtrim::kvtest {
@@ -114,6 +119,30 @@ inline double max_abs_diff(const std::vector<float>& a, const std::vector<float>
   double m = 0;
   for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(static_cast<double>(a[i]) - b[i]));
   return m;
+}
+
+// Attention of n_q queries at positions q_pos0.. in every layer equals the reference over the
+// cache's reconstruction within 1e-4 · max(1, largest |reference output|).
+inline void expect_attention_matches_scaled(const KvCache& c, int n_head, int64_t n_q,
+                                            int32_t q_pos0, ThreadPool* pool, std::mt19937& rng,
+                                            const std::string& what) {
+  const KvCacheConfig& cfg = c.config();
+  AttnParams p;
+  p.n_head = n_head;
+  p.scale = 1.f / std::sqrt(static_cast<float>(cfg.head_dim_k));
+  std::vector<int32_t> q_pos(static_cast<size_t>(n_q));
+  for (int64_t i = 0; i < n_q; ++i)
+    q_pos[static_cast<size_t>(i)] = static_cast<int32_t>(q_pos0 + i);
+  const auto q = randn(static_cast<size_t>(n_q * n_head * cfg.head_dim_k), rng);
+  std::vector<float> out(static_cast<size_t>(n_q * n_head * cfg.head_dim_v)), want(out.size());
+  for (int il = 0; il < cfg.n_layer; ++il) {
+    p.sliding_window = cfg.sliding_window[static_cast<size_t>(il)];
+    c.attend(il, n_q, q.data(), q_pos.data(), p, out.data(), pool);
+    attention_reference_cache(c, il, n_q, q.data(), q_pos.data(), p, want.data());
+    double scale = 1;
+    for (float x : want) scale = std::max(scale, std::fabs(static_cast<double>(x)));
+    ASSERT_LT(max_abs_diff(out, want), 1e-4 * scale) << what << " layer " << il;
+  }
 }
 
 }  // namespace kvtrim::kvtest
