@@ -333,7 +333,8 @@ void register_all() {
                                  mode + "/threads:1";
         benchmark::RegisterBenchmark(
             name.c_str(),
-            [=](benchmark::State& st) {
+            // (the bindings copied by name: clang 14 cannot capture a structured binding)
+            [=, per_token = per_token, lambda = lambda](benchmark::State& st) {
               const KvCache& base =
                   g_base.get(dense_key, [&] { return build_cache(s, ctx, KvDtype::kF16, nl); });
               const KvCache& test = g_test.get(dense_key + "/" + mode, [&] {
