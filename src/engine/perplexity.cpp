@@ -47,15 +47,20 @@ void full_pass(Session& s, const std::vector<int32_t>& win, const PplWindowOptio
   const size_t n_vocab = static_cast<size_t>(s.model().hparams().n_vocab);
   std::vector<float> logits(static_cast<size_t>(C) * n_vocab);
   s.reset();
-  const bool hooks = s.press_hooks();
-  if (!o.hooks) s.set_press_hooks(false);
-  try {
-    s.eval_all(win.data(), C, logits.data());
-  } catch (...) {
-    if (!o.hooks) s.set_press_hooks(hooks);
-    throw;
+  // without the hooks when asked, then as they were (also when eval_all throws)
+  struct HooksOff {
+    Session* s = nullptr;
+    bool was = false;
+    ~HooksOff() {
+      if (s) s->set_press_hooks(was);
+    }
+  } off;
+  if (!o.hooks) {
+    off.was = s.press_hooks();
+    off.s = &s;
+    s.set_press_hooks(false);
   }
-  if (!o.hooks) s.set_press_hooks(hooks);
+  s.eval_all(win.data(), C, logits.data());
   for (int64_t j = o.first; j < C - 1; ++j)
     r->nll.push_back(token_nll(logits.data() + static_cast<size_t>(j) * n_vocab, n_vocab,
                                win[static_cast<size_t>(j + 1)]));
