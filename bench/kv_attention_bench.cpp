@@ -261,7 +261,7 @@ struct CacheSlot {
 };
 CacheSlot g_base, g_test;
 
-void register_all() {
+void register_membw() {
   for (int nth : {1, 2}) {
     benchmark::RegisterBenchmark((std::string("MemRead/threads:") + std::to_string(nth)).c_str(),
                                  [nth](benchmark::State& st) {
@@ -277,93 +277,83 @@ void register_all() {
         ->UseManualTime()
         ->Unit(benchmark::kMillisecond);
   }
-  for (const ModelShape& s : kShapes) {
-    for (int64_t ctx : {4096, 8192}) {
-      const int nl = n_layers_for(s, ctx, KvDtype::kF16);
-      const std::string dense_key = std::string(s.name) + "/" + std::to_string(ctx) + "/f16";
-      for (double keep : {0.5, 0.25}) {
-        for (int nth : {1, 2}) {
-          const std::string name =
-              std::string("KvAttnEvict/") + s.name + "/ctx:" + std::to_string(ctx) +
-              "/keep:" + (keep == 0.5 ? "0.50" : "0.25") + "/threads:" + std::to_string(nth);
-          benchmark::RegisterBenchmark(
-              name.c_str(),
-              [=](benchmark::State& st) {
-                const KvCache& base =
-                    g_base.get(dense_key, [&] { return build_cache(s, ctx, KvDtype::kF16, nl); });
-                const KvCache& test = g_test.get(dense_key + "/keep" + std::to_string(keep), [&] {
-                  auto c = build_cache(s, ctx, KvDtype::kF16, nl);
-                  evict(*c, keep, 7);
-                  return c;
-                });
-                run_pair(st, s, base, test, nth);
-              })
-              ->UseManualTime()
-              ->Unit(benchmark::kMicrosecond);
-        }
-      }
-      for (int nth : {1, 2}) {
-        const std::string name = std::string("KvAttnBasis/") + s.name +
-                                 "/ctx:" + std::to_string(ctx) +
-                                 "/keepdims:0.5/threads:" + std::to_string(nth);
-        benchmark::RegisterBenchmark(
-            name.c_str(),
-            [=](benchmark::State& st) {
-              const KvCache& base =
-                  g_base.get(dense_key, [&] { return build_cache(s, ctx, KvDtype::kF16, nl); });
-              const KvCache& test = g_test.get(dense_key + "/basis0.5", [&] {
-                auto c = build_cache(s, ctx, KvDtype::kF16, nl);
-                low_rank(*c, 0.5, 11);
-                return c;
-              });
-              run_pair(st, s, base, test, nth);
-            })
-            ->UseManualTime()
-            ->Unit(benchmark::kMicrosecond);
-      }
-      // KvAttnChannel/<model>/ctx:<n>/<spark|think>:<λ>/threads:1: the channel axis (SPARK's
-      // per-token keys with recovery, ThinK's per-head subset) against dense f16, equal tokens.
-      // (λ < 0: SWAN's store at retention 1 + λ)
-      for (const auto& [per_token, lambda] :
-           {std::pair{true, 0.5}, std::pair{true, 0.8}, std::pair{false, 0.5}, std::pair{true, -0.5}}) {
-        const std::string mode = lambda < 0          ? std::string("swan:0.5")
-                                 : per_token ? std::string("spark:") + (lambda == 0.5 ? "0.5" : "0.8")
-                                             : std::string("think:0.5");
-        const std::string name = std::string("KvAttnChannel/") + s.name + "/ctx:" + std::to_string(ctx) + "/" +
-                                 mode + "/threads:1";
-        benchmark::RegisterBenchmark(
-            name.c_str(),
-            // (the bindings copied by name: clang 14 cannot capture a structured binding)
-            [=, per_token = per_token, lambda = lambda](benchmark::State& st) {
-              const KvCache& base =
-                  g_base.get(dense_key, [&] { return build_cache(s, ctx, KvDtype::kF16, nl); });
-              const KvCache& test = g_test.get(dense_key + "/" + mode, [&] {
-                auto c = build_cache(s, ctx, KvDtype::kF16, nl);
-                channel_prune(*c, lambda, per_token);
-                return c;
-              });
-              run_pair(st, s, base, test, 1);
-            })
-            ->UseManualTime()
-            ->Unit(benchmark::kMicrosecond);
-      }
-      for (KvDtype t : {KvDtype::kQ8, KvDtype::kBF16, KvDtype::kF32}) {
-        const std::string name = std::string("KvAttnDtype/") + s.name +
-                                 "/ctx:" + std::to_string(ctx) + "/" + kv_dtype_name(t) +
-                                 "_vs_f16/threads:1";
-        benchmark::RegisterBenchmark(
-            name.c_str(),
-            [=](benchmark::State& st) {
-              const KvCache& base =
-                  g_base.get(dense_key, [&] { return build_cache(s, ctx, KvDtype::kF16, nl); });
-              const KvCache& test = g_test.get(dense_key + "/" + kv_dtype_name(t),
-                                               [&] { return build_cache(s, ctx, t, nl); });
-              run_pair(st, s, base, test, 1);
-            })
-            ->UseManualTime()
-            ->Unit(benchmark::kMicrosecond);
-      }
+}
+
+// One benchmark that times the dense f16 cache of (shape, ctx) against a test cache made by
+// make_test (built once, kept in g_test under test_key).
+void register_pair(const std::string& name, const ModelShape& s, int64_t ctx,
+                   const std::string& test_key, std::function<std::unique_ptr<KvCache>()> make_test,
+                   int nth) {
+  const int nl = n_layers_for(s, ctx, KvDtype::kF16);
+  const std::string dense_key = std::string(s.name) + "/" + std::to_string(ctx) + "/f16";
+  benchmark::RegisterBenchmark(
+      name.c_str(),
+      [=](benchmark::State& st) {
+        const KvCache& base =
+            g_base.get(dense_key, [&] { return build_cache(s, ctx, KvDtype::kF16, nl); });
+        const KvCache& test = g_test.get(dense_key + "/" + test_key, make_test);
+        run_pair(st, s, base, test, nth);
+      })
+      ->UseManualTime()
+      ->Unit(benchmark::kMicrosecond);
+}
+
+void register_shape(const ModelShape& s, int64_t ctx) {
+  const int nl = n_layers_for(s, ctx, KvDtype::kF16);
+  const std::string prefix = std::string(s.name) + "/ctx:" + std::to_string(ctx) + "/";
+  for (double keep : {0.5, 0.25}) {
+    for (int nth : {1, 2}) {
+      const std::string keep_name = keep == 0.5 ? "0.50" : "0.25";
+      register_pair(
+          "KvAttnEvict/" + prefix + "keep:" + keep_name + "/threads:" + std::to_string(nth), s, ctx,
+          "keep" + keep_name,
+          [=] {
+            auto c = build_cache(s, ctx, KvDtype::kF16, nl);
+            evict(*c, keep, 7);
+            return c;
+          },
+          nth);
     }
+  }
+  for (int nth : {1, 2}) {
+    register_pair(
+        "KvAttnBasis/" + prefix + "keepdims:0.5/threads:" + std::to_string(nth), s, ctx, "basis0.5",
+        [=] {
+          auto c = build_cache(s, ctx, KvDtype::kF16, nl);
+          low_rank(*c, 0.5, 11);
+          return c;
+        },
+        nth);
+  }
+  // KvAttnChannel/<model>/ctx:<n>/<spark|think>:<λ>/threads:1: the channel axis (SPARK's
+  // per-token keys with recovery, ThinK's per-head subset) against dense f16, equal tokens.
+  // (λ < 0: SWAN's store at retention 1 + λ)
+  for (const auto& [per_token, lambda] :
+       {std::pair{true, 0.5}, std::pair{true, 0.8}, std::pair{false, 0.5}, std::pair{true, -0.5}}) {
+    const std::string mode = lambda < 0  ? std::string("swan:0.5")
+                             : per_token ? std::string("spark:") + (lambda == 0.5 ? "0.5" : "0.8")
+                                         : std::string("think:0.5");
+    // (the bindings copied by name: clang 14 cannot capture a structured binding)
+    register_pair(
+        "KvAttnChannel/" + prefix + mode + "/threads:1", s, ctx, mode,
+        [=, per_token = per_token, lambda = lambda] {
+          auto c = build_cache(s, ctx, KvDtype::kF16, nl);
+          channel_prune(*c, lambda, per_token);
+          return c;
+        },
+        1);
+  }
+  for (KvDtype t : {KvDtype::kQ8, KvDtype::kBF16, KvDtype::kF32}) {
+    register_pair(
+        "KvAttnDtype/" + prefix + kv_dtype_name(t) + "_vs_f16/threads:1", s, ctx, kv_dtype_name(t),
+        [=] { return build_cache(s, ctx, t, nl); }, 1);
+  }
+}
+
+void register_all() {
+  register_membw();
+  for (const ModelShape& s : kShapes) {
+    for (int64_t ctx : {4096, 8192}) register_shape(s, ctx);
   }
 }
 
