@@ -2,7 +2,8 @@
 # kvtrim serve on the real default model, black box over loopback: chat, stream, a press that
 # frees bytes, bad inputs (4xx with an OpenAI error object), a client that hangs up mid-stream,
 # the official openai Python client, and the web page in headless Chromium (DOM checked after
-# one chat turn; the screenshot goes to $KVTRIM_TEST_LOG_DIR), a second server on the port in use,
+# one chat turn, and after two with a press and the quality guard; the screenshots go to
+# $KVTRIM_TEST_LOG_DIR), a second server on the port in use,
 # and a clean stop on SIGINT. Every wait is for the state it checks (tests/wait.sh), bounded by
 # minutes only to catch a hang.
 set -u
@@ -82,6 +83,20 @@ if [ -n "$browser" ]; then
      grep -q 'class="cell"' "$tmp/dom.html" && grep -q 'Paris' "$tmp/dom.html"; then ok; else
     bad web_page "DOM after one turn lacks the reply or the heat map: $(grep -o 'id="status"[^<]*<' "$tmp/dom.html" | head -1) $(tail -5 "$tmp/chrome.log")"; fi
   if [ -s "$logdir/serve_page.png" ]; then ok; echo "screenshot: $logdir/serve_page.png"; else bad screenshot "$(tail -3 "$tmp/chrome.log")"; fi
+  # the quality guard on the page: two turns with a press and a limit no compression of this
+  # conversation meets (0), so the second turn's context (the first turn and its reply) is
+  # compressed, refused, retried at half the ratio, and finally left whole; the compression line
+  # shows the press, the loss estimate and every attempt
+  doc="The%20lighthouse%20keeper%20of%20the%20northern%20island%20kept%20a%20log%20of%20every%20ship%20that%20passed%2C%20the%20weather%20at%20dawn%20and%20at%20dusk%2C%20and%20the%20number%20of%20gulls%20on%20the%20rocks.%20Summarise%20this%20in%20one%20sentence."
+  page="$url/?autosend=$doc&autosend=What%20did%20the%20keeper%20count%3F&max_tokens=24&temperature=0&kv_press=snapkv:0.5&kv_press_max_loss=0"
+  rm -f "$logdir/serve_page_guard.png"
+  python3 "$here/web_page.py" "$browser" "$page" "$tmp/dom2.html" "$logdir/serve_page_guard.png" 300 > "$tmp/chrome2.log" 2>&1
+  comp=$(grep -o '<div id="compression">[^<]*<' "$tmp/dom2.html" | head -1)
+  if [ "$(grep -o 'class="msg assistant' "$tmp/dom2.html" | wc -l)" -eq 2 ] &&
+     [[ "$comp" == *"compression snapkv"* ]] && [[ "$comp" == *"loss estimate"* ]] &&
+     [[ "$comp" == *"guard ≤ 0:"*"refused"* ]]; then ok; else
+    bad web_page_guard "compression line after two turns: ${comp:-none} $(grep -o 'id="status"[^<]*<' "$tmp/dom2.html" | head -1) $(tail -5 "$tmp/chrome2.log")"; fi
+  if [ -s "$logdir/serve_page_guard.png" ]; then ok; echo "screenshot: $logdir/serve_page_guard.png"; else bad screenshot_guard "$(tail -3 "$tmp/chrome2.log")"; fi
 else
   echo "skip: chromium not installed (scripts/install_deps.sh --test installs it)"
 fi
