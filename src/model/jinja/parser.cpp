@@ -7,14 +7,15 @@
 
 #include "core/error.h"
 #include "model/jinja/builtins.h"
+#include "model/jinja/parser_cursor.h"
 
 namespace kvtrim::jinja {
 
 namespace {
 
-class Parser {
+class Parser : TokenCursor {
  public:
-  Parser(const std::vector<Token>& t, const std::string& name) : t_(t), name_(name) {}
+  Parser(const std::vector<Token>& t, const std::string& name) : TokenCursor(t, name) {}
 
   Body run() {
     std::string end;
@@ -23,56 +24,6 @@ class Parser {
   }
 
  private:
-  // ---------------------------------------------------------------- token helpers
-  const Token& cur() const { return t_[i_]; }
-  const Token& peek(size_t k = 1) const { return t_[i_ + k < t_.size() ? i_ + k : t_.size() - 1]; }
-  void next() {
-    if (i_ + 1 < t_.size()) ++i_;
-  }
-  bool is_op(const char* op) const { return cur().type == Tok::kOp && cur().value == op; }
-  bool is_name(const char* n) const { return cur().type == Tok::kName && cur().value == n; }
-  bool skip_op(const char* op) {
-    if (!is_op(op)) return false;
-    next();
-    return true;
-  }
-  bool skip_name(const char* n) {
-    if (!is_name(n)) return false;
-    next();
-    return true;
-  }
-  [[noreturn]] void error(const std::string& what) const {
-    fail("%s:%d: %s", name_.c_str(), cur().line, what.c_str());
-  }
-  std::string describe() const {
-    switch (cur().type) {
-      case Tok::kEnd: return "end of template";
-      case Tok::kVarEnd: return "'}}'";
-      case Tok::kBlockEnd: return "'%}'";
-      case Tok::kText: return "template text";
-      default: return "'" + cur().value + "'";
-    }
-  }
-  void expect_op(const char* op) {
-    if (!skip_op(op)) error(std::string("expected '") + op + "', got " + describe());
-  }
-  std::string expect_name() {
-    if (cur().type != Tok::kName) error("expected a name, got " + describe());
-    std::string n = cur().value;
-    next();
-    return n;
-  }
-  void expect_block_end() {
-    if (cur().type != Tok::kBlockEnd) error("expected '%}', got " + describe());
-    next();
-  }
-  ExprP make(Expr::Kind k, int line) {
-    auto e = std::make_unique<Expr>();
-    e->kind = k;
-    e->line = line;
-    return e;
-  }
-
   // ---------------------------------------------------------------- statements
   // Parses nodes until a block tag whose name is in `ends` (consumed up to the name; *end
   // receives it) or the end of the template (only allowed when ends is empty).
@@ -613,9 +564,6 @@ class Parser {
     }
   }
 
-  const std::vector<Token>& t_;
-  const std::string& name_;
-  size_t i_ = 0;
   int depth_ = 0;
 };
 
