@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/item_bins.h"
 #include "core/thread_pool.h"
 #include "kv/kv_cache.h"
 #include "model/arch/arch.h"
@@ -337,21 +338,16 @@ void Model::forward_batch(const std::vector<ForwardSeq>& seqs, ThreadPool* pool)
   for (size_t s = 0; s < seqs.size(); ++s)
     if (joins_job(seqs[s])) job_seqs.push_back(s);
   if (!pool || pool->n_threads() < 2 || job_seqs.size() < static_cast<size_t>(pool->n_threads())) job_seqs.clear();
-  // Which thread attends which of them: longest context first onto the least loaded thread (a
-  // sequence's attention costs about its context length; an even split by count left one thread
-  // waiting whenever the contexts differ), fixed for the call. A sequence is attended whole by one
+  // Which thread attends which of them (the pool's longest-first spread, core/item_bins.h): a
+  // sequence's attention costs about its context length. A sequence is attended whole by one
   // thread either way, so the assignment does not change any result.
-  std::vector<std::vector<size_t>> job_bins;
+  ItemBins job_bins;
   if (!job_seqs.empty()) {
-    std::vector<size_t> order = job_seqs;
-    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return seqs[a].pos0 > seqs[b].pos0; });
-    job_bins.resize(static_cast<size_t>(pool->n_threads()));
-    std::vector<int64_t> load(job_bins.size(), 0);
-    for (size_t s : order) {
-      const size_t t = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
-      job_bins[t].push_back(s);
-      load[t] += seqs[s].pos0 + 1;
-    }
+    std::vector<int64_t> cost;
+    for (size_t s : job_seqs) cost.push_back(seqs[s].pos0 + 1);
+    job_bins = longest_first_bins(cost, pool->n_threads());
+    for (auto& bin : job_bins)
+      for (size_t& i : bin) i = job_seqs[i];  // item index -> sequence index
   }
 
   for (int il = 0; il < hp.n_layer; ++il) {
@@ -427,15 +423,7 @@ void Model::forward_batch(const std::vector<ForwardSeq>& seqs, ThreadPool* pool)
     if (!job_seqs.empty()) {
       AttnParams one = ap;
       one.split_threads = pool->n_threads();
-      struct Job {
-        const std::vector<std::vector<size_t>>* bins;
-        const decltype(seq_attention)* attend;
-        const AttnParams* p;
-      } job{&job_bins, &seq_attention, &one};
-      const Job* jp = &job;  // (one pointer: the std::function needs no allocation)
-      pool->run([jp](int ith, int) {
-        for (size_t s : (*jp->bins)[static_cast<size_t>(ith)]) (*jp->attend)(s, nullptr, *jp->p);
-      });
+      run_item_bins(*pool, job_bins, [&](size_t s) { seq_attention(s, nullptr, one); });
     }
     for (size_t s = 0; s < seqs.size(); ++s)
       if (job_seqs.empty() || !joins_job(seqs[s])) seq_attention(s, pool, ap);
