@@ -110,6 +110,7 @@ inline constexpr size_t kTokenStatCount = 7;
 
 // What PressContext::token_stat says about a statistic, and its row width.
 struct TokenStatInfo {
+  TokenStat stat;       // the row's key (kTokenStatInfo[i].stat == TokenStat(i))
   const char* needs;    // what a press lacks, in "press '<who>' needs <needs>"
   const char* missing;  // why, in "..., but <missing>" (which capture produces it)
   const char* covers;   // the size error's "press '<who>': <covers> layer %d head %d ..."
@@ -117,22 +118,31 @@ struct TokenStatInfo {
 };
 
 inline constexpr TokenStatInfo kTokenStatInfo[kTokenStatCount] = {
-    {"the cumulative attention of every token", "it was not captured", "cumulative attention of",
-     false},
-    {"the cumulative attention of every token", "it was not captured", "cumulative query counts of",
-     false},
-    {"the task attention accumulators", "they were not captured", "task attention of", true},
-    {"the task attention accumulators", "they were not captured", "task attention of", true},
-    {"the re-feed of the context (a second pass after the prefill)",
+    {TokenStat::kCumAttn, "the cumulative attention of every token", "it was not captured",
+     "cumulative attention of", false},
+    {TokenStat::kCumCount, "the cumulative attention of every token", "it was not captured",
+     "cumulative query counts of", false},
+    {TokenStat::kTaskMax, "the task attention accumulators", "they were not captured",
+     "task attention of", true},
+    {TokenStat::kTaskSum, "the task attention accumulators", "they were not captured",
+     "task attention of", true},
+    {TokenStat::kRefeedMax, "the re-feed of the context (a second pass after the prefill)",
      "it did not run: compress through the session (Session::compress / prepare_compress)",
      "the re-feed of", true},
-    {"the re-feed of the context (a second pass after the prefill)",
+    {TokenStat::kRefeedSum, "the re-feed of the context (a second pass after the prefill)",
      "it did not run: compress through the session (Session::compress / prepare_compress)",
      "the re-feed of", true},
-    {"the context reconstruction pass (a second pass after the prefill)",
+    {TokenStat::kKvzip, "the context reconstruction pass (a second pass after the prefill)",
      "it did not run: compress through the session (Session::compress / prepare_compress)",
      "the reconstruction scoring of", false},
 };
+constexpr bool token_stat_table_complete() {
+  for (size_t i = 0; i < kTokenStatCount; ++i)
+    if (static_cast<size_t>(kTokenStatInfo[i].stat) != i || kTokenStatInfo[i].needs == nullptr)
+      return false;
+  return static_cast<size_t>(TokenStat::kKvzip) + 1 == kTokenStatCount;
+}
+static_assert(token_stat_table_complete(), "kTokenStatInfo: one row per TokenStat, in order");
 
 constexpr const TokenStatInfo& token_stat_info(TokenStat s) {
   return kTokenStatInfo[static_cast<size_t>(s)];
