@@ -33,30 +33,51 @@ void append_chunk_keys(const float* k, const int32_t* pos, int64_t n, int n_kv, 
   }
 }
 
-// Rows of `width` floats per stored token: keep the rows of the plan's kept tokens.
-void keep_rows(std::vector<float>* vec, const HeadPlan& h, size_t width) { *vec = kept_rows(*vec, h, width); }
+// Each TokenStat's rows: [n_layer * n_head_kv], each token_stat_width floats per stored token.
 
-// Per-(layer, kv head) rows of `width` floats per stored token, sized for the cache (zeros).
-void size_rows(std::vector<std::vector<float>>* rows, const StatContext& c, size_t width) {
+size_t width_of(const StatContext& c, TokenStat s) {
+  return token_stat_width(s, c.hp().n_head / c.hp().n_head_kv);
+}
+
+// The rows of statistic s for (layer, kv head) il * n_head_kv + ih.
+std::vector<float>& head_rows(StatContext& c, TokenStat s, int il, int ih) {
+  return c.obs.stat(s)[static_cast<size_t>(il * c.hp().n_head_kv + ih)];
+}
+
+// Keep the rows of the plan's kept tokens in every (layer, kv head) of statistic s.
+void keep_rows(StatContext& c, TokenStat s, const CompressionPlan& plan) {
+  auto& rows = c.obs.stat(s);
+  const size_t width = width_of(c, s);
+  for (size_t i = 0; i < plan.heads.size(); ++i)
+    if (!plan.heads[i].keep_all) rows[i] = kept_rows(rows[i], plan.heads[i], width);
+}
+
+// Statistic s sized for the cache (zeros).
+void size_rows(StatContext& c, TokenStat s) {
   const int nl = c.hp().n_layer, nkv = c.hp().n_head_kv;
-  rows->assign(static_cast<size_t>(nl * nkv), {});
+  const size_t width = width_of(c, s);
+  c.obs.stat(s).assign(static_cast<size_t>(nl * nkv), {});
   for (int il = 0; il < nl; ++il)
     for (int ih = 0; ih < nkv; ++ih)
-      (*rows)[static_cast<size_t>(il * nkv + ih)].assign(static_cast<size_t>(c.cache.n_tokens(il, ih)) * width, 0.f);
+      head_rows(c, s, il, ih).assign(static_cast<size_t>(c.cache.n_tokens(il, ih)) * width, 0.f);
 }
 
-// Cut each (layer, kv head)'s rows to the tokens the cache still holds.
-void truncate_rows(std::vector<std::vector<float>>* rows, const StatContext& c, size_t width) {
+// Cut each (layer, kv head)'s rows of statistic s to the tokens the cache still holds.
+void truncate_rows(StatContext& c, TokenStat s) {
+  auto& rows = c.obs.stat(s);
   const int nkv = c.hp().n_head_kv;
-  for (size_t i = 0; i < rows->size(); ++i)
-    (*rows)[i].resize(static_cast<size_t>(c.cache.n_tokens(static_cast<int>(i) / nkv, static_cast<int>(i) % nkv)) * width);
+  const size_t width = width_of(c, s);
+  for (size_t i = 0; i < rows.size(); ++i)
+    rows[i].resize(static_cast<size_t>(
+                       c.cache.n_tokens(static_cast<int>(i) / nkv, static_cast<int>(i) % nkv)) *
+                   width);
 }
 
-// Zero rows for a chunk of n tokens in every kv head of layer il.
-void grow_rows(std::vector<std::vector<float>>* rows, const StatContext& c, int il, int64_t n, size_t width) {
-  const int nkv = c.hp().n_head_kv;
-  for (int ih = 0; ih < nkv; ++ih) {
-    auto& r = (*rows)[static_cast<size_t>(il * nkv + ih)];
+// Zero rows of statistic s for a chunk of n tokens in every kv head of layer il.
+void grow_rows(StatContext& c, TokenStat s, int il, int64_t n) {
+  const size_t width = width_of(c, s);
+  for (int ih = 0; ih < c.hp().n_head_kv; ++ih) {
+    auto& r = head_rows(c, s, il, ih);
     r.resize(r.size() + static_cast<size_t>(n) * width, 0.f);
   }
 }
@@ -100,8 +121,9 @@ void RecentQueries::on_truncate(StatContext& c, int32_t pos) {
 // CumulativeAttention
 
 void CumulativeAttention::reset(StatContext& c) {
-  size_rows(&c.obs.cum_attn, c, 1);  // tokens already in the cache (none on a fresh session) start at zero
-  size_rows(&c.obs.cum_count, c, 1);
+  // tokens already in the cache (none on a fresh session) start at zero
+  size_rows(c, TokenStat::kCumAttn);
+  size_rows(c, TokenStat::kCumCount);
 }
 
 // One kv head at a time through attention_max_sum's pooled sgemm + softmax: memory
@@ -109,8 +131,8 @@ void CumulativeAttention::reset(StatContext& c) {
 void CumulativeAttention::on_context(StatContext& c, int il, int64_t n, const float* q, const float* k,
                                      const int32_t* pos, bool accumulate) {
   if (!accumulate) {
-    grow_rows(&c.obs.cum_attn, c, il, n, 1);
-    grow_rows(&c.obs.cum_count, c, il, n, 1);
+    grow_rows(c, TokenStat::kCumAttn, il, n);
+    grow_rows(c, TokenStat::kCumCount, il, n);
     return;
   }
   const HParams& hp = c.hp();
@@ -120,8 +142,8 @@ void CumulativeAttention::on_context(StatContext& c, int il, int64_t n, const fl
   std::vector<float> kk, tsum;
   std::vector<int32_t> kp;
   for (int ih = 0; ih < nkv; ++ih) {
-    auto& acc = c.obs.cum_attn[static_cast<size_t>(il * nkv + ih)];
-    auto& cnt = c.obs.cum_count[static_cast<size_t>(il * nkv + ih)];
+    auto& acc = head_rows(c, TokenStat::kCumAttn, il, ih);
+    auto& cnt = head_rows(c, TokenStat::kCumCount, il, ih);
     c.cache.read_head(il, ih, &kk, nullptr, &kp);
     const int64_t n_old = static_cast<int64_t>(kp.size());
     KVTRIM_CHECK(static_cast<int64_t>(acc.size()) == n_old,
@@ -149,25 +171,22 @@ void CumulativeAttention::on_context(StatContext& c, int il, int64_t n, const fl
 }
 
 void CumulativeAttention::on_apply(StatContext& c, const CompressionPlan& plan) {
-  if (c.obs.cum_attn.empty()) return;  // observations restored without them
-  for (size_t i = 0; i < plan.heads.size(); ++i) {
-    if (plan.heads[i].keep_all) continue;
-    keep_rows(&c.obs.cum_attn[i], plan.heads[i], 1);
-    keep_rows(&c.obs.cum_count[i], plan.heads[i], 1);
-  }
+  if (!c.obs.has(TokenStat::kCumAttn)) return;  // observations restored without them
+  keep_rows(c, TokenStat::kCumAttn, plan);
+  keep_rows(c, TokenStat::kCumCount, plan);
 }
 
 void CumulativeAttention::on_truncate(StatContext& c, int32_t) {
-  truncate_rows(&c.obs.cum_attn, c, 1);
-  truncate_rows(&c.obs.cum_count, c, 1);
+  truncate_rows(c, TokenStat::kCumAttn);
+  truncate_rows(c, TokenStat::kCumCount);
 }
 
 // ---------------------------------------------------------------------------------------
 // TaskAttention
 
 void TaskAttention::reset(StatContext& c) {
-  size_rows(&c.obs.task_max, c, group_of(c.hp()));
-  size_rows(&c.obs.task_sum, c, group_of(c.hp()));
+  size_rows(c, TokenStat::kTaskMax);
+  size_rows(c, TokenStat::kTaskSum);
   c.obs.task_pos.assign(static_cast<size_t>(c.hp().n_layer), {});
 }
 
@@ -179,8 +198,8 @@ void TaskAttention::on_context(StatContext& c, int il, int64_t n, const float* q
   const HParams& hp = c.hp();
   const size_t gu = group_of(hp);
   if (!accumulate) {
-    grow_rows(&c.obs.task_max, c, il, n, gu);
-    grow_rows(&c.obs.task_sum, c, il, n, gu);
+    grow_rows(c, TokenStat::kTaskMax, il, n);
+    grow_rows(c, TokenStat::kTaskSum, il, n);
     return;
   }
   const int nkv = hp.n_head_kv, g = hp.n_head / hp.n_head_kv, d = hp.head_dim_k;
@@ -188,8 +207,8 @@ void TaskAttention::on_context(StatContext& c, int il, int64_t n, const float* q
   std::vector<float> kk;
   std::vector<int32_t> kp;
   for (int ih = 0; ih < nkv; ++ih) {
-    auto& amax = c.obs.task_max[static_cast<size_t>(il * nkv + ih)];
-    auto& asum = c.obs.task_sum[static_cast<size_t>(il * nkv + ih)];
+    auto& amax = head_rows(c, TokenStat::kTaskMax, il, ih);
+    auto& asum = head_rows(c, TokenStat::kTaskSum, il, ih);
     c.cache.read_head(il, ih, &kk, nullptr, &kp);
     const int64_t n_old = static_cast<int64_t>(kp.size());
     KVTRIM_CHECK(amax.size() == static_cast<size_t>(n_old) * gu,
@@ -207,20 +226,16 @@ void TaskAttention::on_context(StatContext& c, int il, int64_t n, const float* q
 }
 
 void TaskAttention::on_apply(StatContext& c, const CompressionPlan& plan) {
-  if (c.obs.task_max.empty()) return;  // observations restored without them
-  const size_t g = group_of(c.hp());
-  for (size_t i = 0; i < plan.heads.size(); ++i) {
-    if (plan.heads[i].keep_all) continue;
-    keep_rows(&c.obs.task_max[i], plan.heads[i], g);
-    keep_rows(&c.obs.task_sum[i], plan.heads[i], g);
-  }
+  if (!c.obs.has(TokenStat::kTaskMax)) return;  // observations restored without them
+  keep_rows(c, TokenStat::kTaskMax, plan);
+  keep_rows(c, TokenStat::kTaskSum, plan);
 }
 
 // The truncated tokens' rows go; the queries at positions >= pos no longer count in M (what
 // they added to the max / sum of earlier tokens cannot be taken back, as for H2O).
 void TaskAttention::on_truncate(StatContext& c, int32_t pos) {
-  truncate_rows(&c.obs.task_max, c, group_of(c.hp()));
-  truncate_rows(&c.obs.task_sum, c, group_of(c.hp()));
+  truncate_rows(c, TokenStat::kTaskMax);
+  truncate_rows(c, TokenStat::kTaskSum);
   for (auto& tp : c.obs.task_pos)
     tp.erase(std::remove_if(tp.begin(), tp.end(), [pos](int32_t p) { return p >= pos; }), tp.end());
 }
@@ -271,10 +286,9 @@ void QuestionQueries::on_chunk(StatContext& c, int il, int64_t n, const float* q
 // RefeedScores
 
 void RefeedScores::clear(StatContext& c) {
-  c.obs.refeed_max.clear();
-  c.obs.refeed_sum.clear();
+  for (TokenStat s : {TokenStat::kRefeedMax, TokenStat::kRefeedSum, TokenStat::kKvzip})
+    c.obs.stat(s).clear();
   c.obs.refeed_m.clear();
-  c.obs.kvzip.clear();
   c.obs.refeed_current = false;
 }
 
@@ -282,17 +296,17 @@ void RefeedScores::start(StatContext& c, bool context, bool kvzip, int kvzip_sin
   clear(c);
   const int nl = c.hp().n_layer, nkv = c.hp().n_head_kv;
   if (context) {
-    size_rows(&c.obs.refeed_max, c, group_of(c.hp()));
-    size_rows(&c.obs.refeed_sum, c, group_of(c.hp()));
+    size_rows(c, TokenStat::kRefeedMax);
+    size_rows(c, TokenStat::kRefeedSum);
     c.obs.refeed_m.assign(static_cast<size_t>(nl), 0);
   }
   if (kvzip) {
-    size_rows(&c.obs.kvzip, c, 1);
+    size_rows(c, TokenStat::kKvzip);
     std::vector<int32_t> kp;
     for (int il = 0; il < nl; ++il)
       for (int ih = 0; ih < nkv; ++ih) {
         c.cache.read_head(il, ih, nullptr, nullptr, &kp);
-        auto& z = c.obs.kvzip[static_cast<size_t>(il * nkv + ih)];
+        auto& z = head_rows(c, TokenStat::kKvzip, il, ih);
         for (size_t t = 0; t < z.size(); ++t)
           if (kp[t] < kvzip_sinks) z[t] = 1.f;
       }
@@ -302,9 +316,11 @@ void RefeedScores::start(StatContext& c, bool context, bool kvzip, int kvzip_sin
 }
 
 void RefeedScores::begin(StatContext& c, Mode mode, int32_t lo, int32_t hi) {
-  KVTRIM_CHECK(!c.obs.refeed_max.empty() || !c.obs.kvzip.empty(), "observer: begin_refeed before start_refeed");
-  KVTRIM_CHECK(mode != Mode::kContext || !c.obs.refeed_max.empty(), "observer: no context re-feed results");
-  KVTRIM_CHECK(mode != Mode::kKvzip || !c.obs.kvzip.empty(), "observer: no reconstruction results");
+  KVTRIM_CHECK(c.obs.has_refeed() || c.obs.has_kvzip(),
+               "observer: begin_refeed before start_refeed");
+  KVTRIM_CHECK(mode != Mode::kContext || c.obs.has_refeed(),
+               "observer: no context re-feed results");
+  KVTRIM_CHECK(mode != Mode::kKvzip || c.obs.has_kvzip(), "observer: no reconstruction results");
   mode_ = mode;
   lo_ = lo;
   hi_ = hi;
@@ -319,18 +335,20 @@ void RefeedScores::on_context(StatContext& c, int il) const {
 // (positions < n_context) are kept.
 void RefeedScores::on_chunk(StatContext& c, int il, int64_t n, const float* q, const float* k, const int32_t* pos) {
   const HParams& hp = c.hp();
-  Observations& obs = c.obs;
   const int nkv = hp.n_head_kv, g = hp.n_head / hp.n_head_kv, d = hp.head_dim_k;
   const size_t gu = static_cast<size_t>(g);
   const int window = layer_window(hp, il);
   const bool kvzip = mode_ == Mode::kKvzip;
+  auto& zip = c.obs.stat(TokenStat::kKvzip);
+  auto& rmax = c.obs.stat(TokenStat::kRefeedMax);
+  auto& rsum = c.obs.stat(TokenStat::kRefeedSum);
   std::vector<float> kk, sk, amax, asum;
   std::vector<int32_t> kp, sp, src;  // src: the stored row of each selected key (-1: not context)
   for (int ih = 0; ih < nkv; ++ih) {
     const size_t at = static_cast<size_t>(il * nkv + ih);
     c.cache.read_head(il, ih, &kk, nullptr, &kp);
     const size_t n_old = kp.size();
-    const size_t n_rows = kvzip ? obs.kvzip[at].size() : obs.refeed_max[at].size() / gu;
+    const size_t n_rows = kvzip ? zip[at].size() : rmax[at].size() / gu;
     // the context's rows are the stored tokens before the re-feed's own (positions < n_context)
     size_t n_ctx_rows = 0;
     while (n_ctx_rows < n_old && kp[n_ctx_rows] < n_past_) ++n_ctx_rows;
@@ -375,30 +393,22 @@ void RefeedScores::on_chunk(StatContext& c, int il, int64_t n, const float* q, c
         if (kpos[j] < lo_ || kpos[j] >= hi_) continue;
         float best = 0.f;
         for (size_t gi = 0; gi < gu; ++gi) best = std::max(best, amax[j * gu + gi]);
-        obs.kvzip[at][r] = std::max(obs.kvzip[at][r], best);
+        zip[at][r] = std::max(zip[at][r], best);
       } else {
         for (size_t gi = 0; gi < gu; ++gi) {
-          float& mx = obs.refeed_max[at][r * gu + gi];
+          float& mx = rmax[at][r * gu + gi];
           mx = std::max(mx, amax[j * gu + gi]);
-          obs.refeed_sum[at][r * gu + gi] += asum[j * gu + gi];
+          rsum[at][r * gu + gi] += asum[j * gu + gi];
         }
       }
     }
   }
-  if (!kvzip) obs.refeed_m[static_cast<size_t>(il)] += n;
+  if (!kvzip) c.obs.refeed_m[static_cast<size_t>(il)] += n;
 }
 
 void RefeedScores::on_apply(StatContext& c, const CompressionPlan& plan) const {
-  const size_t g = group_of(c.hp());
-  for (size_t i = 0; i < plan.heads.size(); ++i) {
-    const HeadPlan& h = plan.heads[i];
-    if (h.keep_all) continue;
-    if (!c.obs.refeed_max.empty()) {
-      keep_rows(&c.obs.refeed_max[i], h, g);
-      keep_rows(&c.obs.refeed_sum[i], h, g);
-    }
-    if (!c.obs.kvzip.empty()) keep_rows(&c.obs.kvzip[i], h, 1);
-  }
+  for (TokenStat s : {TokenStat::kRefeedMax, TokenStat::kRefeedSum, TokenStat::kKvzip})
+    if (c.obs.has(s)) keep_rows(c, s, plan);
 }
 
 // The re-feed's own chunks are truncated away after each one (their tokens never had rows); a
@@ -409,16 +419,14 @@ void RefeedScores::on_truncate(StatContext& c, int32_t pos) const {
     clear(c);  // the re-fed context was longer than what is left
     return;
   }
-  const int nkv = c.hp().n_head_kv;
-  const size_t g = group_of(c.hp());
   for (int il = 0; il < c.hp().n_layer; ++il)
-    for (int ih = 0; ih < nkv; ++ih) {
-      const size_t at = static_cast<size_t>(il * nkv + ih), n = static_cast<size_t>(c.cache.n_tokens(il, ih));
-      if ((!c.obs.refeed_max.empty() && c.obs.refeed_max[at].size() != n * g) ||
-          (!c.obs.kvzip.empty() && c.obs.kvzip[at].size() != n)) {
-        clear(c);
-        return;
-      }
+    for (int ih = 0; ih < c.hp().n_head_kv; ++ih) {
+      const size_t n = static_cast<size_t>(c.cache.n_tokens(il, ih));
+      for (TokenStat s : {TokenStat::kRefeedMax, TokenStat::kKvzip})
+        if (c.obs.has(s) && head_rows(c, s, il, ih).size() != n * width_of(c, s)) {
+          clear(c);
+          return;
+        }
     }
 }
 

@@ -2,12 +2,15 @@
 // each: what it records from the forward pass, and how it stays aligned with the cache when
 // the cache applies a plan or is truncated. Each writes its own part of Observations (the
 // press-facing data, press/press.h); the observer only decides which are active and routes
-// the forward's calls to them.
-//   RecentQueries       window           the last W post-RoPE queries per layer (SnapKV, ...)
-//   CumulativeAttention cum_attn/count   attention each stored token received (H2O)
-//   TaskAttention       task_max/sum/pos causal KVCompose's eq. 14, online
-//   QuestionQueries     question         the question's queries and their self_lse (query-aware)
-//   RefeedScores        refeed_*, kvzip  the re-feed passes (src/engine/refeed.h)
+// the forward's calls to them. The per-token rows are Observations::stat(TokenStat), sized,
+// grown, kept and truncated by the statistic's row width (token_stat_width).
+//   RecentQueries        window            the last W post-RoPE queries per layer (SnapKV, ...)
+//   CumulativeAttention  kCumAttn/Count    attention each stored token received (H2O)
+//   TaskAttention        kTaskMax/Sum,     causal KVCompose's eq. 14, online
+//                        task_pos
+//   QuestionQueries      question          the question's queries and their self_lse
+//   RefeedScores         kRefeedMax/Sum,   the re-feed passes (src/engine/refeed.h)
+//                        kKvzip, refeed_m
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -62,7 +65,7 @@ class RecentQueries : public ObservationStat {
 
 // H2O: attention of each chunk's queries over the stored tokens plus the chunk's own keys
 // (causal, sliding window), summed over the GQA group into each token's cumulative attention;
-// cum_count counts the queries that could see the token.
+// kCumCount counts the queries that could see the token.
 class CumulativeAttention : public ObservationStat {
  public:
   void reset(StatContext& c) override;

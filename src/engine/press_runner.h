@@ -62,7 +62,7 @@ class PressObserver : public ForwardObserver {
   // statistics rows, no after-append plans); on_qkv scores the stored context instead:
   //   kContext: the chunk's queries attend over every stored token (the context and the
   //     chunk's earlier sub-chunks) plus their own keys, causally; the probabilities on the
-  //     context's tokens fold into refeed_max / refeed_sum, and M grows by the chunk's size;
+  //     context's tokens fold into kRefeedMax / kRefeedSum, and M grows by the chunk's size;
   //   kKvzip: softmax over the stored tokens at positions < sinks, those in [lo, hi) (the
   //     context span the chunk reconstructs) and the chunk's own (>= n_context), causal; the
   //     max over queries and the group's heads of the probabilities on [lo, hi) is the score.

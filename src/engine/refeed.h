@@ -9,7 +9,7 @@
 //   KVCompose (task-agnostic, the authors' KVComposePress in NVIDIA/kvpress): the context's
 //   own tokens re-fed; every re-fed query attends over the whole stored context and the
 //   re-fed tokens before it in its chunk (causal); Agg_task over all of them
-//   (Observations::refeed_max / refeed_sum). With one chunk this is the reference exactly;
+//   (TokenStat::kRefeedMax / kRefeedSum). With one chunk this is the reference exactly;
 //   with chunks of C tokens a re-fed token no longer sees the re-fed tokens of earlier chunks
 //   (their keys would double the cache), which changes each softmax's denominator slightly.
 //
@@ -21,7 +21,7 @@
 //   the chunk itself. Its queries' softmax runs over the sinks, the chunk's own span of the
 //   stored context and the reconstruction's own tokens (causal); a stored token's score is the
 //   max over the group's query heads and the queries of the probability it gets
-//   (Observations::kvzip); the sinks score 1.
+//   (TokenStat::kKvzip); the sinks score 1.
 //
 // Session::prepare_compress runs the passes the session's observer needs (PressNeeds::refeed)
 // once per context; compress() calls it. Its time is that of about one more prefill per pass.

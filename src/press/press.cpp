@@ -136,78 +136,24 @@ const ObservedQueries& PressContext::queries(int il, bool query_aware, const cha
   return obs_->window[static_cast<size_t>(il)];
 }
 
-namespace {
-std::vector<float> through_view(const std::vector<float>& full, const HeadPlan* sel) {
-  if (!sel || sel->keep_all) return full;
-  std::vector<float> out(sel->keep.size());
-  for (size_t j = 0; j < sel->keep.size(); ++j) out[j] = full[static_cast<size_t>(sel->keep[j])];
-  return out;
-}
-}  // namespace
-
-std::vector<float> PressContext::cum_attn(int il, int ih, const char* who) const {
-  KVTRIM_CHECK(obs_ != nullptr && obs_->has_cum_attn(),
-               "press '%s' needs the cumulative attention of every token, but it was not captured", who);
-  const auto& full = obs_->cum_attn[static_cast<size_t>(il * n_head_kv() + ih)];
-  KVTRIM_CHECK(static_cast<int64_t>(full.size()) == cache_->n_tokens(il, ih),
-               "press '%s': cumulative attention of layer %d head %d covers %zu tokens, the cache holds %lld", who, il,
-               ih, full.size(), static_cast<long long>(cache_->n_tokens(il, ih)));
-  return through_view(full, view() ? &view_.at(il, ih) : nullptr);
-}
-
-std::vector<float> PressContext::cum_count(int il, int ih, const char* who) const {
-  KVTRIM_CHECK(obs_ != nullptr && obs_->has_cum_attn(),
-               "press '%s' needs the cumulative attention of every token, but it was not captured", who);
-  const auto& full = obs_->cum_count[static_cast<size_t>(il * n_head_kv() + ih)];
-  return through_view(full, view() ? &view_.at(il, ih) : nullptr);
-}
-
-namespace {
-// Rows of `width` floats per stored token of (il, ih) through the view (sel may be nullptr).
-std::vector<float> rows_through_view(const std::vector<float>& full, const HeadPlan* sel, size_t width) {
-  return sel ? kept_rows(full, *sel, width) : full;
-}
-}  // namespace
-
-std::vector<float> PressContext::task_attn(int il, int ih, bool want_max, const char* who) const {
-  KVTRIM_CHECK(has_task_attn(), "press '%s' needs the task attention accumulators, but they were not captured", who);
-  const size_t g = static_cast<size_t>(group());
-  const auto& full = (want_max ? obs_->task_max : obs_->task_sum)[static_cast<size_t>(il * n_head_kv() + ih)];
-  KVTRIM_CHECK(full.size() == static_cast<size_t>(cache_->n_tokens(il, ih)) * g,
-               "press '%s': task attention of layer %d head %d covers %zu tokens, the cache holds %lld", who, il, ih,
-               full.size() / g, static_cast<long long>(cache_->n_tokens(il, ih)));
-  return rows_through_view(full, view() ? &view_.at(il, ih) : nullptr, g);
+std::vector<float> PressContext::token_stat(TokenStat s, int il, int ih, const char* who) const {
+  const TokenStatInfo& info = token_stat_info(s);
+  KVTRIM_CHECK(has_token_stat(s), "press '%s' needs %s, but %s", who, info.needs, info.missing);
+  const size_t width = token_stat_width(s, group());
+  const auto& full = obs_->stat(s)[static_cast<size_t>(il * n_head_kv() + ih)];
+  KVTRIM_CHECK(full.size() == static_cast<size_t>(cache_->n_tokens(il, ih)) * width,
+               "press '%s': %s layer %d head %d covers %zu tokens, the cache holds %lld", who,
+               info.covers, il, ih, full.size() / width,
+               static_cast<long long>(cache_->n_tokens(il, ih)));
+  return view() ? kept_rows(full, view_.at(il, ih), width) : full;
 }
 
 int64_t PressContext::task_count(int il) const {
   return has_task_attn() ? static_cast<int64_t>(obs_->task_pos[static_cast<size_t>(il)].size()) : 0;
 }
 
-std::vector<float> PressContext::refeed_attn(int il, int ih, bool want_max, const char* who) const {
-  KVTRIM_CHECK(has_refeed(),
-               "press '%s' needs the re-feed of the context (a second pass after the prefill), but it did not run: "
-               "compress through the session (Session::compress / prepare_compress)", who);
-  const size_t g = static_cast<size_t>(group());
-  const auto& full = (want_max ? obs_->refeed_max : obs_->refeed_sum)[static_cast<size_t>(il * n_head_kv() + ih)];
-  KVTRIM_CHECK(full.size() == static_cast<size_t>(cache_->n_tokens(il, ih)) * g,
-               "press '%s': the re-feed of layer %d head %d covers %zu tokens, the cache holds %lld", who, il, ih,
-               full.size() / g, static_cast<long long>(cache_->n_tokens(il, ih)));
-  return rows_through_view(full, view() ? &view_.at(il, ih) : nullptr, g);
-}
-
 int64_t PressContext::refeed_count(int il) const {
   return has_refeed() ? obs_->refeed_m[static_cast<size_t>(il)] : 0;
-}
-
-std::vector<float> PressContext::kvzip_scores(int il, int ih, const char* who) const {
-  KVTRIM_CHECK(obs_ != nullptr && obs_->has_kvzip(),
-               "press '%s' needs the context reconstruction pass (a second pass after the prefill), but it did not "
-               "run: compress through the session (Session::compress / prepare_compress)", who);
-  const auto& full = obs_->kvzip[static_cast<size_t>(il * n_head_kv() + ih)];
-  KVTRIM_CHECK(full.size() == static_cast<size_t>(cache_->n_tokens(il, ih)),
-               "press '%s': the reconstruction scores of layer %d head %d cover %zu tokens, the cache holds %lld", who,
-               il, ih, full.size(), static_cast<long long>(cache_->n_tokens(il, ih)));
-  return rows_through_view(full, view() ? &view_.at(il, ih) : nullptr, 1);
 }
 
 PressContext PressContext::with_view(const CompressionPlan& selection) const {

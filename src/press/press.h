@@ -4,10 +4,12 @@
 // What a press sees is a PressContext: the cache (read one head at a time, never a dense
 // copy of the whole cache), the model's hyper-parameters, and the observations the session
 // captured for it during the forward pass (the last W post-RoPE queries of each layer with
-// their positions; optionally the cumulative attention each stored token received, for
-// H2O; optionally the queries of a task/question, for query-aware mode; optionally the
-// running max / sum of the attention every context query gave each stored token, for
-// task-agnostic KVCompose). What the session must capture is declared by Press::needs().
+// their positions; optionally the queries of a task/question, for query-aware mode;
+// optionally per-token statistics, each keyed by a TokenStat and read through
+// PressContext::token_stat: the cumulative attention each stored token received, for H2O;
+// the running max / sum of the attention every context query gave each stored token, for
+// KVCompose; KVzip's reconstruction scores). What the session must capture is declared by
+// Press::needs().
 //
 // Budgets follow kvpress: `ratio` is the fraction of tokens REMOVED, in [0, 1); a head with
 // n tokens keeps int(n * (1 - ratio)) as kvpress computes it (Budget::keep_count). An
@@ -27,6 +29,8 @@
 // `PressInfo xxx_press_info()` naming its axis; one line in src/press/builtin_presses.cpp. The
 // sweep of its axis then covers it (docs/HOWTO-add-press.md).
 #pragma once
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
@@ -76,58 +80,116 @@ struct ObservedQueries {
   }
 };
 
+// The per-token statistics the observer can capture for a press, one key each. Every one is
+// held as [n_layer * n_head_kv] rows (index il * n_head_kv + ih), each [n_tokens(il, ih) *
+// width] aligned with the head's stored tokens: width 1, or the GQA group (row c = stored token
+// c, column g = query head ih * group + g) for those that keep one value per query head.
+//   kCumAttn   H2O (PressNeeds::cum_attn): attention received by each stored token, summed over
+//              every query that saw it (all query heads of the kv group).
+//   kCumCount  with kCumAttn: how many queries could see each token (causal).
+//   kTaskMax,  task-causal KVCompose (PressNeeds::task_attn, eq. 14 online): the running max /
+//   kTaskSum   running sum over every context query m (not the question's) of A[h, c, m] =
+//              softmax over m's visible tokens (causal, sliding window) of scale · q_m·k_c.
+//              Memory: 2 · n_tokens · n_head floats per layer, never the queries.
+//   kRefeedMax, as kTaskMax / kTaskSum over the queries of the re-fed context (PressNeeds::refeed
+//   kRefeedSum  .context: KVCompose's T = {C}, the authors' KVComposePress).
+//   kKvzip     KVzip's score of each stored token (PressNeeds::refeed.kvzip): the max over the
+//              group's query heads and every query of the reconstruction chunk that holds it of
+//              the softmax over (sinks, the chunk's stored tokens, the reconstruction's own
+//              tokens); the first `sinks` positions score 1.
+enum class TokenStat : uint8_t {
+  kCumAttn,
+  kCumCount,
+  kTaskMax,
+  kTaskSum,
+  kRefeedMax,
+  kRefeedSum,
+  kKvzip
+};
+inline constexpr size_t kTokenStatCount = 7;
+
+// What PressContext::token_stat says about a statistic, and its row width.
+struct TokenStatInfo {
+  TokenStat stat;       // the row's key (kTokenStatInfo[i].stat == TokenStat(i))
+  const char* needs;    // what a press lacks, in "press '<who>' needs <needs>"
+  const char* missing;  // why, in "..., but <missing>" (which capture produces it)
+  const char* covers;   // the size error's "press '<who>': <covers> layer %d head %d ..."
+  bool per_query_head;  // rows of group() floats (one per query head of the kv group), else 1
+};
+
+inline constexpr TokenStatInfo kTokenStatInfo[kTokenStatCount] = {
+    {TokenStat::kCumAttn, "the cumulative attention of every token", "it was not captured",
+     "cumulative attention of", false},
+    {TokenStat::kCumCount, "the cumulative attention of every token", "it was not captured",
+     "cumulative query counts of", false},
+    {TokenStat::kTaskMax, "the task attention accumulators", "they were not captured",
+     "task attention of", true},
+    {TokenStat::kTaskSum, "the task attention accumulators", "they were not captured",
+     "task attention of", true},
+    {TokenStat::kRefeedMax, "the re-feed of the context (a second pass after the prefill)",
+     "it did not run: compress through the session (Session::compress / prepare_compress)",
+     "the re-feed of", true},
+    {TokenStat::kRefeedSum, "the re-feed of the context (a second pass after the prefill)",
+     "it did not run: compress through the session (Session::compress / prepare_compress)",
+     "the re-feed of", true},
+    {TokenStat::kKvzip, "the context reconstruction pass (a second pass after the prefill)",
+     "it did not run: compress through the session (Session::compress / prepare_compress)",
+     "the reconstruction scoring of", false},
+};
+constexpr bool token_stat_table_complete() {
+  for (size_t i = 0; i < kTokenStatCount; ++i)
+    if (static_cast<size_t>(kTokenStatInfo[i].stat) != i || kTokenStatInfo[i].needs == nullptr)
+      return false;
+  return static_cast<size_t>(TokenStat::kKvzip) + 1 == kTokenStatCount;
+}
+static_assert(token_stat_table_complete(), "kTokenStatInfo: one row per TokenStat, in order");
+
+constexpr const TokenStatInfo& token_stat_info(TokenStat s) {
+  return kTokenStatInfo[static_cast<size_t>(s)];
+}
+// Floats per stored token of statistic s for a model with `group` query heads per kv head.
+constexpr size_t token_stat_width(TokenStat s, int group) {
+  return token_stat_info(s).per_query_head ? static_cast<size_t>(group) : 1;
+}
+
 struct Observations {
   // [n_layer]: the last W queries of each layer seen by forward (prefill and decode).
   std::vector<ObservedQueries> window;
   // [n_layer]: the queries of the task/question (query-aware mode); empty when not captured.
   std::vector<ObservedQueries> question;
-  // [n_layer * n_head_kv], each [n_tokens(il, ih)] aligned with the head's stored tokens:
-  // attention received by each stored token, summed over every query that saw it (all query
-  // heads of the kv group). The count of queries that could see each token (causal) is in
-  // cum_count (same layout). Empty when not captured.
-  std::vector<std::vector<float>> cum_attn;
-  std::vector<std::vector<float>> cum_count;
-  // Task attention accumulators (PressNeeds::task_attn, task-agnostic KVCompose eq. 14 online):
-  // [n_layer * n_head_kv], each [n_tokens(il, ih) * group] (row c = stored token c, column g =
-  // query head ih * group + g), aligned with the head's stored tokens: the running max
-  // (task_max) and running sum (task_sum) over every context query m (not the question's) of
-  // A[h, c, m] = softmax over m's visible tokens (causal, sliding window) of scale · q_m·k_c.
-  // task_pos [n_layer]: the positions of the queries accumulated at each layer (M = their
-  // count). Memory: 2 · n_tokens · n_head floats per layer, never the queries. Empty when not
-  // captured.
-  std::vector<std::vector<float>> task_max;
-  std::vector<std::vector<float>> task_sum;
+  // The per-token statistics (TokenStat), each [n_layer * n_head_kv] rows of [n_tokens(il, ih)
+  // * token_stat_width] floats aligned with the head's stored tokens; empty when not captured.
+  std::array<std::vector<std::vector<float>>, kTokenStatCount> stats;
+  std::vector<std::vector<float>>& stat(TokenStat s) { return stats[static_cast<size_t>(s)]; }
+  const std::vector<std::vector<float>>& stat(TokenStat s) const {
+    return stats[static_cast<size_t>(s)];
+  }
+  bool has(TokenStat s) const { return !stat(s).empty(); }
+  // With kTaskMax / kTaskSum: [n_layer] the positions of the queries accumulated at each layer
+  // (M = their count).
   std::vector<std::vector<int32_t>> task_pos;
   // The re-feed (PressNeeds::refeed, Session::prepare_compress): the context run through the
   // model a second time after itself, chunk by chunk, reading the cache and keeping none of
-  // its own tokens (src/engine/refeed.h). Valid for the context as it was when the pass ran:
-  // any token appended afterwards clears them (the next compress re-feeds again).
-  // refeed_max / refeed_sum: as task_max / task_sum ([n_layer * n_head_kv], each
-  // [n_tokens(il, ih) * group], rows aligned with the head's stored tokens), over the queries
-  // of the re-fed context (KVCompose's T = {C}, the authors' KVComposePress); refeed_m
-  // [n_layer]: how many queries (M). kvzip [n_layer * n_head_kv], each [n_tokens(il, ih)]:
-  // KVzip's score of each stored token, the max over the group's query heads and every query
-  // of the reconstruction chunk that holds it of the softmax over (sinks, the chunk's stored
-  // tokens, the reconstruction's own tokens); the first `sinks` positions score 1.
-  std::vector<std::vector<float>> refeed_max, refeed_sum;
+  // its own tokens (src/engine/refeed.h); it fills kRefeedMax / kRefeedSum / kKvzip. Valid for
+  // the context as it was when the pass ran: any token appended afterwards clears them (the
+  // next compress re-feeds again). refeed_m [n_layer]: how many re-fed queries (M).
   std::vector<int64_t> refeed_m;
-  std::vector<std::vector<float>> kvzip;
   bool refeed_current = false;  // the re-feed results above hold for the context as stored
   bool has_window() const { return !window.empty(); }
-  bool has_refeed() const { return !refeed_max.empty(); }
-  bool has_kvzip() const { return !kvzip.empty(); }
-  bool has_task_attn() const { return !task_max.empty(); }
+  bool has_refeed() const { return has(TokenStat::kRefeedMax); }
+  bool has_kvzip() const { return has(TokenStat::kKvzip); }
+  bool has_task_attn() const { return has(TokenStat::kTaskMax); }
   bool has_question() const { return !question.empty() && question[0].n > 0; }
-  bool has_cum_attn() const { return !cum_attn.empty(); }
+  bool has_cum_attn() const { return has(TokenStat::kCumAttn); }
 };
 
 // The re-feed passes a press needs (src/engine/refeed.h). Chunk sizes bound the pass's extra
 // memory: a chunk's own tokens are in the cache only while it runs (0 = the whole context in
 // one chunk, the reference implementations' 2x peak).
 struct RefeedNeeds {
-  bool context = false;       // KVCompose: the context itself re-fed (Observations::refeed_*)
+  bool context = false;       // KVCompose: the context itself re-fed (TokenStat::kRefeedMax / Sum)
   int64_t context_chunk = 0;  //   tokens per chunk
-  bool kvzip = false;         // KVzip: "Repeat the previous context" reconstruction (::kvzip)
+  bool kvzip = false;         // KVzip: "Repeat the previous context" reconstruction (kKvzip)
   int64_t kvzip_chunk = 2048; //   context tokens per chunk (the reference's 2048)
   int kvzip_sinks = 4;        //   sink tokens in every chunk's softmax, scored 1
   bool any() const { return context || kvzip; }
@@ -189,22 +251,17 @@ class PressContext {
   // The queries to score with at layer il: the question's when query_aware, else the
   // window's. Throws Error naming what is missing (e.g. "snapkv needs the last 32 queries").
   const ObservedQueries& queries(int il, bool query_aware, const char* who) const;
-  // Cumulative attention / query counts of (il, ih) through the view; throws if not captured.
-  std::vector<float> cum_attn(int il, int ih, const char* who) const;
-  std::vector<float> cum_count(int il, int ih, const char* who) const;
-  // Task attention accumulators of (il, ih) through the view (Observations::task_max when
-  // want_max, else task_sum): [n_tokens(il, ih) * group]; throws if not captured.
-  bool has_task_attn() const { return obs_ != nullptr && obs_->has_task_attn(); }
-  std::vector<float> task_attn(int il, int ih, bool want_max, const char* who) const;
-  // M: how many queries were accumulated at layer il.
+  // Statistic s of (il, ih) through the view: [n_tokens(il, ih) * token_stat_width(s, group())]
+  // (TokenStat says what each holds). Throws Error naming `who` and what is missing when it was
+  // not captured (or its pass did not run), or when it does not cover the cache's tokens.
+  bool has_token_stat(TokenStat s) const { return obs_ != nullptr && obs_->has(s); }
+  std::vector<float> token_stat(TokenStat s, int il, int ih, const char* who) const;
+  bool has_task_attn() const { return has_token_stat(TokenStat::kTaskMax); }
+  bool has_refeed() const { return has_token_stat(TokenStat::kRefeedMax); }
+  // M of the task accumulators (kTaskMax / kTaskSum) and of the re-feed's (kRefeedMax /
+  // kRefeedSum): how many queries were accumulated at layer il (0 when not captured).
   int64_t task_count(int il) const;
-  // The re-feed's accumulators (Observations::refeed_max / refeed_sum) through the view, laid
-  // out as task_attn; refeed_count(il) = M. KVzip's scores (Observations::kvzip) through the
-  // view: [n_tokens(il, ih)]. Each throws naming `who` when the pass did not run.
-  bool has_refeed() const { return obs_ != nullptr && obs_->has_refeed(); }
-  std::vector<float> refeed_attn(int il, int ih, bool want_max, const char* who) const;
   int64_t refeed_count(int il) const;
-  std::vector<float> kvzip_scores(int il, int ih, const char* who) const;
 
   // The model whose cache this is, for presses that need its weights (e.g. kvcompose's
   // vo-norm uses each layer's W_O); nullptr when the caller has none.

@@ -68,9 +68,9 @@ void expect_task_accumulators_only(const Observations& ob, const KvCache& cache,
     for (int h = 0; h < hp.n_head_kv; ++h) {
       const size_t i = static_cast<size_t>(l * hp.n_head_kv + h);
       const size_t n = static_cast<size_t>(cache.n_tokens(l, h) * G);
-      EXPECT_EQ(ob.task_max[i].size(), n);
-      EXPECT_EQ(ob.task_sum[i].size(), n);
-      floats += ob.task_max[i].size() + ob.task_sum[i].size();
+      EXPECT_EQ(ob.stat(TokenStat::kTaskMax)[i].size(), n);
+      EXPECT_EQ(ob.stat(TokenStat::kTaskSum)[i].size(), n);
+      floats += ob.stat(TokenStat::kTaskMax)[i].size() + ob.stat(TokenStat::kTaskSum)[i].size();
       want += 2 * n;
     }
   }

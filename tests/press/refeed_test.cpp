@@ -164,10 +164,10 @@ void check_compose(Arch arch, int64_t chunk) {
     EXPECT_EQ(ob.refeed_m[static_cast<size_t>(l)], b.m[static_cast<size_t>(l)]);
     for (int h = 0; h < hp.n_head_kv; ++h) {
       const size_t at = static_cast<size_t>(l * hp.n_head_kv + h);
-      ASSERT_EQ(ob.refeed_max[at].size(), static_cast<size_t>(kRefeedTokens * G));
-      for (size_t i = 0; i < ob.refeed_max[at].size(); ++i) {
-        expect_near_rel(ob.refeed_max[at][i], b.mx[at][i], "max", l, h, i);
-        expect_near_rel(ob.refeed_sum[at][i], b.sum[at][i], "sum", l, h, i);
+      ASSERT_EQ(ob.stat(TokenStat::kRefeedMax)[at].size(), static_cast<size_t>(kRefeedTokens * G));
+      for (size_t i = 0; i < ob.stat(TokenStat::kRefeedMax)[at].size(); ++i) {
+        expect_near_rel(ob.stat(TokenStat::kRefeedMax)[at][i], b.mx[at][i], "max", l, h, i);
+        expect_near_rel(ob.stat(TokenStat::kRefeedSum)[at][i], b.sum[at][i], "sum", l, h, i);
       }
     }
   }
@@ -204,8 +204,9 @@ void check_kvzip(Arch arch, int64_t chunk, int sinks) {
   for (int l = 0; l < hp.n_layer; ++l)
     for (int h = 0; h < hp.n_head_kv; ++h) {
       const size_t at = static_cast<size_t>(l * hp.n_head_kv + h);
-      ASSERT_EQ(ob.kvzip[at].size(), static_cast<size_t>(kRefeedTokens));
-      for (size_t i = 0; i < static_cast<size_t>(kRefeedTokens); ++i) expect_near_rel(ob.kvzip[at][i], b.zip[at][i], "kvzip", l, h, i);
+      ASSERT_EQ(ob.stat(TokenStat::kKvzip)[at].size(), static_cast<size_t>(kRefeedTokens));
+      for (size_t i = 0; i < static_cast<size_t>(kRefeedTokens); ++i)
+        expect_near_rel(ob.stat(TokenStat::kKvzip)[at][i], b.zip[at][i], "kvzip", l, h, i);
     }
 
   // the plan: the floor(0.5 E) lowest entries go, wherever they are; each head keeps its best
@@ -213,7 +214,7 @@ void check_kvzip(Arch arch, int64_t chunk, int sinks) {
   std::set<std::tuple<int, int, int>> best;
   for (int l = 0; l < hp.n_layer; ++l)
     for (int h = 0; h < hp.n_head_kv; ++h) {
-      const auto& z = ob.kvzip[static_cast<size_t>(l * hp.n_head_kv + h)];
+      const auto& z = ob.stat(TokenStat::kKvzip)[static_cast<size_t>(l * hp.n_head_kv + h)];
       const int bc = static_cast<int>(std::max_element(z.begin(), z.end()) - z.begin());
       best.insert({l, h, bc});
       for (int c = 0; c < kRefeedTokens; ++c)
@@ -311,7 +312,8 @@ TEST(Refeed, ChunksAreCutToTheRoomLeft) {
     EXPECT_EQ(ob.refeed_m[static_cast<size_t>(l)], kRefeedTokens);
     for (int h = 0; h < hp.n_head_kv; ++h) {
       const size_t at = static_cast<size_t>(l * hp.n_head_kv + h);
-      for (size_t i = 0; i < ob.refeed_max[at].size(); ++i) expect_near_rel(ob.refeed_max[at][i], b.mx[at][i], "max", l, h, i);
+      for (size_t i = 0; i < ob.stat(TokenStat::kRefeedMax)[at].size(); ++i)
+        expect_near_rel(ob.stat(TokenStat::kRefeedMax)[at][i], b.mx[at][i], "max", l, h, i);
     }
   }
   const CompressStats cs = s.compress();

@@ -29,8 +29,8 @@ class H2OPress : public ScorerPress {
   void score_layer(const PressContext& ctx, int il, std::vector<std::vector<float>>* scores) const override {
     const float g = static_cast<float>(ctx.group());
     for (int ih = 0; ih < ctx.n_head_kv(); ++ih) {
-      const std::vector<float> a = ctx.cum_attn(il, ih, name_.c_str());
-      const std::vector<float> c = ctx.cum_count(il, ih, name_.c_str());
+      const std::vector<float> a = ctx.token_stat(TokenStat::kCumAttn, il, ih, name_.c_str());
+      const std::vector<float> c = ctx.token_stat(TokenStat::kCumCount, il, ih, name_.c_str());
       auto& sc = (*scores)[static_cast<size_t>(ih)];
       sc.resize(a.size());
       for (size_t t = 0; t < a.size(); ++t) sc[t] = a[t] / (g * std::max(c[t], 1.f));

@@ -91,7 +91,7 @@ std::vector<std::vector<std::vector<float>>> KVComposePress::scores(const PressC
   HeadData hd;
   std::vector<float> acc, w;
   std::vector<double> gram;
-  // Task-agnostic: the re-feed's accumulators (PressContext::refeed_attn, M = the re-fed
+  // Task-agnostic: the re-feed's accumulators (TokenStat::kRefeedMax / kRefeedSum, M = the re-fed
   // queries). Causal: the running max / sum the observer kept during the prefill. Otherwise
   // (task-aware, or causal with observations holding the context's queries instead, e.g. built
   // by hand) the attention is computed here from the queries.
@@ -99,6 +99,9 @@ std::vector<std::vector<std::vector<float>>> KVComposePress::scores(const PressC
   const bool refeed = o_.task == Task::kAgnostic;
   const bool from_acc = refeed || (o_.task == Task::kCausal && ctx.has_task_attn());
   const bool self_keys = o_.task == Task::kAware && o_.question_keys;  // the question's own keys too
+  const bool want_max = o_.agg_task == Agg::kMax;
+  const TokenStat acc_stat = refeed ? (want_max ? TokenStat::kRefeedMax : TokenStat::kRefeedSum)
+                                    : (want_max ? TokenStat::kTaskMax : TokenStat::kTaskSum);
   for (int il = 0; il < n_layer; ++il) {
     const ObservedQueries* q = from_acc ? nullptr : &ctx.queries(il, o_.task == Task::kAware, "kvcompose");
     KVTRIM_CHECK(!self_keys || q->self_lse.size() == static_cast<size_t>(q->n) * static_cast<size_t>(n_head),
@@ -115,10 +118,8 @@ std::vector<std::vector<std::vector<float>>> KVComposePress::scores(const PressC
     for (int ih = 0; ih < n_head_kv; ++ih) {
       ctx.read_head(il, ih, &hd, !from_acc, want_v);  // the accumulators need no keys
       const size_t n = static_cast<size_t>(hd.n);
-      if (refeed) {
-        acc = ctx.refeed_attn(il, ih, o_.agg_task == Agg::kMax, "kvcompose");
-      } else if (from_acc) {
-        acc = ctx.task_attn(il, ih, o_.agg_task == Agg::kMax, "kvcompose");
+      if (from_acc) {
+        acc = ctx.token_stat(acc_stat, il, ih, "kvcompose");
       } else {
         acc.assign(n * static_cast<size_t>(group), 0.f);
         kvcompose::accumulate_task_attention(q->q.data(), q->pos.data(), q->n, n_head, ih, group, dk, hd.k.data(),

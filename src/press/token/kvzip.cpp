@@ -63,7 +63,7 @@ class KvzipPress : public Press {
     int64_t n_entries = 0, n_forced = 0;
     for (int il = 0; il < n_layer; ++il)
       for (int ih = 0; ih < n_head_kv; ++ih) {
-        const std::vector<float> s = ctx.kvzip_scores(il, ih, "kvzip");
+        const std::vector<float> s = ctx.token_stat(TokenStat::kKvzip, il, ih, "kvzip");
         const int64_t n = static_cast<int64_t>(s.size());
         auto& k = keep[static_cast<size_t>(il * n_head_kv + ih)];
         k.assign(static_cast<size_t>(n), 1);
