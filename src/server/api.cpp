@@ -324,6 +324,7 @@ json compression_json(const CompressionReport& c) {
             {"kv_bytes_after", c.kv_bytes_after},
             {"protected_tokens", c.protected_tokens},
             {"query_aware", c.query_aware}};
+  if (c.reused) j["reused"] = true;
   if (!c.note.empty()) j["note"] = c.note;
   if (c.loss.measured) j["loss"] = loss_json(c.loss);
   if (c.max_loss < 1) j["max_loss"] = c.max_loss;

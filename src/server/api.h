@@ -105,6 +105,7 @@ std::string error_body(int status, const std::string& message);
 struct CompressionReport {
   bool requested = false;  // the job has a press (else no "compression" object)
   bool applied = false;    // it ran (else `note` says why not)
+  bool reused = false;     // it ran for an earlier job on this very context, reused from the cache
   std::string press, note;
   int64_t context_tokens = 0;    // positions of the compressed part
   double tokens_before = 0, tokens_after = 0;  // its tokens per (layer, kv head), mean

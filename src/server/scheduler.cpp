@@ -165,7 +165,10 @@ void Scheduler::prepare_slot(Slot& s, Job& j) {
   s.prompt_done = keep;
   s.prompt_len = j.prompt.size();
   s.cached = static_cast<int64_t>(keep);
-  if (keep == 0) s.compressed = false;  // a new conversation
+  if (keep == 0) {  // a new conversation
+    s.compressed = false;
+    s.compressed_context = 0;
+  }
   s.context_done = j.press.empty();
   s.compression = CompressionReport{};
   s.compression.requested = !j.press.empty();
@@ -313,9 +316,23 @@ void Scheduler::compress_context_of(Slot& s) {
   co.follow_up = s.compressed;  // keep the press's ratio of the whole conversation, not of what earlier turns left
   co.skip_on_error = true;      // a press that cannot run on this context leaves it whole: the conversation goes on
   co.max_loss = j.max_loss;
-  const std::vector<int32_t> tail(j.prompt.begin() + static_cast<std::ptrdiff_t>(j.compress_at), j.prompt.end());
-  const ContextCompression cc = compress_context(*s.session, tail, co);
+  const std::vector<int32_t> tail(j.prompt.begin() + static_cast<std::ptrdiff_t>(j.compress_at),
+                                  j.prompt.end());
   CompressionReport& r = s.compression;
+  // The context is the one this press compressed for an earlier job of the slot, reused whole
+  // from its cache (another question over the same document): it is not pressed again. A token
+  // press would find its budget met and change nothing, after a whole second forward over the
+  // context for a re-feed press (KVCompose, KVzip); a composition (no single budget) would
+  // compress the document further with every question. The report is that compression's,
+  // marked reused.
+  if (s.compressed_context > 0 && s.compressed_context == j.compress_at &&
+      static_cast<size_t>(s.cached) == j.compress_at && s.last_compression.max_loss == j.max_loss) {
+    r = s.last_compression;
+    r.reused = true;
+    r.protected_tokens = static_cast<int64_t>(tail.size());
+    return;
+  }
+  const ContextCompression cc = compress_context(*s.session, tail, co);
   r.applied = cc.ran;
   r.note = cc.note;
   r.context_tokens = cc.n_context;
@@ -332,7 +349,10 @@ void Scheduler::compress_context_of(Slot& s) {
     r.tokens_after = static_cast<double>(cc.stats.tokens_after) / heads;
     r.kv_bytes_before = cc.stats.bytes_before;
     r.kv_bytes_after = cc.stats.bytes_after;
+    s.compressed_context = j.compress_at;
+    s.last_compression = r;
   } else {
+    s.compressed_context = 0;
     r.tokens_before = r.tokens_after = static_cast<double>(total_tokens(s.session->cache())) / heads;
     r.kv_bytes_before = r.kv_bytes_after = s.session->cache().bytes().total();
     if (cc.failed) KVTRIM_LOG_WARN("slot %d: press %s skipped: %s", s.id, j.press.c_str(), cc.note.c_str());

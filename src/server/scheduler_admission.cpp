@@ -69,6 +69,7 @@ bool Scheduler::relieve_pressure(size_t need, const Slot* chosen) {
       return;
     }
     s.pressured = true;
+    s.compressed_context = 0;  // its context is no longer what the last compression left
     views_dirty_ = true;
     const size_t after = s.session->cache().bytes().total();
     std::lock_guard<std::mutex> lk(mu_);

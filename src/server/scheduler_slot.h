@@ -33,6 +33,11 @@ struct Scheduler::Slot {
   size_t prompt_len = 0;   // the prompt of the slot's last job (a continuation starts with it)
   int64_t cached = 0;      // of which reused from the previous conversation
   bool compressed = false;       // the conversation's press ran on an earlier turn (a follow-up keeps its ratio)
+  // The context (prompt tokens) the last compression left in the cache, and its report: a job
+  // whose context is that one, reused whole from the cache, does not compress it again (0 = none,
+  // or changed since: a new conversation, a pressure compression).
+  size_t compressed_context = 0;
+  CompressionReport last_compression;
   bool context_done = false;     // the job's context was compressed (or did not need it)
   CompressionReport compression;  // what that did, for the response
   std::unique_ptr<Sampler> sampler;
