@@ -8,14 +8,15 @@
 // rebuilding the f32 bit pattern (see load_row(uint8_t)) with the 2^120 it is off by folded
 // into the scale.
 #include "kv/attn_kernels.h"
-#include "kv/attn_batches.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
 
+#include "core/error.h"
 #include "core/fp16.h"
+#include "kv/attn_batches.h"
 #include "ops/nn.h"
 
 // foreach_target.h must come first: it re-includes this file once per target.
@@ -270,47 +271,44 @@ HWY_INLINE void accum_impl(const float* p, int n_g, int64_t ld_p, const T* v, in
   });
 }
 
-void ScoresF32(const float* q, int n_g, int64_t d, const float* k, int64_t t0, int64_t n_t,
-               float* s, int64_t ld_s) {
-  scores_impl(q, n_g, d, k, static_cast<const float*>(nullptr), t0, n_t, s, ld_s);
-}
-void ScoresF16(const float* q, int n_g, int64_t d, const uint16_t* k, int64_t t0, int64_t n_t,
-               float* s, int64_t ld_s) {
-  scores_impl(q, n_g, d, k, static_cast<const float*>(nullptr), t0, n_t, s, ld_s);
-}
-void ScoresBF16(const float* q, int n_g, int64_t d, const uint16_t* k, int64_t t0, int64_t n_t,
-                float* s, int64_t ld_s) {
-  scores_impl(q, n_g, d, reinterpret_cast<const hwy::bfloat16_t*>(k),
-              static_cast<const float*>(nullptr), t0, n_t, s, ld_s);
-}
-void ScoresQ8(const float* q, int n_g, int64_t d, const int8_t* k, const float* k_scale, int64_t t0,
-              int64_t n_t, float* s, int64_t ld_s) {
-  scores_impl(q, n_g, d, k, k_scale, t0, n_t, s, ld_s);
-}
-void AccumF32(const float* p, int n_g, int64_t ld_p, const float* v, int64_t n_t, int64_t dv,
-              float* acc) {
-  accum_impl(p, n_g, ld_p, v, n_t, dv, acc);
-}
-void AccumF16(const float* p, int n_g, int64_t ld_p, const uint16_t* v, int64_t n_t, int64_t dv,
-              float* acc) {
-  accum_impl(p, n_g, ld_p, v, n_t, dv, acc);
-}
-void AccumBF16(const float* p, int n_g, int64_t ld_p, const uint16_t* v, int64_t n_t, int64_t dv,
-               float* acc) {
-  accum_impl(p, n_g, ld_p, reinterpret_cast<const hwy::bfloat16_t*>(v), n_t, dv, acc);
-}
-void AccumQ8(const float* p, int n_g, int64_t ld_p, const int8_t* v, int64_t n_t, int64_t dv,
-             float* acc) {
-  accum_impl(p, n_g, ld_p, v, n_t, dv, acc);
+// Calls f.template operator()<T>(mul) with the element type T that load_row / scalar read a
+// dense type's codes as, and the factor that undoes load_row's offset (fp8: 2^120); false for a
+// type without such codes (q4: attn_kernels_q4.cpp). A new element-coded type adds its case here
+// and its load_row / scalar overloads above.
+template <class F>
+HWY_INLINE bool with_elem(KvDtype t, F&& f) {
+  switch (t) {
+    case KvDtype::kF32:
+      f.template operator()<float>(1.f);
+      return true;
+    case KvDtype::kF16:
+      f.template operator()<uint16_t>(1.f);
+      return true;
+    case KvDtype::kBF16:
+      f.template operator()<hwy::bfloat16_t>(1.f);
+      return true;
+    case KvDtype::kQ8:
+      f.template operator()<int8_t>(1.f);
+      return true;
+    case KvDtype::kFP8:
+      f.template operator()<uint8_t>(kFp8Mul);
+      return true;
+    default:
+      return false;
+  }
 }
 
-void ScoresFP8(const float* q, int n_g, int64_t d, const uint8_t* k, const float* k_scale,
-               int64_t t0, int64_t n_t, float* s, int64_t ld_s) {
-  scores_impl(q, n_g, d, k, k_scale, t0, n_t, s, ld_s, kFp8Mul);
+bool ScoresDense(KvDtype t, const float* q, int n_g, int64_t d, const void* k, const float* k_scale,
+                 int64_t t0, int64_t n_t, float* s, int64_t ld_s) {
+  return with_elem(t, [&]<typename T>(float mul) {
+    scores_impl(q, n_g, d, static_cast<const T*>(k), k_scale, t0, n_t, s, ld_s, mul);
+  });
 }
-void AccumFP8(const float* p, int n_g, int64_t ld_p, const uint8_t* v, int64_t n_t, int64_t dv,
-              float* acc) {
-  accum_impl(p, n_g, ld_p, v, n_t, dv, acc, kFp8Mul);
+bool AccumDense(KvDtype t, const float* p, int n_g, int64_t ld_p, const void* v, int64_t n_t,
+                int64_t dv, float* acc) {
+  return with_elem(t, [&]<typename T>(float mul) {
+    accum_impl(p, n_g, ld_p, static_cast<const T*>(v), n_t, dv, acc, mul);
+  });
 }
 
 // y[g][i] = m[i] · x[g] over rows i of a row-major [rows, cols] matrix (the basis lift x·mᵀ):
@@ -359,59 +357,61 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace kvtrim::kv {
 
-HWY_EXPORT(ScoresF32);
-HWY_EXPORT(ScoresF16);
-HWY_EXPORT(AccumF32);
-HWY_EXPORT(AccumF16);
-HWY_EXPORT(ScoresBF16);
-HWY_EXPORT(ScoresQ8);
-HWY_EXPORT(AccumBF16);
-HWY_EXPORT(AccumQ8);
+HWY_EXPORT(ScoresDense);
+HWY_EXPORT(AccumDense);
 HWY_EXPORT(F32ToF16Row);
 HWY_EXPORT(RowsDotF32);
-HWY_EXPORT(ScoresFP8);
-HWY_EXPORT(AccumFP8);
 
-void attn_scores_fp8(const float* q, int n_g, int64_t d, const uint8_t* k, const float* k_scale,
-                     int64_t t0, int64_t n_t, float* s, int64_t ld_s) {
-  HWY_DYNAMIC_DISPATCH(ScoresFP8)(q, n_g, d, k, k_scale, t0, n_t, s, ld_s);
+void attn_scores_dense(KvDtype t, const float* q, int n_g, int64_t d, const void* k,
+                       const float* k_scale, int64_t t0, int64_t n_t, float* s, int64_t ld_s) {
+  KVTRIM_CHECK(HWY_DYNAMIC_DISPATCH(ScoresDense)(t, q, n_g, d, k, k_scale, t0, n_t, s, ld_s),
+               "no dense attention kernel for KV cache type %d", static_cast<int>(t));
 }
-void attn_accum_fp8(const float* p, int n_g, int64_t ld_p, const uint8_t* v, int64_t n_t,
-                    int64_t dv, float* acc) {
-  HWY_DYNAMIC_DISPATCH(AccumFP8)(p, n_g, ld_p, v, n_t, dv, acc);
+void attn_accum_dense(KvDtype t, const float* p, int n_g, int64_t ld_p, const void* v, int64_t n_t,
+                      int64_t dv, float* acc) {
+  KVTRIM_CHECK(HWY_DYNAMIC_DISPATCH(AccumDense)(t, p, n_g, ld_p, v, n_t, dv, acc),
+               "no dense attention kernel for KV cache type %d", static_cast<int>(t));
 }
 
 void attn_scores_f32(const float* q, int n_g, int64_t d, const float* k, int64_t t0, int64_t n_t,
                      float* s, int64_t ld_s) {
-  HWY_DYNAMIC_DISPATCH(ScoresF32)(q, n_g, d, k, t0, n_t, s, ld_s);
+  attn_scores_dense(KvDtype::kF32, q, n_g, d, k, nullptr, t0, n_t, s, ld_s);
 }
 void attn_scores_f16(const float* q, int n_g, int64_t d, const uint16_t* k, int64_t t0, int64_t n_t,
                      float* s, int64_t ld_s) {
-  HWY_DYNAMIC_DISPATCH(ScoresF16)(q, n_g, d, k, t0, n_t, s, ld_s);
-}
-void attn_accum_f32(const float* p, int n_g, int64_t ld_p, const float* v, int64_t n_t, int64_t dv,
-                    float* acc) {
-  HWY_DYNAMIC_DISPATCH(AccumF32)(p, n_g, ld_p, v, n_t, dv, acc);
-}
-void attn_accum_f16(const float* p, int n_g, int64_t ld_p, const uint16_t* v, int64_t n_t,
-                    int64_t dv, float* acc) {
-  HWY_DYNAMIC_DISPATCH(AccumF16)(p, n_g, ld_p, v, n_t, dv, acc);
+  attn_scores_dense(KvDtype::kF16, q, n_g, d, k, nullptr, t0, n_t, s, ld_s);
 }
 void attn_scores_bf16(const float* q, int n_g, int64_t d, const uint16_t* k, int64_t t0,
                       int64_t n_t, float* s, int64_t ld_s) {
-  HWY_DYNAMIC_DISPATCH(ScoresBF16)(q, n_g, d, k, t0, n_t, s, ld_s);
+  attn_scores_dense(KvDtype::kBF16, q, n_g, d, k, nullptr, t0, n_t, s, ld_s);
 }
 void attn_scores_q8(const float* q, int n_g, int64_t d, const int8_t* k, const float* k_scale,
                     int64_t t0, int64_t n_t, float* s, int64_t ld_s) {
-  HWY_DYNAMIC_DISPATCH(ScoresQ8)(q, n_g, d, k, k_scale, t0, n_t, s, ld_s);
+  attn_scores_dense(KvDtype::kQ8, q, n_g, d, k, k_scale, t0, n_t, s, ld_s);
+}
+void attn_scores_fp8(const float* q, int n_g, int64_t d, const uint8_t* k, const float* k_scale,
+                     int64_t t0, int64_t n_t, float* s, int64_t ld_s) {
+  attn_scores_dense(KvDtype::kFP8, q, n_g, d, k, k_scale, t0, n_t, s, ld_s);
+}
+void attn_accum_f32(const float* p, int n_g, int64_t ld_p, const float* v, int64_t n_t, int64_t dv,
+                    float* acc) {
+  attn_accum_dense(KvDtype::kF32, p, n_g, ld_p, v, n_t, dv, acc);
+}
+void attn_accum_f16(const float* p, int n_g, int64_t ld_p, const uint16_t* v, int64_t n_t,
+                    int64_t dv, float* acc) {
+  attn_accum_dense(KvDtype::kF16, p, n_g, ld_p, v, n_t, dv, acc);
 }
 void attn_accum_bf16(const float* p, int n_g, int64_t ld_p, const uint16_t* v, int64_t n_t,
                      int64_t dv, float* acc) {
-  HWY_DYNAMIC_DISPATCH(AccumBF16)(p, n_g, ld_p, v, n_t, dv, acc);
+  attn_accum_dense(KvDtype::kBF16, p, n_g, ld_p, v, n_t, dv, acc);
 }
 void attn_accum_q8(const float* p, int n_g, int64_t ld_p, const int8_t* v, int64_t n_t, int64_t dv,
                    float* acc) {
-  HWY_DYNAMIC_DISPATCH(AccumQ8)(p, n_g, ld_p, v, n_t, dv, acc);
+  attn_accum_dense(KvDtype::kQ8, p, n_g, ld_p, v, n_t, dv, acc);
+}
+void attn_accum_fp8(const float* p, int n_g, int64_t ld_p, const uint8_t* v, int64_t n_t,
+                    int64_t dv, float* acc) {
+  attn_accum_dense(KvDtype::kFP8, p, n_g, ld_p, v, n_t, dv, acc);
 }
 void rows_dot_f32(const float* m, int64_t rows, int64_t cols, const float* x, int n_g,
                   int64_t ld_x, float* y, int64_t ld_y) {

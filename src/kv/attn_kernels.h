@@ -30,6 +30,16 @@ inline int64_t key_tile_index(int64_t t, int64_t i, int64_t d) {
   return (t / kKeyTile) * d * kKeyTile + i * kKeyTile + t % kKeyTile;
 }
 
+// Dense keys / values of any element-coded type (one code of 8 bits or more per element:
+// every type but q4, whose block scales have their own kernels below), chosen by type: the
+// scores and sums below, with k the type's codes in tiles, k_scale its per-token scales (kRow
+// types, kv_type.h; nullptr otherwise) and the value scales folded into p by the caller.
+// Throws Error for a type without such a kernel. The kv_type.h table calls these.
+void attn_scores_dense(KvDtype t, const float* q, int n_g, int64_t d, const void* k,
+                       const float* k_scale, int64_t t0, int64_t n_t, float* s, int64_t ld_s);
+void attn_accum_dense(KvDtype t, const float* p, int n_g, int64_t ld_p, const void* v, int64_t n_t,
+                      int64_t dv, float* acc);
+
 // s[g * ld_s + (t - t0)] = q[g * d .. +d] · k_t   for g < n_g, t0 <= t < t0 + n_t.
 // q: [n_g, d] f32; k: tiled keys of one head (f32 or f16 bits); s: [n_g, ld_s].
 void attn_scores_f32(const float* q, int n_g, int64_t d, const float* k, int64_t t0, int64_t n_t,

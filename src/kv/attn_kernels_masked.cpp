@@ -483,8 +483,8 @@ HWY_INLINE void with_type(const MaskedRows& r, F&& f) {
       return f.template operator()<int8_t>();
     case KvDtype::kFP8:
       return f.template operator()<uint8_t>();
-    case KvDtype::kQ4:  // no kernel (kv_type(t).sparse_kernels): callers take the generic path
-      break;
+    default:  // a type without these kernels (kv_type(t).sparse_kernels): callers take the
+      break;  // generic path
   }
 }
 

@@ -433,8 +433,8 @@ HWY_INLINE void with_types(const SparseRows& r, F&& f) {
     case KvDtype::kFP8:
       return i8 ? f.template operator()<uint8_t, uint8_t>()
                 : f.template operator()<uint8_t, uint16_t>();
-    case KvDtype::kQ4:  // no kernel (kv_type(t).sparse_kernels): callers take the generic path
-      break;
+    default:  // a type without these kernels (kv_type(t).sparse_kernels): callers take the
+      break;  // generic path
   }
 }
 

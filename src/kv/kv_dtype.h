@@ -13,5 +13,6 @@ namespace kvtrim {
 //  kQ4:  4-bit codes in blocks of 32 elements, one f16 scale per block (llama.cpp's q4_0 rule);
 //        in per-token channel rows (sparse) one f32 scale per row instead.
 enum class KvDtype : uint8_t { kF32, kF16, kBF16, kQ8, kFP8, kQ4 };
+inline constexpr int kKvDtypeCount = 6;  // values of KvDtype (kv_type.h's table has one entry each)
 
 }  // namespace kvtrim

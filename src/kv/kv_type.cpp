@@ -53,51 +53,22 @@ float decode_q4(const uint8_t* c, int64_t at, float scale) {
 }
 
 // ---- kernels, one signature for every type ----
-void scores_f32(const float* qs, int G, int64_t d, const uint8_t* k, const float*, const uint16_t*,
-                int64_t b, int64_t nb, float* s, int64_t ld) {
-  attn_scores_f32(qs, G, d, as<float>(k), b, nb, s, ld);
+// Element-coded types: attn_kernels.h's dense kernels, chosen by type.
+template <KvDtype T>
+void scores_dense(const float* qs, int G, int64_t d, const uint8_t* k, const float* row_scale,
+                  const uint16_t*, int64_t b, int64_t nb, float* s, int64_t ld) {
+  attn_scores_dense(T, qs, G, d, k, row_scale, b, nb, s, ld);
 }
-void scores_f16(const float* qs, int G, int64_t d, const uint8_t* k, const float*, const uint16_t*,
-                int64_t b, int64_t nb, float* s, int64_t ld) {
-  attn_scores_f16(qs, G, d, as<uint16_t>(k), b, nb, s, ld);
-}
-void scores_bf16(const float* qs, int G, int64_t d, const uint8_t* k, const float*, const uint16_t*,
-                 int64_t b, int64_t nb, float* s, int64_t ld) {
-  attn_scores_bf16(qs, G, d, as<uint16_t>(k), b, nb, s, ld);
-}
-void scores_q8(const float* qs, int G, int64_t d, const uint8_t* k, const float* row_scale,
-               const uint16_t*, int64_t b, int64_t nb, float* s, int64_t ld) {
-  attn_scores_q8(qs, G, d, as<int8_t>(k), row_scale, b, nb, s, ld);
-}
-void scores_fp8(const float* qs, int G, int64_t d, const uint8_t* k, const float* row_scale,
-                const uint16_t*, int64_t b, int64_t nb, float* s, int64_t ld) {
-  attn_scores_fp8(qs, G, d, k, row_scale, b, nb, s, ld);
+template <KvDtype T>
+void accum_dense(const float* p, int G, int64_t ldp, const uint8_t* v, const uint16_t*, int64_t nb,
+                 int64_t dv, float* acc) {
+  attn_accum_dense(T, p, G, ldp, v, nb, dv, acc);
 }
 void scores_q4(const float* qs, int G, int64_t d, const uint8_t* k, const float*,
                const uint16_t* block_scale, int64_t b, int64_t nb, float* s, int64_t ld) {
   attn_scores_q4(qs, G, d, k, block_scale, b, nb, s, ld);
 }
 
-void accum_f32(const float* p, int G, int64_t ldp, const uint8_t* v, const uint16_t*, int64_t nb,
-               int64_t dv, float* acc) {
-  attn_accum_f32(p, G, ldp, as<float>(v), nb, dv, acc);
-}
-void accum_f16(const float* p, int G, int64_t ldp, const uint8_t* v, const uint16_t*, int64_t nb,
-               int64_t dv, float* acc) {
-  attn_accum_f16(p, G, ldp, as<uint16_t>(v), nb, dv, acc);
-}
-void accum_bf16(const float* p, int G, int64_t ldp, const uint8_t* v, const uint16_t*, int64_t nb,
-                int64_t dv, float* acc) {
-  attn_accum_bf16(p, G, ldp, as<uint16_t>(v), nb, dv, acc);
-}
-void accum_q8(const float* p, int G, int64_t ldp, const uint8_t* v, const uint16_t*, int64_t nb,
-              int64_t dv, float* acc) {
-  attn_accum_q8(p, G, ldp, as<int8_t>(v), nb, dv, acc);
-}
-void accum_fp8(const float* p, int G, int64_t ldp, const uint8_t* v, const uint16_t*, int64_t nb,
-               int64_t dv, float* acc) {
-  attn_accum_fp8(p, G, ldp, v, nb, dv, acc);
-}
 void accum_q4(const float* p, int G, int64_t ldp, const uint8_t* v, const uint16_t* block_scale,
               int64_t nb, int64_t dv, float* acc) {
   attn_accum_q4(p, G, ldp, v, block_scale, nb, dv, acc);
@@ -105,17 +76,53 @@ void accum_q4(const float* p, int G, int64_t ldp, const uint8_t* v, const uint16
 
 const std::vector<KvTypeInfo>& table() {
   static const std::vector<KvTypeInfo> t = {
-      {KvDtype::kF32, "f32", nullptr, 32, KvScale::kNone, false, true,
-       {encode_f32, decode_f32, scores_f32, accum_f32}},
-      {KvDtype::kF16, "f16", nullptr, 16, KvScale::kNone, false, true,
-       {encode_f16, decode_f16, scores_f16, accum_f16}},
-      {KvDtype::kBF16, "bf16", nullptr, 16, KvScale::kNone, false, true,
-       {encode_bf16, decode_bf16, scores_bf16, accum_bf16}},
-      {KvDtype::kQ8, "q8", "q8_0", 8, KvScale::kRow, true, true,
-       {encode_q8, decode_q8, scores_q8, accum_q8}},
-      {KvDtype::kFP8, "fp8", "fp8_e4m3", 8, KvScale::kRow, false,
-       true, {encode_fp8, decode_fp8, scores_fp8, accum_fp8}},
-      {KvDtype::kQ4, "q4", "q4_0", 4, KvScale::kBlock, true, false,
+      {KvDtype::kF32,
+       "f32",
+       nullptr,
+       32,
+       KvScale::kNone,
+       false,
+       true,
+       {encode_f32, decode_f32, scores_dense<KvDtype::kF32>, accum_dense<KvDtype::kF32>}},
+      {KvDtype::kF16,
+       "f16",
+       nullptr,
+       16,
+       KvScale::kNone,
+       false,
+       true,
+       {encode_f16, decode_f16, scores_dense<KvDtype::kF16>, accum_dense<KvDtype::kF16>}},
+      {KvDtype::kBF16,
+       "bf16",
+       nullptr,
+       16,
+       KvScale::kNone,
+       false,
+       true,
+       {encode_bf16, decode_bf16, scores_dense<KvDtype::kBF16>, accum_dense<KvDtype::kBF16>}},
+      {KvDtype::kQ8,
+       "q8",
+       "q8_0",
+       8,
+       KvScale::kRow,
+       true,
+       true,
+       {encode_q8, decode_q8, scores_dense<KvDtype::kQ8>, accum_dense<KvDtype::kQ8>}},
+      {KvDtype::kFP8,
+       "fp8",
+       "fp8_e4m3",
+       8,
+       KvScale::kRow,
+       false,
+       true,
+       {encode_fp8, decode_fp8, scores_dense<KvDtype::kFP8>, accum_dense<KvDtype::kFP8>}},
+      {KvDtype::kQ4,
+       "q4",
+       "q4_0",
+       4,
+       KvScale::kBlock,
+       true,
+       false,
        {encode_q4, decode_q4, scores_q4, accum_q4}},
   };
   return t;

@@ -369,7 +369,8 @@ KvCache::RawRows TokenCache::raw_values(int il, int ih) const {
   const SideStore& v = H.segs[0].v;
   const KvDtype t = v.dtype();
   if (H.segs[0].enc->v.basis || v.sparse() || v.tiled() || v.row_elems() != cfg_.head_dim_v ||
-      kv_type(t).scale != KvScale::kNone)
+      kv_type(t).scale != KvScale::kNone ||
+      kv_type(t).code_bits < 16)  // plain f32 / f16 / bf16 rows only
     return r;
   r.n = v.n();
   r.pos = segment_positions(L, H, 0);

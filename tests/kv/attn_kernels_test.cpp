@@ -9,8 +9,9 @@
 #include <random>
 #include <vector>
 
-#include "kernel_test_util.h"  // (before any other Highway include)
 #include "core/fp16.h"
+#include "kernel_test_util.h"  // (before any other Highway include)
+#include "kv/kv_type.h"
 #include "kv/quant_formats.h"
 
 namespace kvtrim {
@@ -195,6 +196,59 @@ void fp8_and_q4_match_loops() {
   }
 }
 
+// Every element-coded type of the registry (kv_type.h: one code of 8 bits or more per element)
+// through the table's own entry points: rows encoded by ops.encode, the keys laid out in tiles,
+// and ops.scores / ops.accum against plain loops over ops.decode — so a type added to the table
+// is checked on every target without a new test (q4's block layout: fp8_and_q4_match_loops).
+void every_element_type_matches_its_decode() {
+  std::mt19937 rng(23);
+  std::normal_distribution<float> nd;
+  for (const KvTypeInfo& tt : kv_types()) {
+    if (tt.code_bits < 8) continue;
+    SCOPED_TRACE(tt.name);
+    const int64_t w = tt.code_bits / 8;  // bytes per code
+    for (int64_t d : {1, 7, 33, 64, 128}) {
+      for (int n_g : {1, 4, 9}) {
+        const int64_t n_t = 45, ld = 48, n_tiles = (n_t + kv::kKeyTile - 1) / kv::kKeyTile;
+        std::vector<float> q(n_g * d), p(n_g * ld), kf(n_t * d), vf(n_t * d),
+            ksc(n_tiles * kv::kKeyTile, 1.f);
+        std::vector<float> vsc(n_t);
+        std::vector<uint8_t> kt(n_tiles * kv::kKeyTile * d * w, 0), vr(n_t * d * w), row(d * w);
+        for (float& e : q) e = nd(rng);
+        for (float& e : p) e = std::fabs(nd(rng));
+        for (int64_t t = 0; t < n_t; ++t) {
+          std::vector<float> x(d);
+          for (float& e : x) e = nd(rng) * (t % 3 == 0 ? 4.f : 0.5f);
+          ksc[t] = tt.ops.encode(x.data(), d, row.data(), false);
+          for (int64_t i = 0; i < d; ++i) {
+            std::copy_n(row.data() + i * w, w, kt.data() + kv::key_tile_index(t, i, d) * w);
+            kf[t * d + i] = tt.ops.decode(row.data(), i, ksc[t]);
+          }
+          for (float& e : x) e = nd(rng);
+          vsc[t] = tt.ops.encode(x.data(), d, vr.data() + t * d * w, false);
+          for (int64_t i = 0; i < d; ++i)
+            vf[t * d + i] = tt.ops.decode(vr.data() + t * d * w, i, vsc[t]);
+        }
+        const bool row_scaled = tt.scale == KvScale::kRow;
+        for (auto [t0, n] : {std::pair<int64_t, int64_t>{0, n_t}, {3, n_t - 7}, {40, 5}}) {
+          std::vector<float> s(n_g * ld, -1.f);
+          tt.ops.scores(q.data(), n_g, d, kt.data(), row_scaled ? ksc.data() : nullptr, nullptr, t0,
+                        n, s.data(), ld);
+          expect_scores(q, n_g, d, kf, t0, n, s, ld);
+        }
+        std::vector<float> pf = p;  // kRow types: the caller folds the value scales into p
+        for (int g = 0; g < n_g && row_scaled; ++g)
+          for (int64_t t = 0; t < n_t; ++t) pf[g * ld + t] *= vsc[t];
+        std::vector<float> acc0(n_g * d);
+        for (float& e : acc0) e = nd(rng);
+        std::vector<float> acc = acc0;
+        tt.ops.accum(pf.data(), n_g, ld, vr.data(), nullptr, n_t, d, acc.data());
+        expect_accum(p, n_g, ld, vf, n_t, d, acc0, acc);
+      }
+    }
+  }
+}
+
 // q8 keys scored with an 8-bit query (attn_scores_q8q): every target gives exactly the
 // reference of the header (the query quantized per 32 channels, exact integer block sums, one
 // f32 fma per block in order, times the key scale), and the result stays within the query's
@@ -261,6 +315,10 @@ TEST(AttnKernels, Bf16AndQ8ScoresAndAccumMatchLoops) {
 }
 TEST(AttnKernels, Fp8AndQ4ScoresAndAccumMatchLoops) {
   for_each_target(fp8_and_q4_match_loops);
+}
+
+TEST(AttnKernels, EveryElementCodedTypeOfTheTableMatchesItsDecode) {
+  for_each_target(every_element_type_matches_its_decode);
 }
 
 TEST(AttnKernels, Q8KeysWithAnEightBitQueryEqualTheReferenceOnEveryTarget) {
