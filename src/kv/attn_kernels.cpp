@@ -70,6 +70,19 @@ HWY_INLINE hn::Vec<DF> load_row(DF df, const uint8_t* p) {
       hn::ShiftLeft<20>(hn::PromoteTo(di32, hn::LoadU(di8, reinterpret_cast<const int8_t*>(p))));
   return hn::BitCast(df, hn::And(w, hn::Set(di32, static_cast<int32_t>(0x87ffffffu))));
 }
+// fp8 E5M2 codes (a type of their own: uint8_t is E4M3): the top byte of an f16, widened
+// through it (exact, subnormal codes included).
+struct E5m2 {
+  uint8_t bits;
+};
+template <class DF>
+HWY_INLINE hn::Vec<DF> load_row(DF df, const E5m2* p) {
+  const hn::Rebind<uint8_t, DF> du8;
+  const hn::Rebind<uint16_t, DF> du16;
+  const hn::Rebind<hwy::float16_t, DF> dh;
+  const auto h = hn::ShiftLeft<8>(hn::PromoteTo(du16, hn::LoadU(du8, &p->bits)));
+  return hn::PromoteTo(df, hn::BitCast(dh, h));
+}
 template <int K, class DF, typename T>
 HWY_INLINE void load_vecs(DF df, const T* p, hn::Vec<DF>* out) {
   constexpr int64_t N = hn::MaxLanes(df);
@@ -93,6 +106,9 @@ HWY_INLINE float scalar(float x) {
 }
 HWY_INLINE float scalar(uint16_t h) {
   return fp16_to_fp32(h);
+}
+HWY_INLINE float scalar(E5m2 c) {
+  return fp16_to_fp32(static_cast<uint16_t>(c.bits << 8));
 }
 
 // The group's query heads are processed in batches of at most kMaxBatch (8 -> 4 + 4,
@@ -292,6 +308,9 @@ HWY_INLINE bool with_elem(KvDtype t, F&& f) {
       return true;
     case KvDtype::kFP8:
       f.template operator()<uint8_t>(kFp8Mul);
+      return true;
+    case KvDtype::kE5M2:
+      f.template operator()<E5m2>(1.f);
       return true;
     default:
       return false;

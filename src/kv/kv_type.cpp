@@ -1,6 +1,7 @@
 // The storage types' table (kv_type.h): names, widths, scales, codecs and kernels of each type.
 #include "kv/kv_type.h"
 
+#include <cmath>
 #include <cstring>
 
 #include "core/error.h"
@@ -40,6 +41,28 @@ float encode_q4(const float* x, int64_t n, uint8_t* codes, bool round_f16) {
   return q4_encode_search(x, n, codes, round_f16);
 }
 
+// f32 -> E5M2, round to nearest even, saturating (no infinities; NaN -> 0x7F). The codes are
+// the top byte of the f16 of the same value, so the kernels widen them through f16.
+float encode_e5m2(const float* x, int64_t n, uint8_t* codes, bool) {
+  for (int64_t j = 0; j < n; ++j) {
+    const uint32_t b = fp32_to_bits(x[j]), mag = b & 0x7fffffffu;
+    const auto sign = static_cast<uint8_t>((b >> 24) & 0x80u);
+    const float a = fp32_from_bits(mag);
+    if (mag > 0x7f800000u) {
+      codes[j] = sign | 0x7F;
+    } else if (a >= 57344.f) {
+      codes[j] = sign | 0x7B;   // the largest finite code, 1.75 · 2^15
+    } else if (a < 0x1p-14f) {  // subnormal codes: steps of 2^-16 (4 steps reach 2^-14, code 4)
+      codes[j] = sign | static_cast<uint8_t>(std::rint(a * 65536.f));
+    } else {  // keep 2 of the 23 mantissa bits, ties to even; a carry lands in the exponent
+      const uint32_t r = (mag + 0x000FFFFFu + ((mag >> 21) & 1u)) & 0xFFE00000u;
+      const auto e = static_cast<uint32_t>(static_cast<int>(r >> 23) - 127 + 15);
+      codes[j] = sign | static_cast<uint8_t>((e << 2) | ((r >> 21) & 3u));
+    }
+  }
+  return 1.f;
+}
+
 float decode_f32(const uint8_t* c, int64_t at, float) { return as<float>(c)[at]; }
 float decode_f16(const uint8_t* c, int64_t at, float) { return fp16_to_fp32(as<uint16_t>(c)[at]); }
 float decode_bf16(const uint8_t* c, int64_t at, float) { return bf16_to_fp32(as<uint16_t>(c)[at]); }
@@ -47,6 +70,9 @@ float decode_q8(const uint8_t* c, int64_t at, float scale) {
   return static_cast<float>(as<int8_t>(c)[at]) * scale;
 }
 float decode_fp8(const uint8_t* c, int64_t at, float scale) { return fp8_e4m3_to_f32(c[at]) * scale; }
+float decode_e5m2(const uint8_t* c, int64_t at, float) {
+  return fp16_to_fp32(static_cast<uint16_t>(c[at] << 8));
+}
 float decode_q4(const uint8_t* c, int64_t at, float scale) {
   const int code = (at & 1) ? c[at >> 1] >> 4 : c[at >> 1] & 0x0F;
   return static_cast<float>(code - 8) * scale;
@@ -124,6 +150,14 @@ const std::vector<KvTypeInfo>& table() {
        true,
        false,
        {encode_q4, decode_q4, scores_q4, accum_q4}},
+      {KvDtype::kE5M2,
+       "e5m2",
+       "fp8_e5m2",
+       8,
+       KvScale::kNone,
+       false,
+       false,
+       {encode_e5m2, decode_e5m2, scores_dense<KvDtype::kE5M2>, accum_dense<KvDtype::kE5M2>}},
   };
   return t;
 }

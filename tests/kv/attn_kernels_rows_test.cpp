@@ -12,6 +12,7 @@
 #include "core/fp16.h"
 #include "kernel_test_util.h"  // (before any other Highway include)
 #include "kv/attn_kernels.h"
+#include "kv/kv_type.h"
 #include "kv/quant_formats.h"
 
 namespace kvtrim {
@@ -94,8 +95,8 @@ Packed pack(KvDtype type, const std::vector<uint32_t>& off, std::mt19937& rng) {
       case KvDtype::kFP8:
         pk.scale[t] = kv::fp8_encode(x.data(), static_cast<int64_t>(x.size()), &pk.fp8[b], 1);
         break;
-      case KvDtype::kQ4:  // no sparse-row kernels (kv_type(kQ4).sparse_kernels)
-        ADD_FAILURE() << "q4 sparse rows";
+      default:  // a type without sparse-row kernels (kv_type(t).sparse_kernels false)
+        ADD_FAILURE() << kv_dtype_name(type) << " sparse rows";
         break;
     }
     for (size_t j = b; j < off[t + 1]; ++j) {
@@ -115,7 +116,7 @@ Packed pack(KvDtype type, const std::vector<uint32_t>& off, std::mt19937& rng) {
         case KvDtype::kFP8:
           pk.decoded[j] = pk.scale[t] * kv::fp8_e4m3_to_f32(pk.fp8[j]);
           break;
-        case KvDtype::kQ4:
+        default:
           break;
       }
     }

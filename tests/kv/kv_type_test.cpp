@@ -8,12 +8,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
+#include "core/fp16.h"
 #include "kv/kv_cache.h"
 
 namespace kvtrim {
@@ -109,6 +112,9 @@ TEST(KvType, CodecsRoundTripWithinTheirFormatsBound) {
             EXPECT_GE(st, amax / 8.0 * 0.75 * 0.999) << "q4's search tries scales down to 3/4 of q4_0's";
             break;
           }
+          case KvDtype::kE5M2:  // half a step of 2 mantissa bits; subnormal steps of 2^-16
+            bound = std::fabs(want) * std::ldexp(1.0, -3) + std::ldexp(1.0, -17);
+            break;
           default:
             FAIL() << t.name << ": no round-trip bound for this type (add its format's bound here)";
         }
@@ -116,6 +122,60 @@ TEST(KvType, CodecsRoundTripWithinTheirFormatsBound) {
       }
     }
   }
+}
+
+// E5M2 against a brute force over its 256 codes: each code is the top byte of an f16 of the same
+// value, and encoding picks the nearest finite code (ties: the even one, i.e. mantissa bit 0
+// clear), saturating past the largest (±57344); NaN encodes as 0x7F.
+TEST(KvType, E5m2IsTheNearestTopByteOfAnF16) {
+  const KvTypeInfo& t = kv_type(KvDtype::kE5M2);
+  std::vector<std::pair<float, uint8_t>> grid;  // finite codes by value
+  for (int c = 0; c < 256; ++c) {
+    const auto code = static_cast<uint8_t>(c);
+    const float v = t.ops.decode(&code, 0, 1.f);
+    ASSERT_EQ(fp32_to_bits(v), fp32_to_bits(fp16_to_fp32(static_cast<uint16_t>(c << 8)))) << c;
+    if ((c & 0x7C) == 0x7C) continue;  // infinities and NaNs: never written
+    grid.emplace_back(v, code);
+    uint8_t back = 0;
+    t.ops.encode(&v, 1, &back, false);
+    if (v != 0.f) {
+      EXPECT_EQ(back, code) << "a code's own value encodes to it: " << c;
+    }
+  }
+  auto nearest = [&](float x) {
+    if (std::fabs(x) >= 57344.f) return static_cast<uint8_t>(x < 0 ? 0xFB : 0x7B);
+    uint8_t best = 0;
+    double bd = INFINITY;
+    for (auto [v, c] : grid) {
+      const double dist = std::fabs(double(v) - double(x));
+      if (dist < bd || (dist == bd && (c & 1) == 0 && (best & 1) == 1)) {
+        bd = dist;
+        best = c;
+      }
+    }
+    if (x == 0.f || best == 0 || best == 0x80)
+      best = std::signbit(x) ? 0x80 : 0;  // ±0 keeps x's sign
+    return best;
+  };
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> mant(1.f, 2.f);
+  std::uniform_int_distribution<int> ex(-20, 17);
+  std::vector<float> xs = {0.f,      -0.f,         1.125f,  1.375f,  -1.625f,
+                           0x1p-17f, 3 * 0x1p-17f, 61440.f, 57344.f, 1e30f};
+  for (int i = 0; i < 20000; ++i)
+    xs.push_back(std::ldexp(mant(rng), ex(rng)) * (i & 1 ? -1.f : 1.f));
+  for (size_t i = 0; i + 1 < grid.size(); ++i)  // every midpoint between neighbours: a tie
+    if (grid[i].first >= 0 && grid[i + 1].first > grid[i].first)
+      xs.push_back(0.5f * (grid[i].first + grid[i + 1].first));
+  for (float x : xs) {
+    uint8_t got = 0;
+    t.ops.encode(&x, 1, &got, false);
+    EXPECT_EQ(got, nearest(x)) << "x " << x;
+  }
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  uint8_t got = 0;
+  t.ops.encode(&nan, 1, &got, false);
+  EXPECT_EQ(got, 0x7F);
 }
 
 TEST(KvType, RotationOnIntegerGridsOfPowerOfTwoWidths) {

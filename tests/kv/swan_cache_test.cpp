@@ -94,6 +94,8 @@ double tol(KvDtype t) {
     case KvDtype::kQ8: return 2e-2;
     case KvDtype::kFP8: return 7e-2;
     case KvDtype::kQ4: return 2.5e-1;
+    case KvDtype::kE5M2:
+      return 1.3e-1;
   }
   return 1;
 }
