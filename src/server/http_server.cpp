@@ -5,12 +5,13 @@
 
 #include <atomic>
 #include <chrono>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "core/error.h"
 #include "core/log.h"
 #include "core/timer.h"
+#include "kv/kv_type.h"
 #include "model/model.h"
 #include "server/api.h"
 #include "server/metrics.h"
@@ -19,6 +20,27 @@
 namespace kvtrim::server {
 
 using nlohmann::json;
+
+namespace {
+
+// The web page, with the cache-type choices of kv_type.h's table (each type by its canonical
+// name, which the API accepts as its aliases) in place of the page's marker.
+const std::string& index_page() {
+  static const std::string page = [] {
+    std::string html = kIndexHtml;
+    const std::string marker =
+        "<!-- kv cache types: filled in by the server from its table of storage types -->";
+    std::string options;
+    for (const KvTypeInfo& t : kv_types())
+      options += strprintf("<option value=\"%s\">%s</option>", t.name, t.name);
+    const size_t at = html.find(marker);
+    if (at != std::string::npos) html.replace(at, marker.size(), options);
+    return html;
+  }();
+  return page;
+}
+
+}  // namespace
 
 struct HttpServer::Impl {
   Scheduler& sched;
@@ -241,7 +263,7 @@ struct HttpServer::Impl {
       counters.count("/v1/kvtrim/slots", 200);
     });
     svr.Get("/", [this](const httplib::Request&, httplib::Response& r) {
-      r.set_content(kIndexHtml, "text/html; charset=utf-8");
+      r.set_content(index_page(), "text/html; charset=utf-8");
       counters.count("/", 200);
     });
     // Anything else, and errors httplib produces itself (413, 400 of a broken request line):

@@ -3,17 +3,19 @@
 // Session::generate on the same tokens (also when several run batched), streams carry the same
 // text, conversations reuse their cache, the budget refuses, queues, compresses and evicts as
 // documented, and every bad input is an OpenAI error object with a 4xx.
-#include <httplib.h>
 #include <gtest/gtest.h>
+#include <httplib.h>
 
 #include <chrono>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "core/error.h"
 #include "core/thread_pool.h"
 #include "core/timer.h"
 #include "engine/session.h"
+#include "kv/kv_type.h"
 #include "server/http_server.h"
 #include "server/scheduler.h"
 #include "test_util.h"
@@ -103,6 +105,9 @@ TEST_F(ServerTest, HealthModelsMetricsSlotsAndPage) {
   r = client_->Get("/");
   ASSERT_EQ(r->status, 200);
   EXPECT_NE(r->body.find("id=\"heatmap\""), std::string::npos);
+  for (const KvTypeInfo& t : kv_types())  // the cache types offered are the table's
+    EXPECT_NE(r->body.find(strprintf("<option value=\"%s\">", t.name)), std::string::npos)
+        << t.name;
   r = client_->Get("/v1/kvtrim/slots");
   const json s = json::parse(r->body);
   EXPECT_EQ(s["n_layer"], model_->hparams().n_layer);
