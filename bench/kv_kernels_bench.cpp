@@ -13,7 +13,8 @@
 //           yet what the cache runs (see attn_kernels.h)
 //   fp8     attn_scores_fp8 + attn_accum_fp8 (value scale folded into p per block)
 //   q4      attn_scores_q4 + attn_accum_q4
-//   sp_f16  sparse_scores + sparse_accum, keys and values both T = d/4 entries per token, f16
+//   e5m2    attn_scores_dense + attn_accum_dense of fp8 E5M2 codes (no scale: the top byte of an
+//   f16) sp_f16  sparse_scores + sparse_accum, keys and values both T = d/4 entries per token, f16
 //           values, uint8 channel indices, fixed count
 //   sp_fp8  the same with fp8 values and a per-row f32 scale
 //   mk_f16  masked_scores + masked_accum: the same T = d/4 kept coordinates per token as a
@@ -41,6 +42,7 @@
 
 #include "core/fp16.h"
 #include "kv/attn_kernels.h"
+#include "kv/kv_type.h"
 #include "kv/quant_formats.h"
 
 namespace kvtrim {
@@ -55,7 +57,7 @@ constexpr Shape kShapes[] = {{"smollm2", 3, 64}, {"qwen2.5-1.5b", 6, 128}, {"gem
 constexpr size_t kDramBytes = size_t{64} << 20;  // dense f16 bytes walked in "dram" mode
 constexpr int64_t kBlock = 256;                  // tokens per scores / accum call
 
-enum class Fmt { kF16, kQ8, kQ8Q, kFP8, kQ4, kSpF16, kSpFP8, kMkF16, kSpark };
+enum class Fmt { kF16, kQ8, kQ8Q, kFP8, kQ4, kE5M2, kSpF16, kSpFP8, kMkF16, kSpark };
 const char* fmt_name(Fmt f) {
   switch (f) {
     case Fmt::kF16:
@@ -68,6 +70,8 @@ const char* fmt_name(Fmt f) {
       return "fp8";
     case Fmt::kQ4:
       return "q4";
+    case Fmt::kE5M2:
+      return "e5m2";
     case Fmt::kSpF16:
       return "sp_f16";
     case Fmt::kSpFP8:
@@ -131,6 +135,9 @@ Head make_head(Fmt f, int64_t n, int64_t d, uint64_t seed) {
     case Fmt::kFP8:
       h.k.resize(n_pad * d), h.v.resize(n * d), h.ks.resize(n_pad), h.vs.resize(n);
       break;
+    case Fmt::kE5M2:
+      h.k.resize(n_pad * d), h.v.resize(n * d);
+      break;
     case Fmt::kQ4:
       h.k.resize(n_pad * d / 2), h.v.resize(n * kv::q4_row_bytes(d));
       h.ks16.resize(n_pad / kv::kKeyTile * nb * kv::kKeyTile), h.vs16.resize(n * nb);
@@ -173,6 +180,13 @@ Head make_head(Fmt f, int64_t n, int64_t d, uint64_t seed) {
                                ? kv::q8_encode(x.data(), d, reinterpret_cast<int8_t*>(dst), stride)
                                : kv::fp8_encode(x.data(), d, dst, stride);
           (side ? h.vs : h.ks)[t] = sc;
+          break;
+        }
+        case Fmt::kE5M2: {
+          std::vector<uint8_t> codes(d);
+          kv_type(KvDtype::kE5M2).ops.encode(x.data(), d, codes.data(), false);
+          for (int64_t i = 0; i < d; ++i)
+            buf[side ? t * d + i : kv::key_tile_index(t, i, d)] = codes[i];
           break;
         }
         case Fmt::kQ4:
@@ -308,6 +322,12 @@ void attend(Fmt f, const Head& h, int n_g, int64_t d, int64_t n, Scratch& w) {
         fold(w, n_g, h.vs.data() + b, nb);
         kv::attn_accum_fp8(w.pv.data(), n_g, kBlock, h.v.data() + b * d, nb, d, w.acc.data());
         break;
+      case Fmt::kE5M2:
+        kv::attn_scores_dense(KvDtype::kE5M2, w.q.data(), n_g, d, h.k.data(), nullptr, b, nb,
+                              w.s.data(), kBlock);
+        kv::attn_accum_dense(KvDtype::kE5M2, w.p.data(), n_g, kBlock, h.v.data() + b * d, nb, d,
+                             w.acc.data());
+        break;
       case Fmt::kQ4: {
         const int64_t nbk = kv::q4_blocks(d);
         kv::attn_scores_q4(w.q.data(), n_g, d, h.k.data(), h.ks16.data(), b, nb, w.s.data(),
@@ -392,7 +412,8 @@ void register_all() {
   for (bool dram : {true, false}) {
     for (const Shape& sh : kShapes) {
       for (int64_t n : {4096, 8192}) {
-        for (Fmt f : {Fmt::kF16, Fmt::kQ8, Fmt::kQ8Q, Fmt::kFP8, Fmt::kQ4, Fmt::kSpF16, Fmt::kSpFP8, Fmt::kMkF16, Fmt::kSpark}) {
+        for (Fmt f : {Fmt::kF16, Fmt::kQ8, Fmt::kQ8Q, Fmt::kFP8, Fmt::kQ4, Fmt::kE5M2, Fmt::kSpF16,
+                      Fmt::kSpFP8, Fmt::kMkF16, Fmt::kSpark}) {
           const std::string name = std::string("KvKernels/") + sh.name +
                                    "/ctx:" + std::to_string(n) + "/" + fmt_name(f) + "/" +
                                    (dram ? "dram" : "hot");
