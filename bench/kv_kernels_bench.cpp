@@ -117,15 +117,11 @@ T* as(std::vector<uint8_t>& b) {
   return reinterpret_cast<T*>(b.data());
 }
 
-Head make_head(Fmt f, int64_t n, int64_t d, uint64_t seed) {
-  Head h;
-  Rng rng{seed * 0x9e3779b97f4a7c15ull + 1};
+// h's buffers sized for n tokens of width d in format f.
+void size_head(Fmt f, int64_t n, int64_t d, Head& h) {
   const int64_t n_pad = (n + kv::kKeyTile - 1) / kv::kKeyTile * kv::kKeyTile;
   const int64_t nb = kv::q4_blocks(d), T = d / 4, mb = (d + 7) / 8;
   const int64_t Ts = d - static_cast<int64_t>(0.8 * static_cast<double>(d));  // spark, λ = 0.8
-  std::vector<float> x(d);
-  std::vector<int> ch(d);
-  std::mt19937 gen(static_cast<uint32_t>(seed));
   switch (f) {
     case Fmt::kF16:
       h.k.resize(n_pad * d * 2), h.v.resize(n * d * 2);
@@ -160,6 +156,17 @@ Head make_head(Fmt f, int64_t n, int64_t d, uint64_t seed) {
       h.slack = true;
       break;
   }
+}
+
+Head make_head(Fmt f, int64_t n, int64_t d, uint64_t seed) {
+  Head h;
+  Rng rng{seed * 0x9e3779b97f4a7c15ull + 1};
+  const int64_t nb = kv::q4_blocks(d), T = d / 4, mb = (d + 7) / 8;
+  const int64_t Ts = d - static_cast<int64_t>(0.8 * static_cast<double>(d));  // spark, λ = 0.8
+  std::vector<float> x(d);
+  std::vector<int> ch(d);
+  std::mt19937 gen(static_cast<uint32_t>(seed));
+  size_head(f, n, d, h);
   for (int64_t t = 0; t < n; ++t) {
     for (int side = 0; side < 2; ++side) {  // 0: key, 1: value
       for (float& e : x) e = rng.next();
