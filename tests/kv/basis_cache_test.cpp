@@ -23,6 +23,7 @@ namespace kvtrim {
 namespace {
 
 using kvtest::AttnCase;
+using kvtest::expect_attention_matches;
 using kvtest::fill;
 using kvtest::kAllDtypes;
 using kvtest::make_cfg;
@@ -31,27 +32,6 @@ using kvtest::randn;
 using kvtest::random_basis;
 using kvtest::random_keep;
 using kvtest::set_basis;
-
-// Compares attention of n_q queries at positions q_pos0.. in every layer with the reference
-// over read_head's reconstruction.
-void expect_attention_matches(const KvCache& c, int n_head, int64_t n_q, int32_t q_pos0,
-                              ThreadPool* pool, std::mt19937& rng, double tol,
-                              const std::string& what) {
-  const KvCacheConfig& cfg = c.config();
-  AttnParams p;
-  p.n_head = n_head;
-  p.scale = 1.f / std::sqrt(static_cast<float>(cfg.head_dim_k));
-  std::vector<int32_t> q_pos(static_cast<size_t>(n_q));
-  for (int64_t i = 0; i < n_q; ++i) q_pos[i] = static_cast<int32_t>(q_pos0 + i);
-  const auto q = randn(static_cast<size_t>(n_q * n_head * cfg.head_dim_k), rng);
-  std::vector<float> out(static_cast<size_t>(n_q * n_head * cfg.head_dim_v)), want(out.size());
-  for (int il = 0; il < cfg.n_layer; ++il) {
-    p.sliding_window = cfg.sliding_window[il];
-    c.attend(il, n_q, q.data(), q_pos.data(), p, out.data(), pool);
-    attention_reference_cache(c, il, n_q, q.data(), q_pos.data(), p, want.data());
-    EXPECT_LT(max_abs_diff(out, want), tol) << what << " layer " << il;
-  }
-}
 
 TEST(BasisCache, FullRankRotationEqualsDenseCache) {
   ThreadPool pool(2);

@@ -121,11 +121,11 @@ inline double max_abs_diff(const std::vector<float>& a, const std::vector<float>
   return m;
 }
 
-// Attention of n_q queries at positions q_pos0.. in every layer equals the reference over the
-// cache's reconstruction within 1e-4 · max(1, largest |reference output|).
-inline void expect_attention_matches_scaled(const KvCache& c, int n_head, int64_t n_q,
-                                            int32_t q_pos0, ThreadPool* pool, std::mt19937& rng,
-                                            const std::string& what) {
+// Attention of n_q queries (random, at positions q_pos0..) in every layer equals the reference
+// over the cache's reconstruction within abs_tol + rel_tol · max(1, largest |reference output|).
+inline void expect_attention_within(const KvCache& c, int n_head, int64_t n_q, int32_t q_pos0,
+                                    ThreadPool* pool, std::mt19937& rng, double abs_tol,
+                                    double rel_tol, const std::string& what) {
   const KvCacheConfig& cfg = c.config();
   AttnParams p;
   p.n_head = n_head;
@@ -141,8 +141,20 @@ inline void expect_attention_matches_scaled(const KvCache& c, int n_head, int64_
     attention_reference_cache(c, il, n_q, q.data(), q_pos.data(), p, want.data());
     double scale = 1;
     for (float x : want) scale = std::max(scale, std::fabs(static_cast<double>(x)));
-    ASSERT_LT(max_abs_diff(out, want), 1e-4 * scale) << what << " layer " << il;
+    EXPECT_LT(max_abs_diff(out, want), abs_tol + rel_tol * scale) << what << " layer " << il;
   }
+}
+// ... within an absolute tolerance.
+inline void expect_attention_matches(const KvCache& c, int n_head, int64_t n_q, int32_t q_pos0,
+                                     ThreadPool* pool, std::mt19937& rng, double tol,
+                                     const std::string& what) {
+  expect_attention_within(c, n_head, n_q, q_pos0, pool, rng, tol, 0, what);
+}
+// ... within 1e-4 · max(1, largest |reference output|).
+inline void expect_attention_matches_scaled(const KvCache& c, int n_head, int64_t n_q,
+                                            int32_t q_pos0, ThreadPool* pool, std::mt19937& rng,
+                                            const std::string& what) {
+  expect_attention_within(c, n_head, n_q, q_pos0, pool, rng, 0, 1e-4, what);
 }
 
 }  // namespace kvtrim::kvtest
