@@ -13,8 +13,9 @@
 //           yet what the cache runs (see attn_kernels.h)
 //   fp8     attn_scores_fp8 + attn_accum_fp8 (value scale folded into p per block)
 //   q4      attn_scores_q4 + attn_accum_q4
-//   e5m2    attn_scores_dense + attn_accum_dense of fp8 E5M2 codes (no scale: the top byte of an
-//   f16) sp_f16  sparse_scores + sparse_accum, keys and values both T = d/4 entries per token, f16
+//   e5m2    attn_scores_dense + attn_accum_dense of fp8 E5M2 codes (no scale: the top byte
+//           of an f16)
+//   sp_f16  sparse_scores + sparse_accum, keys and values both T = d/4 entries per token, f16
 //           values, uint8 channel indices, fixed count
 //   sp_fp8  the same with fp8 values and a per-row f32 scale
 //   mk_f16  masked_scores + masked_accum: the same T = d/4 kept coordinates per token as a
@@ -118,10 +119,20 @@ T* as(std::vector<uint8_t>& b) {
 }
 
 // h's buffers sized for n tokens of width d in format f.
+// The per-token counts of a head of width d: q4 blocks, the sparse rows' T = d/4 entries, mask
+// bytes, and SPARK's kept keys at λ = 0.8.
+struct Counts {
+  int64_t nb, T, mb, Ts;
+  explicit Counts(int64_t d)
+      : nb(kv::q4_blocks(d)),
+        T(d / 4),
+        mb((d + 7) / 8),
+        Ts(d - static_cast<int64_t>(0.8 * static_cast<double>(d))) {}
+};
+
 void size_head(Fmt f, int64_t n, int64_t d, Head& h) {
   const int64_t n_pad = (n + kv::kKeyTile - 1) / kv::kKeyTile * kv::kKeyTile;
-  const int64_t nb = kv::q4_blocks(d), T = d / 4, mb = (d + 7) / 8;
-  const int64_t Ts = d - static_cast<int64_t>(0.8 * static_cast<double>(d));  // spark, λ = 0.8
+  const auto [nb, T, mb, Ts] = Counts(d);
   switch (f) {
     case Fmt::kF16:
       h.k.resize(n_pad * d * 2), h.v.resize(n * d * 2);
@@ -161,8 +172,7 @@ void size_head(Fmt f, int64_t n, int64_t d, Head& h) {
 Head make_head(Fmt f, int64_t n, int64_t d, uint64_t seed) {
   Head h;
   Rng rng{seed * 0x9e3779b97f4a7c15ull + 1};
-  const int64_t nb = kv::q4_blocks(d), T = d / 4, mb = (d + 7) / 8;
-  const int64_t Ts = d - static_cast<int64_t>(0.8 * static_cast<double>(d));  // spark, λ = 0.8
+  const auto [nb, T, mb, Ts] = Counts(d);
   std::vector<float> x(d);
   std::vector<int> ch(d);
   std::mt19937 gen(static_cast<uint32_t>(seed));
@@ -254,7 +264,8 @@ kv::MaskedRows masked_rows(const Head& h, Fmt f, int64_t d, bool value) {
   r.type = KvDtype::kF16;
   r.vals = value ? h.v.data() : h.k.data();
   r.mask = value ? h.vidx.data() : h.kidx.data();
-  r.T = static_cast<int>(f == Fmt::kSpark ? d - static_cast<int64_t>(0.8 * static_cast<double>(d)) : d / 4);
+  const Counts c(d);
+  r.T = static_cast<int>(f == Fmt::kSpark ? c.Ts : c.T);
   if (f == Fmt::kSpark) {
     r.signs = h.ksign.data();
     r.fill = h.kfill.data();
@@ -270,7 +281,7 @@ kv::SparseRows sparse_rows(const Head& h, Fmt f, int64_t d, bool value) {
   r.vals = value ? h.v.data() : h.k.data();
   r.idx = value ? h.vidx.data() : h.kidx.data();
   r.idx_bytes = 1;
-  r.T = static_cast<int>(d / 4);
+  r.T = static_cast<int>(Counts(d).T);
   r.scale = f == Fmt::kSpFP8 ? (value ? h.vs.data() : h.ks.data()) : nullptr;
   r.dim = d;
   return r;
