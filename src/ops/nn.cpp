@@ -13,9 +13,12 @@
 #ifndef HWY_WANT_AVX3_DL
 #define HWY_WANT_AVX3_DL
 #endif
-#ifndef HWY_DISABLED_TARGETS
-#define HWY_DISABLED_TARGETS (HWY_SSSE3 | HWY_SSE4)
+// These kernels have no SSE4 path (it takes the scalar one), beside what the build disables.
+#ifndef KVTRIM_HWY_DISABLED
+#define KVTRIM_HWY_DISABLED 0
 #endif
+#undef HWY_DISABLED_TARGETS
+#define HWY_DISABLED_TARGETS (HWY_SSSE3 | HWY_SSE4 | KVTRIM_HWY_DISABLED)
 
 // foreach_target.h must precede highway.h (it re-includes this file once per target) and
 // -inl.h headers follow highway.h; include sorting would break that.
