@@ -35,6 +35,12 @@ Needs (never a dependency of the build or CI; CPU torch is enough, ~3 min):
   models/smollm2.gguf (python3 scripts/install_models.py smollm2), ../shared/data/wikitext-2.
 usage: /opt/kvpress-venv/bin/python scripts/ref/make_kvpress_refs.py [--out tests/data/kvpress_refs.json]
        [--only NAME,...]  (re-run only these presses, keeping the rest of --out as it is)
+       [--gguf FILE --presses NAME,... --context-names A,B --ctx-tokens T]  (another model, some
+       presses, the named contexts cut to T tokens: the Qwen / Gemma references of issue 43:
+       --gguf qwen2.5-coder-1.5b.gguf --context-names wikitext2_test --ctx-tokens 1152
+         --out tests/data/kvpress_refs_qwen.json
+       --gguf gemma3-270m.gguf --context-names wikitext2_test,pg_worked,pg_popular --ctx-tokens 500
+         --out tests/data/kvpress_refs_gemma3.json)
 """
 import argparse
 import dataclasses
@@ -56,6 +62,9 @@ CONTEXTS = [
     ("wikitext2_test", "../shared/data/wikitext-2/test.txt", 200000, 384),
     ("moby_dick", "data/books/moby_dick.txt", 300000, 480),
     ("sherlock_holmes", "data/books/sherlock_holmes.txt", 150000, 560),
+    # Paul Graham's essays (../shared/data/haystack): the other models' references (--context-names).
+    ("pg_worked", "../shared/data/haystack/paul_graham/worked.txt", 20000, 560),
+    ("pg_popular", "../shared/data/haystack/paul_graham/popular.txt", 10000, 560),
 ]
 
 
@@ -78,9 +87,10 @@ def jsonable(v):
     return repr(v)
 
 
-def load_contexts(tok):
+def load_contexts(tok, names, ctx_tokens=None):
     out = []
-    for name, rel, offset, n_tok in CONTEXTS:
+    for name, rel, offset, n_tok in [c for c in CONTEXTS if c[0] in names]:
+        n_tok = ctx_tokens or n_tok
         path = os.path.normpath(os.path.join(REPO, rel))
         with open(path, encoding="utf-8") as f:
             text = f.read()
@@ -303,6 +313,11 @@ def main():
     ap.add_argument("--out", default=os.path.join(REPO, "tests", "data", "kvpress_refs.json"))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--only", default="", help="comma-separated press names: re-run these, keep the others from --out")
+    ap.add_argument("--presses", default="", help="comma-separated press names: a new --out with only these")
+    ap.add_argument("--context-names", default="wikitext2_test,moby_dick,sherlock_holmes",
+                    help="comma-separated names of CONTEXTS (default: the SmolLM2 reference's three)")
+    ap.add_argument("--ctx-tokens", type=int, default=None,
+                    help="every context cut to this many tokens (default: 384 / 480 / 560)")
     args = ap.parse_args()
 
     import torch
@@ -339,10 +354,20 @@ def main():
         ("kvcompose_aware", lambda: kvp.KVComposePress(compression_ratio=RATIO)),
     ]
     only = [x for x in args.only.split(",") if x]
+    subset = [x for x in args.presses.split(",") if x]
     known = [n for n, _ in presses]
-    for x in only:
-        if x not in known:
-            sys.exit(f"--only: unknown press '{x}' (known: {', '.join(known)})")
+    for flag, names in (("--only", only), ("--presses", subset)):
+        for x in names:
+            if x not in known:
+                sys.exit(f"{flag}: unknown press '{x}' (known: {', '.join(known)})")
+    names = [x for x in args.context_names.split(",") if x]
+    for x in names:
+        if x not in [c[0] for c in CONTEXTS]:
+            sys.exit(f"--context-names: unknown context '{x}' (known: {', '.join(c[0] for c in CONTEXTS)})")
+    if only and (subset or args.ctx_tokens or args.context_names != ap.get_default("context_names")):
+        sys.exit("--only re-runs presses over --out's own contexts: it takes no --presses / --context-names / --ctx-tokens")
+    if subset:
+        presses = [(n, m) for n, m in presses if n in subset]
     old = None
     if only:
         with open(args.out) as f:
@@ -352,7 +377,7 @@ def main():
         presses = [(n, m) for n, m in presses if n in only]
         contexts = [{k: v for k, v in c.items() if k in ("name", "source", "char_offset", "ids")} for c in old["contexts"]]
     else:
-        contexts = load_contexts(tok)
+        contexts = load_contexts(tok, names, args.ctx_tokens)
 
     out = {
         "about": "kvpress reference selections for tests/press/kvpress_ref_model_test.cpp; made by "
